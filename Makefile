@@ -1,0 +1,40 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Both create .venv/ when it is missing and install requirements*.txt and the package.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR := build/demo
+# Keep TensorFlow's C++ logging to warnings and errors.
+export TF_CPP_MIN_LOG_LEVEL ?= 1
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The main job end to end on the embedded corpus, offline.
+demo: $(STAMP)
+	mkdir -p $(DEMO_DIR)
+	$(PY) -m bert_tf.corpus --output_file=$(DEMO_DIR)/corpus.txt
+	$(PY) -m bert_tf.build_vocab --input_file=$(DEMO_DIR)/corpus.txt \
+	  --output_file=$(DEMO_DIR)/vocab.txt --vocab_size=8000 --do_lower_case=true
+	$(PY) -m bert_tf.tokenization --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true \
+	  --input_file=$(DEMO_DIR)/corpus.txt --num_lines=3
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf build
