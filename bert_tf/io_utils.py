@@ -1,0 +1,75 @@
+"""Small file helpers shared by every job: atomic writes and input globs."""
+
+import contextlib
+import glob
+import gzip
+import json
+import os
+import tempfile
+
+import tensorflow as tf
+
+
+class UsageError(Exception):
+    """A bad flag or a missing input: the CLIs report it and exit with code 2."""
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary path beside `path`; renames it onto `path` only if the block succeeds.
+
+    A kill at any moment therefore leaves either the old file or the complete new one, never a
+    half-written file under the final name. Works for local paths and for `gs://` via tf.io.gfile.
+    """
+    directory = os.path.dirname(path) or "."
+    tf.io.gfile.makedirs(directory)
+    if "://" in path:
+        tmp = f"{path}.tmp-{os.getpid()}"
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+        os.close(fd)
+    try:
+        yield tmp
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    except BaseException:
+        if tf.io.gfile.exists(tmp):
+            tf.io.gfile.remove(tmp)
+        raise
+
+
+def atomic_write_text(path, text):
+    """Writes `text` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write(text)
+
+
+def atomic_write_json(path, obj):
+    """Writes `obj` as indented JSON to `path` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def expand_globs(patterns, what="input"):
+    """Expands comma-separated globs into a sorted file list; a pattern matching nothing is a UsageError."""
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p.strip()]
+    if not patterns:
+        raise UsageError(f"no {what} files given")
+    files = []
+    for pattern in patterns:
+        pattern = pattern.strip()
+        matches = tf.io.gfile.glob(pattern) if "://" in pattern else glob.glob(os.path.expanduser(pattern))
+        matches = [m for m in matches if not tf.io.gfile.isdir(m)]
+        if not matches:
+            raise UsageError(f"no {what} file matches {pattern!r}")
+        files.extend(sorted(matches))
+    return files
+
+
+def open_text(path):
+    """Opens a text file for reading as bytes lines; `.gz` files are decompressed."""
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if "://" in path:
+        return tf.io.gfile.GFile(path, "rb")
+    return open(path, "rb")
