@@ -21,6 +21,9 @@ import functools
 import os
 import unicodedata
 
+import tensorflow as tf
+import tensorflow_text as tf_text
+
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100
@@ -229,3 +232,352 @@ class FullTokenizer:
     def encode(self, text):
         """Tokenizes and converts to ids in one call."""
         return self.convert_tokens_to_ids(self.tokenize(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-graph tokenizer.
+#
+# tensorflow_text's own normalizers (FastBertTokenizer, BertTokenizer, normalize_utf8) differ from
+# the original on ordinary text (`…` -> `. . .`, `ﬁ` -> `fi`, `ß` -> `ss`, full-width letters), and
+# RE2/ICU use other Unicode versions than Python. So the normalization runs on code points with
+# lookup tables computed from this Python's `unicodedata` (the same tables FullTokenizer consults),
+# and only the word-to-pieces step uses tensorflow_text's FastWordpieceTokenizer, with its own
+# pre-tokenization and normalization turned off.
+# ---------------------------------------------------------------------------------------------
+
+NUM_CODE_POINTS = 0x110000
+# Packed per-code-point properties: bits 0-7 hold the canonical combining class (for NFD's
+# canonical reordering), the bits below are flags.
+_CCC_MASK = 0xFF
+_DROP = 1 << 8  # removed by cleaning: NUL, U+FFFD, Cc/Cf except tab/newline/CR
+_SEPARATOR = 1 << 9  # splits words: whitespace (cleaned to a space) and U+2028/U+2029
+_CJK = 1 << 10  # a word of its own
+_PUNCTUATION = 1 << 11  # a word of its own, tested after lower-casing and NFD
+_MARK_NONSPACING = 1 << 12  # Mn: dropped by accent stripping (uncased only)
+_CASED = 1 << 13  # cased and not case-ignorable: Greek final-sigma context
+_CASE_IGNORABLE = 1 << 14
+_EXACT_ONLY = 1 << 15  # uncased needs the exact path: capital sigma, or a kept mark with ccc > 0
+_STRIPPED_EMPTY = 1 << 16  # uncased: lower+NFD+strip leaves nothing
+_STRIPPED_MULTI = 1 << 17  # uncased: lower+NFD+strip leaves two or more characters
+_CAPITAL_SIGMA, _SMALL_SIGMA, _FINAL_SIGMA = 0x3A3, 0x3C3, 0x3C2
+
+
+def _code_point_properties(char):
+    """The packed property bits of one character (the uncased expansion bits excluded)."""
+    bits = unicodedata.combining(char)
+    if char in "\x00\ufffd" or is_control(char):
+        bits |= _DROP
+    if is_whitespace(char) or char.isspace():
+        bits |= _SEPARATOR
+    if is_cjk(ord(char)):
+        bits |= _CJK
+    if is_punctuation(char):
+        bits |= _PUNCTUATION
+    if unicodedata.category(char) == "Mn":
+        bits |= _MARK_NONSPACING
+    # Python's str.lower() turns a capital sigma into a final sigma when it follows a cased letter
+    # (skipping case-ignorable characters) and no cased letter follows. unicodedata has no
+    # "cased"/"case-ignorable" queries, so ask lower() itself.
+    if (char + "\u03a3").lower()[-1] == "\u03c2":
+        bits |= _CASED
+    elif ("a" + char + "\u03a3").lower()[-1] == "\u03c2":
+        bits |= _CASE_IGNORABLE
+    return bits
+
+
+@functools.lru_cache(maxsize=1)
+def code_point_tables():
+    """Lookup tables for GraphTokenizer, computed from this Python's `unicodedata`.
+
+    Only code points below `main_end` and in [tail_start, tail_end) have non-default entries (the
+    rest are unassigned or private use); `table_index` maps a code point to its row. Returns a dict:
+      props: packed properties; lower_delta: for a character whose lower+NFD+strip is one
+      character, that character minus the code point; expansion_rows: bits 0-15 are 1 + the row
+      of NFD(lower(c)) in `full`, bits 16-31 are 1 + the row of its accent-stripped form in
+      `stripped` (for two or more characters); full/stripped: (values, row_splits).
+    Computing them takes a few seconds, once per process.
+    """
+    import numpy as np
+
+    props = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
+    lower_delta = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
+    expansion_rows = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
+    full, stripped = ([], [0]), ([], [0])
+
+    def add_row(table, text):
+        table[0].extend(ord(c) for c in text)
+        table[1].append(len(table[0]))
+        return len(table[1]) - 1  # 1 + the new row's index
+
+    for cp in range(NUM_CODE_POINTS):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates never come out of UTF-8 decoding
+            continue
+        char = chr(cp)
+        bits = _code_point_properties(char)
+        lowered = char.lower()
+        expansion = lowered if lowered.isascii() else unicodedata.normalize("NFD", lowered)
+        if expansion != char:
+            expansion_rows[cp] = add_row(full, expansion)
+        kept = "".join(c for c in expansion if unicodedata.category(c) != "Mn")
+        if cp == _CAPITAL_SIGMA or any(unicodedata.combining(c) for c in kept):
+            bits |= _EXACT_ONLY
+        if not kept:
+            bits |= _STRIPPED_EMPTY
+        elif len(kept) == 1:
+            lower_delta[cp] = ord(kept) - cp
+        else:
+            bits |= _STRIPPED_MULTI
+            expansion_rows[cp] |= add_row(stripped, kept) << 16
+        props[cp] = bits
+
+    nondefault = np.nonzero(props | lower_delta | expansion_rows)[0]
+    tail = nondefault[nondefault >= 0xE0000]
+    main_end = int(nondefault[nondefault < 0xE0000].max()) + 1
+    tail_start, tail_end = (int(tail.min()), int(tail.max()) + 1) if len(tail) else (main_end, main_end)
+    rows = np.concatenate([np.arange(main_end), np.arange(tail_start, tail_end), [main_end]])
+    # The last row is all defaults (props 0, no mapping); code points outside both ranges use it.
+    # Its source, main_end, is itself default by construction.
+    assert max(len(full[1]), len(stripped[1])) < 1 << 15
+
+    def packed(table):
+        return table[rows].astype(np.uint32).view(np.int32)
+
+    return {
+        "layout": (main_end, tail_start, tail_end),
+        "props": packed(props),
+        "lower_delta": lower_delta[rows].astype(np.int32),
+        "expansion_rows": packed(expansion_rows),
+        "full": (np.asarray(full[0], np.int32), np.asarray(full[1], np.int64)),
+        "stripped": (np.asarray(stripped[0], np.int32), np.asarray(stripped[1], np.int64)),
+    }
+
+
+class GraphTokenizer(tf.Module):
+    """The original BERT tokenizer as TensorFlow ops: same ids as FullTokenizer, inside any graph.
+
+    `tokenize(tf.string [batch])` returns a tf.RaggedTensor int32 [batch, (tokens)]. It uses only
+    TensorFlow core ops and tensorflow_text's FastWordpieceTokenizer, so SavedModels that contain
+    it run in stock TF Serving (2.20+ bundles the tensorflow_text ops).
+    """
+
+    def __init__(self, vocab_file, do_lower_case=True, name=None):
+        super().__init__(name=name)
+        vocab = load_vocab(vocab_file)
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self.vocab_size = len(vocab)
+        self.vocab_asset = tf.saved_model.Asset(vocab_file)
+        self.unk_id = vocab[UNK_TOKEN]
+        self.special_ids = {t: vocab[t] for t in SPECIAL_TOKENS if t in vocab}
+        tables = code_point_tables()
+        self._layout = tables["layout"]
+        self._props = tf.constant(tables["props"])
+        if do_lower_case:
+            self._lower_delta = tf.constant(tables["lower_delta"])
+            self._expansion_rows = tf.constant(tables["expansion_rows"])
+            self._full = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["full"]))
+            self._stripped = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["stripped"]))
+        # Words arrive normalized and split; FastWordpieceTokenizer only matches pieces. Words
+        # over 100 characters are replaced by [UNK] before it, so 4 bytes x 100 always fits.
+        self._wordpiece = tf_text.FastWordpieceTokenizer(
+            vocab=list(vocab),
+            suffix_indicator="##",
+            max_bytes_per_word=4 * MAX_INPUT_CHARS_PER_WORD,
+            token_out_type=tf.int32,
+            unknown_token=UNK_TOKEN,
+            no_pretokenization=True,
+        )
+        # Printable ASCII with tab, newline and CR needs no cleaning and no NFD, and on it
+        # tensorflow_text's own whitespace and punctuation splitting equals the original's (the
+        # same ASCII punctuation ranges; only the dropped controls differ, and they are excluded).
+        # Such rows skip the code-point pipeline, which is most rows of most corpora.
+        self._ascii_wordpiece = tf_text.FastWordpieceTokenizer(
+            vocab=list(vocab),
+            suffix_indicator="##",
+            max_bytes_per_word=MAX_INPUT_CHARS_PER_WORD,
+            token_out_type=tf.int32,
+            unknown_token=UNK_TOKEN,
+            no_pretokenization=False,
+        )
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def tokenize(self, texts):
+        """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
+        plain = tf.strings.regex_full_match(texts, "[\\x20-\\x7e\\t\\n\\r]*")
+        plain_rows = tf.where(plain)[:, 0]
+        other_rows = tf.where(~plain)[:, 0]
+        plain_texts = tf.gather(texts, plain_rows)
+        if self.do_lower_case:
+            plain_texts = tf.strings.lower(plain_texts)  # ASCII-only lower-casing
+        plain_ids = self._ascii_wordpiece.tokenize(plain_texts)
+
+        other_texts = tf.gather(texts, other_rows)
+        words, word_rows = self._words(other_texts)
+        pieces = self._wordpiece.tokenize(words)
+        other_ids = tf.RaggedTensor.from_value_rowids(
+            pieces, word_rows, nrows=tf.size(other_texts, tf.int64)
+        ).merge_dims(1, 2)
+        # Put the rows back in their input order.
+        order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
+        return tf.gather(tf.concat([plain_ids, other_ids], axis=0), order)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def split_words(self, texts):
+        """Returns the normalized words, the input of WordPiece, as a RaggedTensor [batch, (words)]."""
+        words, word_rows = self._words(texts)
+        return tf.RaggedTensor.from_value_rowids(words, word_rows, nrows=tf.size(texts, tf.int64))
+
+    def _table_rows(self, chars):
+        """Maps code points to rows of the lookup tables (see code_point_tables)."""
+        main_end, tail_start, tail_end = self._layout
+        in_tail = (chars >= tail_start) & (chars < tail_end)
+        default_row = main_end + tail_end - tail_start
+        return tf.where(
+            chars < main_end, chars, tf.where(in_tail, chars - tail_start + main_end, default_row)
+        )
+
+    def _words(self, texts):
+        """Cleans, splits and normalizes `texts`; returns (words [W] string, row of each word [W])."""
+        code_points = tf.strings.unicode_decode(
+            texts, "UTF-8", errors="replace", replacement_char=0xFFFD
+        )
+        chars = code_points.flat_values
+        rows = code_points.value_rowids()
+        table_rows = self._table_rows(chars)
+        props = tf.gather(self._props, table_rows)
+        keep = ~_has(props, _DROP)
+        chars, rows, props, table_rows = (
+            tf.boolean_mask(t, keep) for t in (chars, rows, props, table_rows)
+        )
+        separator = _has(props, _SEPARATOR)
+        cjk = _has(props, _CJK)
+        if self.do_lower_case:
+            exact = tf.reduce_any(_has(props, _EXACT_ONLY))
+            chars, rows, props, separator, cjk = tf.cond(
+                exact,
+                lambda: self._lower_exactly(chars, rows, props, table_rows, separator, cjk),
+                lambda: self._lower_fast(chars, rows, props, table_rows, separator, cjk),
+            )
+        alone = _has(props, _PUNCTUATION) | cjk  # characters that form a word of their own
+
+        previous_ends_word = tf.concat([[True], (separator | alone)[:-1]], axis=0)
+        word_start = _row_changes(rows) | previous_ends_word | alone
+        in_word = ~separator
+        chars, rows, word_start = (tf.boolean_mask(t, in_word) for t in (chars, rows, word_start))
+        word_ids = tf.math.cumsum(tf.cast(word_start, tf.int64)) - 1
+        words = tf.RaggedTensor.from_value_rowids(chars, word_ids)
+        word_rows = tf.boolean_mask(rows, word_start)
+        encoded = tf.strings.unicode_encode(words, "UTF-8")
+        # The original gives [UNK] to a word of over 100 characters; the vocabulary holds "[UNK]",
+        # so that string tokenizes to exactly the [UNK] id.
+        too_long = words.row_lengths() > MAX_INPUT_CHARS_PER_WORD
+        encoded = tf.where(too_long, tf.constant(UNK_TOKEN), encoded)
+        return encoded, word_rows
+
+    def _lower_fast(self, chars, rows, props, table_rows, separator, cjk):
+        """lower+NFD+strip as a per-character map, valid when no character needs _lower_exactly.
+
+        NFD may reorder combining marks, but without a kept mark of nonzero class (and without a
+        capital sigma) only dropped marks move, so mapping character by character is exact.
+        """
+        keep = ~_has(props, _STRIPPED_EMPTY)
+        chars, rows, props, table_rows, separator, cjk = (
+            tf.boolean_mask(t, keep) for t in (chars, rows, props, table_rows, separator, cjk)
+        )
+        chars = chars + tf.gather(self._lower_delta, table_rows)
+        multi = _has(props, _STRIPPED_MULTI)
+
+        def expand():
+            row = tf.bitwise.right_shift(tf.gather(self._expansion_rows, table_rows), 16) - 1
+            return self._expand(self._stripped, row, multi, chars, rows, separator, cjk)
+
+        chars, rows, separator, cjk = tf.cond(
+            tf.reduce_any(multi), expand, lambda: (chars, rows, separator, cjk)
+        )
+        return chars, rows, tf.gather(self._props, self._table_rows(chars)), separator, cjk
+
+    def _lower_exactly(self, chars, rows, props, table_rows, separator, cjk):
+        """str.lower() with final sigma, NFD with canonical reordering, then drops Mn."""
+        chars = self._final_sigma(chars, rows, props)
+        row = tf.bitwise.bitwise_and(tf.gather(self._expansion_rows, self._table_rows(chars)), 0xFFFF) - 1
+        chars, rows, separator, cjk = self._expand(self._full, row, row >= 0, chars, rows, separator, cjk)
+        props = tf.gather(self._props, self._table_rows(chars))
+
+        # NFD sorts each run of combining marks by combining class; the sort runs only when some
+        # mark follows one of a higher class.
+        ccc = tf.bitwise.bitwise_and(props, _CCC_MASK)
+        needs_reordering = tf.reduce_any((ccc[1:] > 0) & (ccc[:-1] > ccc[1:]))
+
+        def reorder():
+            run = tf.math.cumsum(tf.cast(tf.equal(ccc, 0) | _row_changes(rows), tf.int64))
+            order = tf.argsort(run * 256 + tf.cast(ccc, tf.int64), stable=True)
+            return tuple(tf.gather(t, order) for t in (chars, rows, props, separator, cjk))
+
+        chars, rows, props, separator, cjk = tf.cond(
+            needs_reordering, reorder, lambda: (chars, rows, props, separator, cjk)
+        )
+        keep = ~_has(props, _MARK_NONSPACING)
+        return tuple(tf.boolean_mask(t, keep) for t in (chars, rows, props, separator, cjk))
+
+    @staticmethod
+    def _expand(expansions, row, expanded, chars, *aligned):
+        """Replaces chars[i] by expansions[row[i]] where expanded[i]; repeats `aligned` to match."""
+        safe_row = tf.maximum(row, 0)
+        lengths = tf.where(expanded, tf.gather(expansions.row_lengths(), safe_row), 1)
+        source = tf.repeat(tf.range(tf.size(chars, tf.int64)), lengths)
+        offset = tf.range(tf.size(source, tf.int64)) - tf.gather(
+            tf.math.cumsum(lengths, exclusive=True), source
+        )
+        start = tf.gather(expansions.row_starts(), safe_row)
+        new_chars = tf.where(
+            tf.gather(expanded, source),
+            tf.gather(expansions.flat_values, tf.gather(start, source) + offset),
+            tf.gather(chars, source),
+        )
+        return (new_chars,) + tuple(tf.gather(t, source) for t in aligned)
+
+    def _final_sigma(self, chars, rows, props):
+        """Turns each capital sigma in str.lower()'s Final_Sigma context into U+03C2.
+
+        The context: the nearest character before it that is not case-ignorable is cased, and the
+        nearest one after it is not. Python lower-cases whitespace-separated words, but separators
+        and CJK ideographs are neither cased nor case-ignorable, so they end the scan by
+        themselves; only row edges need checking. Other capital sigmas are left for the
+        expansion table, which maps them to U+03C3.
+        """
+        sigma_positions = tf.where(tf.equal(chars, _CAPITAL_SIGMA))[:, 0]
+
+        def replace():
+            relevant = ~_has(props, _CASE_IGNORABLE)
+            relevant_positions = tf.where(relevant)[:, 0]
+            num_relevant = tf.size(relevant_positions, tf.int64)
+            # The sigma is relevant itself, at index k among the relevant characters.
+            k = tf.gather(tf.math.cumsum(tf.cast(relevant, tf.int64), exclusive=True), sigma_positions)
+            sigma_rows = tf.gather(rows, sigma_positions)
+            cased = _has(props, _CASED)
+            previous = tf.gather(relevant_positions, tf.maximum(k - 1, 0))
+            previous_cased = (
+                (k > 0) & tf.equal(tf.gather(rows, previous), sigma_rows) & tf.gather(cased, previous)
+            )
+            following = tf.gather(relevant_positions, tf.minimum(k + 1, num_relevant - 1))
+            following_cased = (
+                (k + 1 < num_relevant)
+                & tf.equal(tf.gather(rows, following), sigma_rows)
+                & tf.gather(cased, following)
+            )
+            final = tf.boolean_mask(sigma_positions, previous_cased & ~following_cased)
+            return tf.tensor_scatter_nd_update(
+                chars, tf.expand_dims(final, 1), tf.fill(tf.shape(final), _FINAL_SIGMA)
+            )
+
+        return tf.cond(tf.size(sigma_positions) > 0, replace, lambda: chars)
+
+
+def _has(props, flag):
+    """True where the packed code-point properties carry `flag`."""
+    return tf.not_equal(tf.bitwise.bitwise_and(props, flag), 0)
+
+
+def _row_changes(rows):
+    """True where an element's row differs from the previous element's (and for the first)."""
+    return tf.concat([[True], tf.not_equal(rows[1:], rows[:-1])], axis=0)
