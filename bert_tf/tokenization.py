@@ -403,6 +403,10 @@ class GraphTokenizer(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def tokenize(self, texts):
         """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
+        return self._plain_or(texts, self._tokenize_by_segment)
+
+    def _plain_or(self, texts, tokenize_other):
+        """Tokenizes plain-ASCII strings on the fast path and the others with `tokenize_other`."""
         plain = tf.strings.regex_full_match(texts, "[\\x20-\\x7e\\t\\n\\r]*")
         plain_rows = tf.where(plain)[:, 0]
         other_rows = tf.where(~plain)[:, 0]
@@ -410,16 +414,26 @@ class GraphTokenizer(tf.Module):
         if self.do_lower_case:
             plain_texts = tf.strings.lower(plain_texts)  # ASCII-only lower-casing
         plain_ids = self._ascii_wordpiece.tokenize(plain_texts)
-
-        other_texts = tf.gather(texts, other_rows)
-        words, word_rows = self._words(other_texts)
-        pieces = self._wordpiece.tokenize(words)
-        other_ids = tf.RaggedTensor.from_value_rowids(
-            pieces, word_rows, nrows=tf.size(other_texts, tf.int64)
-        ).merge_dims(1, 2)
+        other_ids = tokenize_other(tf.gather(texts, other_rows))
         # Put the rows back in their input order.
         order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
         return tf.gather(tf.concat([plain_ids, other_ids], axis=0), order)
+
+    def _tokenize_by_segment(self, texts):
+        """Tokenizes each space-separated segment on its own, so plain segments stay on the fast path.
+
+        Exact because a space ends a word, a Final_Sigma context and an NFD run alike.
+        """
+        segments = tf.strings.split(texts, sep=" ")
+        ids = self._plain_or(segments.flat_values, self._tokenize_general)
+        return tf.RaggedTensor.from_row_splits(ids, segments.row_splits).merge_dims(1, 2)
+
+    def _tokenize_general(self, texts):
+        """The code-point pipeline, for any text."""
+        words, word_rows = self._words(texts)
+        pieces = self._wordpiece.tokenize(words)
+        by_row = tf.RaggedTensor.from_value_rowids(pieces, word_rows, nrows=tf.size(texts, tf.int64))
+        return by_row.merge_dims(1, 2)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def split_words(self, texts):
@@ -581,3 +595,51 @@ def _has(props, flag):
 def _row_changes(rows):
     """True where an element's row differs from the previous element's (and for the first)."""
     return tf.concat([[True], tf.not_equal(rows[1:], rows[:-1])], axis=0)
+
+
+def main(argv):
+    """CLI: tokenizes the first lines of a file with both tokenizers and prints them side by side."""
+    del argv
+    from absl import flags
+
+    from bert_tf import io_utils
+
+    FLAGS = flags.FLAGS
+    try:
+        full = FullTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
+        graph = GraphTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
+    except VocabError as e:
+        raise io_utils.UsageError(str(e)) from e
+    lines = []
+    for path in io_utils.expand_globs(FLAGS.input_file):
+        with io_utils.open_text(path) as f:
+            for raw in f:
+                if raw.strip():
+                    lines.append(raw.rstrip(b"\r\n"))
+                if len(lines) == FLAGS.num_lines:
+                    break
+        if len(lines) == FLAGS.num_lines:
+            break
+    graph_ids = graph.tokenize(tf.constant(lines)).to_list()
+    for raw, ids in zip(lines, graph_ids):
+        tokens = full.tokenize(raw)
+        print(f"text:   {to_text(raw)}")
+        print(f"tokens: {' '.join(tokens)}")
+        print(f"ids:    {' '.join(map(str, ids))}")
+        same = ids == full.convert_tokens_to_ids(tokens)
+        print(f"GraphTokenizer agrees with FullTokenizer: {'yes' if same else 'NO'}\n")
+        if not same:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    from absl import flags
+
+    from bert_tf import cli
+
+    flags.DEFINE_string("vocab_file", None, "The vocabulary file, one token per line.")
+    flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+    flags.DEFINE_string("input_file", None, "Comma-separated globs of text files to sample.")
+    flags.DEFINE_integer("num_lines", 3, "How many non-empty lines to tokenize and print.")
+    flags.mark_flags_as_required(["vocab_file", "input_file"])
+    cli.run(main)
