@@ -1,0 +1,401 @@
+"""BERT as Keras functional models: the config, the encoder, the pretraining heads, the model directory.
+
+The encoder is the original BERT (Devlin et al. 2018) built from keras-hub layers:
+
+    word + segment + position embeddings -> LayerNorm(eps 1e-12) -> dropout
+    -> L post-LN transformer layers (self-attention, residual, LayerNorm; GELU feedforward,
+       residual, LayerNorm; eps 1e-12)
+    -> sequence_output; pooled_output = tanh(dense(sequence_output[:, 0]))
+
+Layer choices, checked against the installed keras-hub 0.32 / Keras 3.15 source:
+- `keras_hub.layers.TransformerEncoder(normalize_first=False)` is exactly BERT's post-LN block. Its
+  activation is whatever we pass: we pass exact erf GELU (`keras.activations.gelu`, approximate=False)
+  for `hidden_act="gelu"`, as Google's and Hugging Face's "gelu" do. (keras-hub's own BertBackbone
+  passes the tanh approximation instead; that is one of the differences measured in the benchmark.)
+  Its LayerNorm epsilon defaults to 1e-5, so we pass 1e-12.
+  It has one dropout rate for both the attention probabilities and the hidden states; every released
+  BERT config uses 0.1 for both, and we log a warning when a config asks for two different rates.
+- `keras_hub.layers.ReversibleEmbedding` holds the word embeddings; `MaskedLMHead` calls it in reverse,
+  which ties the MLM output projection to them, as the original does.
+- `keras_hub.layers.PositionEmbedding` holds the learned absolute position table [max_pos, H].
+- `keras_hub.layers.MaskedLMHead` is exactly the original MLM transform: gather positions, dense,
+  activation, LayerNorm, tied projection, own bias. We pass the config's activation and eps 1e-12.
+- The segment embedding is a plain `keras.layers.Embedding`, the pooler and NSP head plain `Dense`.
+
+The weights live in a TF2 object checkpoint. Its keys are attribute paths such as
+`encoder/_operations/5/_self_attention_layer/_query_dense/_kernel`, where the number is the layer's
+position in the functional graph, so the ORDER in which `build_encoder` creates layers is part of the
+on-disk format: append, never reorder. Layer names (`transformer_layer_{i}`, ...) are what
+`variable.path` and the checkpoint converter use; they never change either.
+"""
+
+import dataclasses
+import json
+import os
+import re
+
+import keras
+import keras_hub
+import tensorflow as tf
+from absl import logging
+
+from bert_tf import io_utils
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+
+# (num_hidden_layers, hidden_size) of the named sizes Google released (the "small BERTs" and BERT).
+NAMED_SIZES = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+_INT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    "max_position_embeddings", "type_vocab_size",
+)
+
+
+@dataclasses.dataclass
+class BertConfig:
+    """The original bert_config.json fields, plus do_lower_case so casing travels with the model."""
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    do_lower_case: bool = True
+
+    def __post_init__(self):
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size ({self.hidden_size}) must be a multiple of "
+                f"num_attention_heads ({self.num_attention_heads})")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        get_activation(self.hidden_act)  # Fails early, naming the field, on an unknown activation.
+        if not isinstance(self.do_lower_case, bool):
+            raise ValueError(f"BertConfig.do_lower_case must be true or false, got {self.do_lower_case!r}")
+
+    @classmethod
+    def from_size(cls, name, vocab_size, **overrides):
+        """The named size (tiny/mini/small/medium/base/large): heads H/64, intermediate 4H."""
+        if name not in NAMED_SIZES:
+            raise ValueError(f"unknown model size {name!r}; known: {', '.join(NAMED_SIZES)}")
+        layers, hidden = NAMED_SIZES[name]
+        fields = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, values, source="config"):
+        """Builds a config from a dict; missing fields are an error naming them, unknown ones are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing = sorted(required - set(values))
+        if missing:
+            raise ValueError(f"{source}: missing field(s) {', '.join(missing)}")
+        # Released configs carry extra keys (e.g. multilingual's "directionality", "pooler_*"):
+        # they describe nothing this architecture uses.
+        ignored = sorted(set(values) - known)
+        if ignored:
+            logging.info("%s: ignoring field(s) %s", source, ", ".join(ignored))
+        try:
+            return cls(**{k: v for k, v in values.items() if k in known})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{source}: {e}") from e
+
+    @classmethod
+    def from_json_file(cls, path, **overrides):
+        """Reads a bert_config.json; `overrides` (e.g. do_lower_case) replace fields from the file."""
+        with tf.io.gfile.GFile(path, "r") as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON: {e}") from e
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        values.update(overrides)
+        return cls.from_dict(values, source=path)
+
+    def to_dict(self):
+        """The fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    def to_json_file(self, path):
+        """Writes the config as JSON, atomically."""
+        io_utils.atomic_write_json(path, self.to_dict())
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers and models
+# ----------------------------------------------------------------------------------------------
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+def gelu_tanh(x):
+    """GELU's tanh approximation, for configs that ask for it (HF "gelu_new"/"gelu_pytorch_tanh")."""
+    return keras.ops.gelu(x, approximate=True)
+
+
+_ACTIVATIONS = {
+    # "gelu" is the exact erf form: Google's TF2 BERT, Hugging Face's "gelu" and torch's default.
+    "gelu": keras.activations.gelu,
+    "gelu_new": gelu_tanh,
+    "gelu_pytorch_tanh": gelu_tanh,
+    "gelu_approximate": gelu_tanh,
+    "relu": keras.activations.relu,
+    "tanh": keras.activations.tanh,
+    "swish": keras.activations.silu,
+    "silu": keras.activations.silu,
+}
+
+
+def get_activation(name):
+    """The Keras activation for a bert_config.json `hidden_act` string."""
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {name!r}; supported: {', '.join(_ACTIVATIONS)}")
+    return _ACTIVATIONS[name]
+
+
+def _initializer(config):
+    """The original's truncated normal initializer with stddev initializer_range."""
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
+LAYER_NORM_EPSILON = 1e-12
+
+
+def build_encoder(config):
+    """The BERT encoder as a functional keras.Model (inputs and outputs are named dicts)."""
+    if config.attention_probs_dropout_prob != config.hidden_dropout_prob:
+        logging.warning(
+            "keras_hub TransformerEncoder has a single dropout rate: using hidden_dropout_prob=%s "
+            "for the attention probabilities too (config asks for %s)",
+            config.hidden_dropout_prob, config.attention_probs_dropout_prob)
+    activation = get_activation(config.hidden_act)
+
+    # Layers, in creation order (see the module docstring: the order is part of the checkpoint format).
+    word_embeddings = keras_hub.layers.ReversibleEmbedding(
+        config.vocab_size, config.hidden_size, tie_weights=True,
+        embeddings_initializer=_initializer(config), name="token_embedding")
+    position_embeddings = keras_hub.layers.PositionEmbedding(
+        sequence_length=config.max_position_embeddings, initializer=_initializer(config),
+        name="position_embedding")
+    segment_embeddings = keras.layers.Embedding(
+        config.type_vocab_size, config.hidden_size, embeddings_initializer=_initializer(config),
+        name="segment_embedding")
+    embeddings_layer_norm = keras.layers.LayerNormalization(
+        axis=-1, epsilon=LAYER_NORM_EPSILON, name="embeddings_layer_norm")
+    embeddings_dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="embeddings_dropout")
+    transformer_layers = [
+        keras_hub.layers.TransformerEncoder(
+            intermediate_dim=config.intermediate_size,
+            num_heads=config.num_attention_heads,
+            dropout=config.hidden_dropout_prob,
+            activation=activation,
+            layer_norm_epsilon=LAYER_NORM_EPSILON,
+            kernel_initializer=_initializer(config),
+            normalize_first=False,
+            name=f"transformer_layer_{i}")
+        for i in range(config.num_hidden_layers)
+    ]
+    pooler = keras.layers.Dense(
+        config.hidden_size, activation="tanh", kernel_initializer=_initializer(config),
+        name="pooled_dense")
+
+    # The functional graph.
+    inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
+    tokens = word_embeddings(inputs["input_word_ids"])
+    x = keras.layers.Add(name="embeddings_add")([
+        tokens, position_embeddings(tokens), segment_embeddings(inputs["input_type_ids"])])
+    x = embeddings_dropout(embeddings_layer_norm(x))
+    encoder_outputs = []
+    for layer in transformer_layers:
+        x = layer(x, padding_mask=inputs["input_mask"])
+        encoder_outputs.append(x)
+    pooled = pooler(x[:, 0, :])
+    outputs = {"sequence_output": x, "pooled_output": pooled, "encoder_outputs": encoder_outputs}
+    return keras.Model(inputs=inputs, outputs=outputs, name="bert_encoder")
+
+
+def build_pretraining_model(config, encoder=None):
+    """The encoder plus the MLM and NSP heads; returns (pretraining_model, encoder).
+
+    mlm_logits [b, P, V] and nsp_logits [b, 2] are float32 under any mixed-precision policy,
+    so the losses are computed in float32.
+    """
+    if encoder is None:
+        encoder = build_encoder(config)
+    activation = get_activation(config.hidden_act)
+    mlm_head = keras_hub.layers.MaskedLMHead(
+        token_embedding=encoder.get_layer("token_embedding"),
+        intermediate_activation=activation,
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
+        kernel_initializer=_initializer(config),
+        # keras-hub 0.32's MaskedLMHead turns autocast off and then adds its float32 bias to
+        # compute-dtype logits, which fails under mixed_bfloat16/mixed_float16. A float32 head
+        # avoids that; the heavy tied projection still runs in the embedding layer's policy.
+        dtype="float32",
+        name="mlm_head")
+    nsp_head = keras.layers.Dense(2, kernel_initializer=_initializer(config), name="nsp_head")
+
+    inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
+    inputs["masked_lm_positions"] = keras.Input(shape=(None,), dtype="int32", name="masked_lm_positions")
+    encoder_outputs = encoder({name: inputs[name] for name in ENCODER_INPUTS})
+    mlm_logits = mlm_head(encoder_outputs["sequence_output"], mask_positions=inputs["masked_lm_positions"])
+    nsp_logits = nsp_head(encoder_outputs["pooled_output"])
+    # A float32 linear activation is Keras' recommended way to end a mixed-precision model.
+    outputs = {
+        "mlm_logits": keras.layers.Activation("linear", dtype="float32", name="mlm_logits")(mlm_logits),
+        "nsp_logits": keras.layers.Activation("linear", dtype="float32", name="nsp_logits")(nsp_logits),
+    }
+    model = keras.Model(inputs=inputs, outputs=outputs, name="bert_pretraining")
+    return model, encoder
+
+
+# ----------------------------------------------------------------------------------------------
+# The model directory
+# ----------------------------------------------------------------------------------------------
+
+CONFIG_FILE = "bert_config.json"
+VOCAB_FILE = "vocab.txt"
+CHECKPOINT_STATE_FILE = "checkpoint"  # Written by tf.train.CheckpointManager beside ckpt-N.*.
+CHECKPOINT_NAME = "ckpt"
+MODEL_DIR_FILES = (CONFIG_FILE, VOCAB_FILE, CHECKPOINT_STATE_FILE)
+
+
+class ModelDirError(io_utils.UsageError):
+    """A model directory that is missing files or whose checkpoint does not fit its config."""
+
+
+def check_model_dir(model_dir):
+    """Raises ModelDirError naming every missing file; returns the latest checkpoint prefix."""
+    if not tf.io.gfile.isdir(model_dir):
+        raise ModelDirError(f"model directory {model_dir} does not exist")
+    missing = [name for name in MODEL_DIR_FILES if not tf.io.gfile.exists(os.path.join(model_dir, name))]
+    latest = None
+    if CHECKPOINT_STATE_FILE not in missing:
+        latest = tf.train.latest_checkpoint(model_dir)
+        if latest is None:
+            missing.append(f"the checkpoint named in {os.path.join(model_dir, CHECKPOINT_STATE_FILE)} "
+                           "(ckpt-N.index / ckpt-N.data-*)")
+    if missing:
+        raise ModelDirError(f"model directory {model_dir} is missing: {', '.join(missing)} "
+                            f"(a model directory holds {', '.join(MODEL_DIR_FILES)} and ckpt-N.*)")
+    return latest
+
+
+def latest_checkpoint(model_dir):
+    """The prefix of the newest checkpoint in a complete model directory."""
+    return check_model_dir(model_dir)
+
+
+def load_config(model_dir):
+    """Reads MODEL_DIR/bert_config.json (after checking the directory is complete)."""
+    check_model_dir(model_dir)
+    return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
+
+
+def _checkpoint_has(checkpoint_prefix, attribute):
+    """Whether a TF2 object checkpoint has any variable under the root attribute `attribute`."""
+    return any(name.startswith(attribute + "/") for name, _ in tf.train.list_variables(checkpoint_prefix))
+
+
+def _restore(checkpoint_prefix, **objects):
+    """Restores `objects` (root attributes) from a checkpoint; every variable of theirs must be there.
+
+    A checkpoint written for another config fails here (the model is then discarded by the caller):
+    a different shape makes restore raise, a different layer count leaves variables unmatched.
+    """
+    fits = f"checkpoint {checkpoint_prefix} does not fit {CONFIG_FILE} beside it"
+    try:
+        status = tf.train.Checkpoint(**objects).restore(checkpoint_prefix).expect_partial()
+    except ValueError as e:
+        raise ModelDirError(f"{fits}: {e}") from e
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        # TF's message embeds whole variable values; keep only their paths and shapes.
+        unmatched = re.findall(r"path=([^,]+), shape=(\([^)]*\))", str(e))
+        count = re.search(r"Found (\d+) Python objects", str(e))
+        listed = ", ".join(f"{path} {shape}" for path, shape in unmatched)
+        raise ModelDirError(
+            f"{fits}: {count.group(1) if count else 'some'} weights of {', '.join(objects)} are not in it "
+            f"(e.g. {listed or str(e)[:500]})") from None
+
+
+def load_encoder(model_dir):
+    """Rebuilds the encoder from MODEL_DIR alone and restores its weights from the latest checkpoint."""
+    prefix = check_model_dir(model_dir)
+    encoder = build_encoder(load_config(model_dir))
+    _restore(prefix, encoder=encoder)
+    return encoder
+
+
+def load_pretraining_model(model_dir):
+    """Rebuilds (pretraining_model, encoder) from MODEL_DIR and restores the latest checkpoint.
+
+    A directory converted from an encoder-only checkpoint (e.g. a Hugging Face BertModel) has no
+    pretraining heads: they keep their fresh initialization, and a warning says so.
+    """
+    prefix = check_model_dir(model_dir)
+    model, encoder = build_pretraining_model(load_config(model_dir))
+    if _checkpoint_has(prefix, "pretraining_model"):
+        _restore(prefix, encoder=encoder, pretraining_model=model)
+    else:
+        logging.warning("%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix)
+        _restore(prefix, encoder=encoder)
+    return model, encoder
+
+
+def _copy_vocab(vocab_file, config, destination):
+    """Copies vocab_file atomically, refusing one with more tokens than config.vocab_size."""
+    with tf.io.gfile.GFile(vocab_file, "r") as f:
+        num_tokens = sum(1 for line in f if line.rstrip("\n"))
+    if num_tokens > config.vocab_size:
+        raise ValueError(f"{vocab_file} has {num_tokens} tokens but vocab_size is {config.vocab_size}")
+    if num_tokens < config.vocab_size:
+        logging.warning("%s has %d tokens, fewer than vocab_size %d", vocab_file, num_tokens, config.vocab_size)
+    with io_utils.atomic_path(destination) as tmp:
+        tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
+
+
+def write_model_dir(model_dir, config, vocab_file, encoder, pretraining_model=None, max_to_keep=3):
+    """Writes config, vocab and a checkpoint of `encoder` (and `pretraining_model`) into model_dir.
+
+    Config and vocab are renamed into place; the checkpoint counts as written only once
+    CheckpointManager has updated the `checkpoint` state file, so a kill leaves no half model dir
+    that loads. Returns the checkpoint path.
+    """
+    tf.io.gfile.makedirs(model_dir)
+    config.to_json_file(os.path.join(model_dir, CONFIG_FILE))
+    vocab_destination = os.path.join(model_dir, VOCAB_FILE)
+    if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
+        _copy_vocab(vocab_file, config, vocab_destination)
+    objects = {"encoder": encoder}
+    if pretraining_model is not None:
+        objects["pretraining_model"] = pretraining_model
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(**objects), model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME)
+    return manager.save()

