@@ -403,42 +403,77 @@ class GraphTokenizer(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def tokenize(self, texts):
         """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
-        return self._plain_or(texts, self._tokenize_by_segment)
+        return self._plain_or(texts, self._tokenize_by_segment, with_offsets=False)[0]
 
-    def _plain_or(self, texts, tokenize_other):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def tokenize_with_offsets(self, texts):
+        """Like tokenize, plus each token's [start, end) byte offsets into its input string.
+
+        Returns (ids int32, starts int64, ends int64), RaggedTensors [batch, (tokens)]. A piece of a
+        normalized word maps back to the source characters it came from; a word that became [UNK]
+        spans the whole word. Dropped characters inside a span stay inside it.
+        """
+        return self._plain_or(texts, self._tokenize_by_segment, with_offsets=True)
+
+    def _plain_or(self, texts, tokenize_other, with_offsets):
         """Tokenizes plain-ASCII strings on the fast path and the others with `tokenize_other`."""
         plain = tf.strings.regex_full_match(texts, "[\\x20-\\x7e\\t\\n\\r]*")
         plain_rows = tf.where(plain)[:, 0]
         other_rows = tf.where(~plain)[:, 0]
         plain_texts = tf.gather(texts, plain_rows)
         if self.do_lower_case:
-            plain_texts = tf.strings.lower(plain_texts)  # ASCII-only lower-casing
-        plain_ids = self._ascii_wordpiece.tokenize(plain_texts)
-        other_ids = tokenize_other(tf.gather(texts, other_rows))
+            plain_texts = tf.strings.lower(plain_texts)  # ASCII-only, so byte offsets are unchanged
+        if with_offsets:
+            plain_results = self._ascii_wordpiece.tokenize_with_offsets(plain_texts)
+        else:
+            plain_results = (self._ascii_wordpiece.tokenize(plain_texts),)
+        other_results = tokenize_other(tf.gather(texts, other_rows), with_offsets)
         # Put the rows back in their input order.
         order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
-        return tf.gather(tf.concat([plain_ids, other_ids], axis=0), order)
+        return tuple(
+            tf.gather(tf.concat([p, o], axis=0), order) for p, o in zip(plain_results, other_results)
+        )
 
-    def _tokenize_by_segment(self, texts):
+    def _tokenize_by_segment(self, texts, with_offsets):
         """Tokenizes each space-separated segment on its own, so plain segments stay on the fast path.
 
         Exact because a space ends a word, a Final_Sigma context and an NFD run alike.
         """
         segments = tf.strings.split(texts, sep=" ")
-        ids = self._plain_or(segments.flat_values, self._tokenize_general)
-        return tf.RaggedTensor.from_row_splits(ids, segments.row_splits).merge_dims(1, 2)
+        results = self._plain_or(segments.flat_values, self._tokenize_general, with_offsets)
+        if with_offsets:
+            # A segment starts after the earlier segments of its text and one space after each.
+            lengths = tf.cast(tf.strings.length(segments.flat_values), tf.int64) + 1
+            position = tf.math.cumsum(lengths, exclusive=True)
+            first_of_row = tf.gather(segments.row_starts(), segments.value_rowids())
+            segment_start = position - tf.gather(position, first_of_row)
+            ids, starts, ends = results
+            results = (ids,) + tuple(
+                r.with_flat_values(r.flat_values + tf.gather(segment_start, r.value_rowids()))
+                for r in (starts, ends)
+            )
+        return tuple(
+            tf.RaggedTensor.from_row_splits(r, segments.row_splits).merge_dims(1, 2) for r in results
+        )
 
-    def _tokenize_general(self, texts):
+    def _tokenize_general(self, texts, with_offsets):
         """The code-point pipeline, for any text."""
-        words, word_rows = self._words(texts)
-        pieces = self._wordpiece.tokenize(words)
-        by_row = tf.RaggedTensor.from_value_rowids(pieces, word_rows, nrows=tf.size(texts, tf.int64))
-        return by_row.merge_dims(1, 2)
+        words, word_rows, spans = self._words(texts, with_offsets)
+        if with_offsets:
+            pieces, piece_starts, piece_ends = self._wordpiece.tokenize_with_offsets(words)
+            results = (pieces,) + _source_offsets(piece_starts, piece_ends, spans)
+        else:
+            results = (self._wordpiece.tokenize(words),)
+        nrows = tf.size(texts, tf.int64)
+        return tuple(
+            tf.RaggedTensor.from_value_rowids(r, word_rows, nrows=nrows).merge_dims(1, 2)
+            for r in results
+        )
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def split_words(self, texts):
         """Returns the normalized words, the input of WordPiece, as a RaggedTensor [batch, (words)]."""
-        words, word_rows = self._words(texts)
+        words, word_rows, _ = self._words(texts, with_offsets=False)
         return tf.RaggedTensor.from_value_rowids(words, word_rows, nrows=tf.size(texts, tf.int64))
 
     def _table_rows(self, chars):
@@ -450,28 +485,40 @@ class GraphTokenizer(tf.Module):
             chars < main_end, chars, tf.where(in_tail, chars - tail_start + main_end, default_row)
         )
 
-    def _words(self, texts):
-        """Cleans, splits and normalizes `texts`; returns (words [W] string, row of each word [W])."""
-        code_points = tf.strings.unicode_decode(
+    def _words(self, texts, with_offsets):
+        """Cleans, splits and normalizes `texts` into words for WordPiece.
+
+        Returns (words [W] string, row of each word [W], spans). With offsets, spans describes the
+        words' characters for _source_offsets; otherwise it is None.
+        """
+        code_points, byte_starts = tf.strings.unicode_decode_with_offsets(
             texts, "UTF-8", errors="replace", replacement_char=0xFFFD
         )
         chars = code_points.flat_values
         rows = code_points.value_rowids()
+        # Every per-character array moves with `chars` through filtering and expansion.
+        aligned = {"rows": rows}
+        if with_offsets:
+            starts = byte_starts.flat_values
+            same_row_next = tf.concat([tf.equal(rows[1:], rows[:-1]), [False]], axis=0)
+            text_ends = tf.gather(tf.cast(tf.strings.length(texts), tf.int64), rows)
+            aligned["start"] = starts
+            aligned["end"] = tf.where(same_row_next, tf.concat([starts[1:], [0]], axis=0), text_ends)
         table_rows = self._table_rows(chars)
         props = tf.gather(self._props, table_rows)
         keep = ~_has(props, _DROP)
-        chars, rows, props, table_rows = (
-            tf.boolean_mask(t, keep) for t in (chars, rows, props, table_rows)
-        )
-        separator = _has(props, _SEPARATOR)
-        cjk = _has(props, _CJK)
+        chars, props, table_rows = (tf.boolean_mask(t, keep) for t in (chars, props, table_rows))
+        aligned = {k: tf.boolean_mask(v, keep) for k, v in aligned.items()}
+        aligned["separator"] = _has(props, _SEPARATOR)
+        aligned["cjk"] = _has(props, _CJK)
         if self.do_lower_case:
             exact = tf.reduce_any(_has(props, _EXACT_ONLY))
-            chars, rows, props, separator, cjk = tf.cond(
+            chars, props, aligned = tf.cond(
                 exact,
-                lambda: self._lower_exactly(chars, rows, props, table_rows, separator, cjk),
-                lambda: self._lower_fast(chars, rows, props, table_rows, separator, cjk),
+                lambda: self._lower_exactly(chars, props, aligned),
+                lambda: self._lower_fast(chars, props, table_rows, aligned),
             )
+        rows, separator, cjk = aligned["rows"], aligned["separator"], aligned["cjk"]
         alone = _has(props, _PUNCTUATION) | cjk  # characters that form a word of their own
 
         previous_ends_word = tf.concat([[True], (separator | alone)[:-1]], axis=0)
@@ -486,35 +533,41 @@ class GraphTokenizer(tf.Module):
         # so that string tokenizes to exactly the [UNK] id.
         too_long = words.row_lengths() > MAX_INPUT_CHARS_PER_WORD
         encoded = tf.where(too_long, tf.constant(UNK_TOKEN), encoded)
-        return encoded, word_rows
+        spans = None
+        if with_offsets:
+            spans = {
+                "words": words,
+                "too_long": too_long,
+                "start": tf.boolean_mask(aligned["start"], in_word),
+                "end": tf.boolean_mask(aligned["end"], in_word),
+            }
+        return encoded, word_rows, spans
 
-    def _lower_fast(self, chars, rows, props, table_rows, separator, cjk):
+    def _lower_fast(self, chars, props, table_rows, aligned):
         """lower+NFD+strip as a per-character map, valid when no character needs _lower_exactly.
 
         NFD may reorder combining marks, but without a kept mark of nonzero class (and without a
         capital sigma) only dropped marks move, so mapping character by character is exact.
         """
         keep = ~_has(props, _STRIPPED_EMPTY)
-        chars, rows, props, table_rows, separator, cjk = (
-            tf.boolean_mask(t, keep) for t in (chars, rows, props, table_rows, separator, cjk)
-        )
+        chars, props, table_rows = (tf.boolean_mask(t, keep) for t in (chars, props, table_rows))
+        aligned = {k: tf.boolean_mask(v, keep) for k, v in aligned.items()}
         chars = chars + tf.gather(self._lower_delta, table_rows)
         multi = _has(props, _STRIPPED_MULTI)
 
         def expand():
             row = tf.bitwise.right_shift(tf.gather(self._expansion_rows, table_rows), 16) - 1
-            return self._expand(self._stripped, row, multi, chars, rows, separator, cjk)
+            return self._expand(self._stripped, row, multi, chars, aligned)
 
-        chars, rows, separator, cjk = tf.cond(
-            tf.reduce_any(multi), expand, lambda: (chars, rows, separator, cjk)
-        )
-        return chars, rows, tf.gather(self._props, self._table_rows(chars)), separator, cjk
+        chars, aligned = tf.cond(tf.reduce_any(multi), expand, lambda: (chars, aligned))
+        return chars, tf.gather(self._props, self._table_rows(chars)), aligned
 
-    def _lower_exactly(self, chars, rows, props, table_rows, separator, cjk):
+    def _lower_exactly(self, chars, props, aligned):
         """str.lower() with final sigma, NFD with canonical reordering, then drops Mn."""
+        rows = aligned["rows"]
         chars = self._final_sigma(chars, rows, props)
         row = tf.bitwise.bitwise_and(tf.gather(self._expansion_rows, self._table_rows(chars)), 0xFFFF) - 1
-        chars, rows, separator, cjk = self._expand(self._full, row, row >= 0, chars, rows, separator, cjk)
+        chars, aligned = self._expand(self._full, row, row >= 0, chars, aligned)
         props = tf.gather(self._props, self._table_rows(chars))
 
         # NFD sorts each run of combining marks by combining class; the sort runs only when some
@@ -523,18 +576,18 @@ class GraphTokenizer(tf.Module):
         needs_reordering = tf.reduce_any((ccc[1:] > 0) & (ccc[:-1] > ccc[1:]))
 
         def reorder():
-            run = tf.math.cumsum(tf.cast(tf.equal(ccc, 0) | _row_changes(rows), tf.int64))
+            run = tf.math.cumsum(tf.cast(tf.equal(ccc, 0) | _row_changes(aligned["rows"]), tf.int64))
             order = tf.argsort(run * 256 + tf.cast(ccc, tf.int64), stable=True)
-            return tuple(tf.gather(t, order) for t in (chars, rows, props, separator, cjk))
+            return (tf.gather(chars, order), tf.gather(props, order),
+                    {k: tf.gather(v, order) for k, v in aligned.items()})
 
-        chars, rows, props, separator, cjk = tf.cond(
-            needs_reordering, reorder, lambda: (chars, rows, props, separator, cjk)
-        )
+        chars, props, aligned = tf.cond(needs_reordering, reorder, lambda: (chars, props, aligned))
         keep = ~_has(props, _MARK_NONSPACING)
-        return tuple(tf.boolean_mask(t, keep) for t in (chars, rows, props, separator, cjk))
+        return (tf.boolean_mask(chars, keep), tf.boolean_mask(props, keep),
+                {k: tf.boolean_mask(v, keep) for k, v in aligned.items()})
 
     @staticmethod
-    def _expand(expansions, row, expanded, chars, *aligned):
+    def _expand(expansions, row, expanded, chars, aligned):
         """Replaces chars[i] by expansions[row[i]] where expanded[i]; repeats `aligned` to match."""
         safe_row = tf.maximum(row, 0)
         lengths = tf.where(expanded, tf.gather(expansions.row_lengths(), safe_row), 1)
@@ -548,7 +601,7 @@ class GraphTokenizer(tf.Module):
             tf.gather(expansions.flat_values, tf.gather(start, source) + offset),
             tf.gather(chars, source),
         )
-        return (new_chars,) + tuple(tf.gather(t, source) for t in aligned)
+        return new_chars, {k: tf.gather(v, source) for k, v in aligned.items()}
 
     def _final_sigma(self, chars, rows, props):
         """Turns each capital sigma in str.lower()'s Final_Sigma context into U+03C2.
@@ -590,6 +643,45 @@ class GraphTokenizer(tf.Module):
 def _has(props, flag):
     """True where the packed code-point properties carry `flag`."""
     return tf.not_equal(tf.bitwise.bitwise_and(props, flag), 0)
+
+
+def _source_offsets(piece_starts, piece_ends, spans):
+    """Maps WordPiece byte offsets inside normalized words back to byte offsets in the source text.
+
+    `piece_starts`/`piece_ends` are [W, (pieces)] offsets into each normalized word; `spans` holds
+    the words (code points), which words became [UNK], and each word character's source span.
+    Returns (starts, ends) as [W, (pieces)] RaggedTensors.
+    """
+    words = spans["words"]
+    chars = words.flat_values
+    # Position of every normalized character in the concatenation of all words' UTF-8.
+    utf8_length = 1 + tf.cast(chars >= 0x80, tf.int64) + tf.cast(chars >= 0x800, tf.int64) + tf.cast(
+        chars >= 0x10000, tf.int64
+    )
+    position = tf.math.cumsum(utf8_length, exclusive=True)
+    piece_word = piece_starts.value_rowids()
+    word_first = words.row_starts()
+    word_last = words.row_limits() - 1
+    base = tf.gather(tf.gather(position, tf.minimum(word_first, tf.size(position, tf.int64) - 1)), piece_word)
+
+    def char_at(byte_position):
+        return tf.searchsorted(
+            position[tf.newaxis], byte_position[tf.newaxis], side="right", out_type=tf.int64
+        )[0] - 1
+
+    first_char = char_at(base + piece_starts.flat_values)
+    last_char = char_at(base + piece_ends.flat_values - 1)
+    # An [UNK] for a word over 100 characters covers the whole word.
+    whole_word = tf.gather(spans["too_long"], piece_word)
+    first_char = tf.where(whole_word, tf.gather(word_first, piece_word), first_char)
+    last_char = tf.where(whole_word, tf.gather(word_last, piece_word), last_char)
+    # NFD's canonical reordering can move a character before one that precedes it in the source,
+    # so a piece spans from the smallest start to the largest end of its characters.
+    characters = tf.ragged.range(first_char, last_char + 1)
+    return (
+        piece_starts.with_flat_values(tf.reduce_min(tf.gather(spans["start"], characters), axis=1)),
+        piece_ends.with_flat_values(tf.reduce_max(tf.gather(spans["end"], characters), axis=1)),
+    )
 
 
 def _row_changes(rows):

@@ -301,3 +301,68 @@ def test_saved_graph_uses_only_core_and_text_ops(tmp_path, real_vocab):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["unknown"] == []
     assert set(report["text"]) <= {"FastWordpieceTokenizeWithOffsets"}, report["text"]
+
+
+def _normalized(text, do_lower_case):
+    """What a source span reads as after cleaning (and lower-casing), spaces removed."""
+    cleaned = "".join(tokenization._clean_char(c) for c in text)
+    if do_lower_case:
+        cleaned = tokenization.strip_accents(cleaned.lower())
+    return "".join(cleaned.split())
+
+
+def _check_offsets(full, graph, texts, check_text):
+    ids, starts, ends = graph.tokenize_with_offsets(tf.constant(texts))
+    assert ids.to_list() == [full.encode(t) for t in texts]
+    for text, row_ids, row_starts, row_ends in zip(texts, ids.to_list(), starts.to_list(), ends.to_list()):
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        for token_id, start, end in zip(row_ids, row_starts, row_ends):
+            assert 0 <= start < end <= len(data), (ascii(text), start, end)
+            if not check_text:
+                continue
+            source = data[start:end].decode("utf-8", errors="replace")
+            token = full.inv_vocab[token_id]
+            if token == "[UNK]":
+                assert _normalized(source, full.do_lower_case), (text, source)
+            else:
+                # One source character can expand into several pieces (a Hangul syllable under
+                # NFD), so the span reads as the piece or as text that contains it.
+                assert token.removeprefix("##") in _normalized(source, full.do_lower_case), (text, source, token)
+
+
+def test_offsets_on_examples(uncased):
+    full, graph = uncased
+    text = "Naïve café: ΟΔΟΣ 中文!"
+    ids, starts, ends = graph.tokenize_with_offsets(tf.constant([text]))
+    data = text.encode("utf-8")
+    spans = [data[s:e].decode("utf-8") for s, e in zip(starts.to_list()[0], ends.to_list()[0])]
+    assert full.convert_ids_to_tokens(ids.to_list()[0]) == ["naive", "cafe", ":", "ο", "##δ", "##ος", "中", "文", "!"]
+    assert spans == ["Naïve", "café", ":", "Ο", "Δ", "ΟΣ", "中", "文", "!"]
+    long_word = "x" + "y" * 150
+    _, starts, ends = graph.tokenize_with_offsets(tf.constant([f"a {long_word} b"]))
+    assert list(zip(starts.to_list()[0], ends.to_list()[0])) == [(0, 1), (2, 2 + len(long_word)), (3 + len(long_word), 4 + len(long_word))]
+
+
+# Without capital sigma or kept reordered marks, every token's span reads back as (or contains) the token.
+SPAN_CHECKED = "aAbBzZ09 \t\n.,!'-$ÀéñÅçẞǅﬁ\u0301\u0323\u0345中文가각ＡＢ…\x00\x01\u200b😀"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(alphabet=SPAN_CHECKED, max_size=40), min_size=1, max_size=6))
+def test_property_offsets_point_at_the_source(uncased, cased, texts):
+    for full, graph in (uncased, cased):
+        _check_offsets(full, graph, texts, check_text=True)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40),
+                          st.text(alphabet=INTERESTING, max_size=40), st.binary(max_size=30)),
+                min_size=1, max_size=6))
+def test_property_offsets_in_bounds(uncased, texts):
+    full, graph = uncased
+    _check_offsets(full, graph, texts, check_text=False)
+
+
+def test_offsets_on_real_english(uncased, english_lines):
+    full, graph = uncased
+    _check_offsets(full, graph, english_lines[:500], check_text=True)
