@@ -1,0 +1,201 @@
+"""What every fine-tuning task shares: packing token ids into model inputs, feature records, errors.
+
+A task module (classification, squad, ner) turns its files into examples, its examples into
+features with `pack_segments` (Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for
+GraphTokenizer ids inside a graph), writes them with `write_records` and reads them back with
+`records_dataset`. Both packers follow the original BERT layout and truncation rule:
+
+    [CLS] a [SEP] b [SEP]     segment ids 0 for [CLS], a and the first [SEP]; 1 for b and its [SEP]
+
+and, while the segments are too long, one token is removed from the end of the longest segment
+(the last of the longest on a tie; for two segments that is the original `_truncate_seq_pair`).
+Padding is id 0 with mask 0 and segment id 0.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from bert_tf import io_utils
+
+# Record feature name -> the model's input name (the TF Hub / Model Garden convention).
+MODEL_INPUT_NAMES = {
+    "input_ids": "input_word_ids",
+    "input_mask": "input_mask",
+    "segment_ids": "input_type_ids",
+}
+
+
+class DataFormatError(io_utils.UsageError):
+    """An input file that breaks its format; the message names the file and line."""
+
+
+def require_file(path, what="input"):
+    """Returns `path` if it is a file; otherwise a UsageError naming it (the CLIs exit with code 2)."""
+    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
+        raise io_utils.UsageError(f"{what} file not found: {path}")
+    return path
+
+
+def truncated_lengths(lengths, max_total):
+    """The segment lengths after the original rule: trim the end of the longest one (the last on ties).
+
+    Computed in closed form: the rule leaves every segment at min(length, c) for the largest cap c
+    that fits, and the leftover budget goes one token each to the first segments still above c.
+    """
+    lengths = [int(n) for n in lengths]
+    if max_total < 0:
+        raise ValueError(f"no room for any token: max_total={max_total}")
+    if sum(lengths) <= max_total:
+        return lengths
+    low, high = 0, max(lengths)
+    while low < high:  # the largest cap c with sum(min(n, c)) <= max_total
+        cap = (low + high + 1) // 2
+        if sum(min(n, cap) for n in lengths) <= max_total:
+            low = cap
+        else:
+            high = cap - 1
+    result = [min(n, low) for n in lengths]
+    leftover = max_total - sum(result)
+    for i, n in enumerate(lengths):
+        if leftover and n > low:
+            result[i] += 1
+            leftover -= 1
+    return result
+
+
+def truncate_segments(segments, max_total):
+    """Returns the segments (lists) cut to at most `max_total` items in all, by the original rule."""
+    return [list(s[:n]) for s, n in zip(segments, truncated_lengths([len(s) for s in segments], max_total))]
+
+
+def pack_segments(segments, seq_length, cls_id, sep_id):
+    """Packs lists of token ids into (input_ids, input_mask, segment_ids), int32 [seq_length] each.
+
+    `[CLS] s0 [SEP] s1 [SEP] ...`, truncated by the original rule to fit, then zero-padded.
+    """
+    segments = truncate_segments(segments, seq_length - len(segments) - 1)
+    input_ids = np.zeros(seq_length, np.int32)
+    segment_ids = np.zeros(seq_length, np.int32)
+    position = 1
+    input_ids[0] = cls_id
+    for type_id, segment in enumerate(segments):
+        end = position + len(segment)
+        input_ids[position:end] = segment
+        input_ids[end] = sep_id
+        segment_ids[position:end + 1] = type_id
+        position = end + 1
+    input_mask = (np.arange(seq_length) < position).astype(np.int32)
+    return input_ids, input_mask, segment_ids
+
+
+def pack_inputs(segments, seq_length, cls_id, sep_id):
+    """The TensorFlow-ops twin of `pack_segments`, for a batch inside any graph.
+
+    `segments`: a list of RaggedTensor ids [batch, (tokens)]. Returns a dict of int32
+    [batch, seq_length] tensors: input_word_ids, input_mask, input_type_ids.
+
+    tensorflow_text's RoundRobinTrimmer is exact here: handing out the budget one token per
+    segment in turn (skipping full ones) ends where trimming the last-longest segment ends.
+    """
+    segments = [tf.cast(s, tf.int32) for s in segments]
+    trimmed = tf_text.RoundRobinTrimmer(seq_length - len(segments) - 1).trim(segments)
+    ids, type_ids = tf_text.combine_segments(trimmed, start_of_sequence_id=cls_id, end_of_segment_id=sep_id)
+    input_word_ids, input_mask = tf_text.pad_model_inputs(ids, max_seq_length=seq_length)
+    input_type_ids, _ = tf_text.pad_model_inputs(type_ids, max_seq_length=seq_length)
+    return {
+        "input_word_ids": tf.cast(input_word_ids, tf.int32),
+        "input_mask": tf.cast(input_mask, tf.int32),
+        "input_type_ids": tf.cast(input_type_ids, tf.int32),
+    }
+
+
+def _feature(values):
+    """One tf.train.Feature: int64 for integer arrays, float for the others."""
+    values = np.asarray(values).reshape(-1)
+    if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values.astype(np.int64).tolist()))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=values.astype(np.float32).tolist()))
+
+
+def write_records(path, features):
+    """Writes `features` (name -> array [n, ...]) as n tf.train.Examples to a TFRecord file, atomically.
+
+    Integer arrays become int64 features and the others float features, as the original scripts
+    wrote them. Returns n.
+    """
+    names = list(features)
+    arrays = [np.asarray(features[name]) for name in names]
+    count = len(arrays[0]) if arrays else 0
+    for name, array in zip(names, arrays):
+        if len(array) != count:
+            raise ValueError(f"feature {name!r} has {len(array)} rows, expected {count}")
+    with io_utils.atomic_path(path) as tmp:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            for i in range(count):
+                example = tf.train.Example(features=tf.train.Features(
+                    feature={name: _feature(array[i]) for name, array in zip(names, arrays)}))
+                writer.write(example.SerializeToString())
+    return count
+
+
+def record_spec(features):
+    """The tf.io.parse_example spec that reads back `features` (name -> array [n, ...]) as written."""
+    spec = {}
+    for name, array in features.items():
+        array = np.asarray(array)
+        is_int = np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_
+        spec[name] = tf.io.FixedLenFeature(list(array.shape[1:]), tf.int64 if is_int else tf.float32)
+    return spec
+
+
+def _to_model_batch(batch):
+    """Casts int64 to int32 (TPUs have no int64 kernels) and renames inputs to the model's names."""
+    out = {}
+    for name, value in batch.items():
+        if value.dtype == tf.int64:
+            value = tf.cast(value, tf.int32)
+        out[MODEL_INPUT_NAMES.get(name, name)] = value
+    return out
+
+
+def records_dataset(files, spec, batch_size, is_training, seed=None, input_context=None, drop_remainder=None):
+    """Batches of task records for one input pipeline, keyed by the model's input names.
+
+    Training: sharded per pipeline, shuffled (deterministically with `seed`), repeated forever.
+    Eval and predict: in file order, one pass, the last batch kept unless `drop_remainder`.
+    """
+    files = [files] if isinstance(files, str) else list(files)
+    for path in files:
+        require_file(path, "record")
+    if drop_remainder is None:
+        drop_remainder = is_training
+    dataset = tf.data.TFRecordDataset(files)
+    if input_context and input_context.num_input_pipelines > 1:
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if is_training:
+        dataset = dataset.shuffle(10000, seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    # Parsing a batch at once is much faster than parsing records one by one.
+    dataset = dataset.map(lambda serialized: _to_model_batch(tf.io.parse_example(serialized, spec)),
+                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def features_dataset(features, batch_size, is_training=False, seed=None, drop_remainder=None):
+    """The in-memory twin of `records_dataset`: batches of `features` (name -> array [n, ...])."""
+    if drop_remainder is None:
+        drop_remainder = is_training
+    dataset = tf.data.Dataset.from_tensor_slices({name: np.asarray(v) for name, v in features.items()})
+    if is_training:
+        count = len(next(iter(features.values())))
+        dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True).repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder).map(_to_model_batch)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def split_path(data_dir, file_name):
+    """DATA_DIR/FILE_NAME, required to exist (a missing split file is a UsageError naming it)."""
+    return require_file(os.path.join(data_dir, file_name), "split")
