@@ -285,8 +285,69 @@ def _code_point_properties(char):
     return bits
 
 
+def _tables_cache_path():
+    """Where code_point_tables() keeps its result, keyed by everything that determines it."""
+    import hashlib
+    import inspect
+    import sys
+
+    builders = (_code_point_properties, _compute_code_point_tables, is_whitespace, is_control,
+                is_punctuation, is_cjk)
+    source = "".join(inspect.getsource(f) for f in builders) + repr(CJK_RANGES)
+    key = hashlib.sha256(
+        f"{unicodedata.unidata_version}|{sys.version}|{source}".encode("utf-8")
+    ).hexdigest()[:16]
+    cache_dir = os.environ.get("BERT_TF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "bert_tf"
+    )
+    return os.path.join(cache_dir, f"code_point_tables-{key}.npz")
+
+
 @functools.lru_cache(maxsize=1)
 def code_point_tables():
+    """GraphTokenizer's lookup tables (see _compute_code_point_tables), cached on disk.
+
+    Computing them walks all 1.1M code points in Python (seconds); every worker process of a data
+    job needs them, so the result is kept in ~/.cache/bert_tf (or $BERT_TF_CACHE_DIR), keyed by
+    the Unicode version, the Python version and the source of the functions that compute them.
+    """
+    import numpy as np
+
+    path = _tables_cache_path()
+    try:
+        with np.load(path) as data:
+            return {
+                "layout": tuple(int(v) for v in data["layout"]),
+                "props": data["props"],
+                "lower_delta": data["lower_delta"],
+                "expansion_rows": data["expansion_rows"],
+                "full": (data["full_values"], data["full_splits"]),
+                "stripped": (data["stripped_values"], data["stripped_splits"]),
+            }
+    except (OSError, KeyError, ValueError):
+        pass  # missing or unreadable: compute and (try to) store
+    tables = _compute_code_point_tables()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp.npz"
+        np.savez(
+            tmp,
+            layout=np.asarray(tables["layout"], np.int64),
+            props=tables["props"],
+            lower_delta=tables["lower_delta"],
+            expansion_rows=tables["expansion_rows"],
+            full_values=tables["full"][0],
+            full_splits=tables["full"][1],
+            stripped_values=tables["stripped"][0],
+            stripped_splits=tables["stripped"][1],
+        )
+        os.replace(tmp, path)  # atomic: readers see the old state or the whole file
+    except OSError:
+        pass  # a read-only home directory only costs the recomputation
+    return tables
+
+
+def _compute_code_point_tables():
     """Lookup tables for GraphTokenizer, computed from this Python's `unicodedata`.
 
     Only code points below `main_end` and in [tail_start, tail_end) have non-default entries (the
@@ -295,7 +356,6 @@ def code_point_tables():
       character, that character minus the code point; expansion_rows: bits 0-15 are 1 + the row
       of NFD(lower(c)) in `full`, bits 16-31 are 1 + the row of its accent-stripped form in
       `stripped` (for two or more characters); full/stripped: (values, row_splits).
-    Computing them takes a few seconds, once per process.
     """
     import numpy as np
 

@@ -366,3 +366,23 @@ def test_property_offsets_in_bounds(uncased, texts):
 def test_offsets_on_real_english(uncased, english_lines):
     full, graph = uncased
     _check_offsets(full, graph, english_lines[:500], check_text=True)
+
+
+def test_code_point_tables_cache_round_trip(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("BERT_TF_CACHE_DIR", str(tmp_path))
+    tokenization.code_point_tables.cache_clear()
+    try:
+        computed = tokenization.code_point_tables()  # computes and stores
+        assert len(list(tmp_path.glob("code_point_tables-*.npz"))) == 1
+        tokenization.code_point_tables.cache_clear()
+        loaded = tokenization.code_point_tables()  # reads the file back
+    finally:
+        tokenization.code_point_tables.cache_clear()
+    assert loaded["layout"] == computed["layout"]
+    for key in ("props", "lower_delta", "expansion_rows"):
+        np.testing.assert_array_equal(loaded[key], computed[key])
+    for key in ("full", "stripped"):
+        for got, want in zip(loaded[key], computed[key]):
+            np.testing.assert_array_equal(got, want)
