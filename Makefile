@@ -29,6 +29,9 @@ demo: $(STAMP)
 	  --output_file=$(DEMO_DIR)/vocab.txt --vocab_size=8000 --do_lower_case=true
 	$(PY) -m bert_tf.tokenization --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true \
 	  --input_file=$(DEMO_DIR)/corpus.txt --num_lines=3
+	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
+	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords \
+	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
