@@ -1,0 +1,197 @@
+"""Optimizers for BERT: AdamW as the original has it, LAMB, and the warmup + linear decay schedule.
+
+Both optimizers are ordinary `keras.optimizers.Optimizer` subclasses (they checkpoint with
+`tf.train.Checkpoint`, create their slots under any tf.distribute strategy, and take a schedule).
+Neither clips gradients: the training loop clips the ALL-REDUCED gradients by their global norm,
+as the original does. (Keras 3's own `global_clipnorm` clips each replica's local gradients before
+they are summed, which is a different, replica-count-dependent operation.)
+
+Weight decay is decoupled (added to the update, scaled by the learning rate, never put into the
+gradient or the Adam moments) and skipped for variables whose path contains "LayerNorm",
+"layer_norm" or "bias", the original's exclusion list. It is implemented here rather than with
+Keras' `weight_decay=` because Keras matches its exclusion patterns against the last name
+component only ("gamma", "kernel"), which cannot tell a LayerNorm scale from anything else.
+"""
+
+import keras
+import tensorflow as tf
+
+# The original's exclusion list, matched as substrings of `variable.path`
+# (e.g. "transformer_layer_0/self_attention_layer_norm/gamma", "mlm_head/output_bias").
+DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
+OPTIMIZERS = ("adamw", "lamb")
+
+
+def warmup_linear_decay(step, peak_learning_rate, num_train_steps, num_warmup_steps):
+    """The original schedule: linear warmup from 0, then linear decay to 0 at num_train_steps.
+
+    As in the original, the decay is measured from step 0 (not from the end of warmup): after
+    warmup the rate is peak * (1 - step / num_train_steps). Works on Python numbers and tensors.
+    """
+    step = tf.cast(step, tf.float32)
+    decayed = peak_learning_rate * tf.maximum(0.0, 1.0 - step / float(max(num_train_steps, 1)))
+    if num_warmup_steps <= 0:
+        return decayed
+    warming = peak_learning_rate * step / float(num_warmup_steps)
+    return tf.where(step < num_warmup_steps, warming, decayed)
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """`warmup_linear_decay` as a Keras LearningRateSchedule, keyed on optimizer.iterations."""
+
+    def __init__(self, peak_learning_rate, num_train_steps, num_warmup_steps):
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.num_train_steps = int(num_train_steps)
+        self.num_warmup_steps = int(num_warmup_steps)
+
+    def __call__(self, step):
+        return warmup_linear_decay(step, self.peak_learning_rate, self.num_train_steps, self.num_warmup_steps)
+
+    def get_config(self):
+        return {"peak_learning_rate": self.peak_learning_rate, "num_train_steps": self.num_train_steps,
+                "num_warmup_steps": self.num_warmup_steps}
+
+
+def _matches_any(path, patterns):
+    """Whether any pattern is a substring of the variable path."""
+    return any(pattern in path for pattern in patterns)
+
+
+class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
+    """Shared by AdamW and LAMB: first/second moments and the per-variable weight-decay decision."""
+
+    def __init__(self, learning_rate, weight_decay_rate, beta_1, beta_2, epsilon,
+                 exclude_from_weight_decay, name, **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.weight_decay_rate = float(weight_decay_rate)
+        self.beta_1 = float(beta_1)
+        self.beta_2 = float(beta_2)
+        self.epsilon = float(epsilon)
+        self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
+
+    def build(self, var_list):
+        """Creates the m and v slots and decides, once, which variables are decayed."""
+        if self.built:
+            return
+        super().build(var_list)
+        self._first_moments = [self.add_variable_from_reference(v, "m") for v in var_list]
+        self._second_moments = [self.add_variable_from_reference(v, "v") for v in var_list]
+        # Decided from the Keras variable path here, because update_step receives the
+        # underlying per-device tf.Variable whose name may carry a replica suffix.
+        self._decays = [self.weight_decay_rate > 0 and not _matches_any(v.path, self.exclude_from_weight_decay)
+                        for v in var_list]
+
+    def decays_variable(self, variable):
+        """Whether `variable` (one this optimizer was built with) receives weight decay."""
+        return self._decays[self._get_variable_index(variable)]
+
+    def _update_moments(self, gradient, variable):
+        """m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2; returns the new (m, v) values."""
+        index = self._get_variable_index(variable)
+        m, v = self._first_moments[index], self._second_moments[index]
+        gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)
+        new_m = self.beta_1 * m + (1.0 - self.beta_1) * gradient
+        new_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(gradient)
+        self.assign(m, new_m)
+        self.assign(v, new_v)
+        return new_m, new_v
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"weight_decay_rate": self.weight_decay_rate, "beta_1": self.beta_1,
+                       "beta_2": self.beta_2, "epsilon": self.epsilon,
+                       "exclude_from_weight_decay": list(self.exclude_from_weight_decay)})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class AdamWeightDecay(_DecoupledWeightDecayOptimizer):
+    """The original BERT `AdamWeightDecayOptimizer`: Adam, decoupled weight decay, NO bias correction.
+
+    Per variable x with gradient g:  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+    u = m / (sqrt(v) + eps) (+ wd * x unless excluded);  x = x - lr * u.
+
+    Bias correction is OFF by default because the original omits it, and every published BERT
+    recipe (lr 1e-4 with 10k warmup steps; 2e-5..5e-5 for fine-tuning) was tuned without it: the
+    warmup already keeps the first updates small, and keeping the same update rule means those
+    hyperparameters and resumed original checkpoints behave as they did. `bias_correction=True`
+    gives standard AdamW (Loshchilov & Hutter) for users who want it.
+    """
+
+    def __init__(self, learning_rate=1e-4, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+                 exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, bias_correction=False,
+                 name="adam_weight_decay", **kwargs):
+        super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2, epsilon,
+                         exclude_from_weight_decay, name, **kwargs)
+        self.bias_correction = bool(bias_correction)
+
+    def update_step(self, gradient, variable, learning_rate):
+        """One AdamW update of `variable`."""
+        learning_rate = tf.cast(learning_rate, variable.dtype)
+        m, v = self._update_moments(gradient, variable)
+        if self.bias_correction:
+            t = tf.cast(self.iterations + 1, variable.dtype)
+            m = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
+            v = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
+        update = m / (tf.sqrt(v) + self.epsilon)
+        if self.decays_variable(variable):
+            update += self.weight_decay_rate * tf.convert_to_tensor(variable)
+        self.assign_sub(variable, learning_rate * update)
+
+    def get_config(self):
+        config = super().get_config()
+        config["bias_correction"] = self.bias_correction
+        return config
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class Lamb(_DecoupledWeightDecayOptimizer):
+    """LAMB (You et al. 2019, Algorithm 2): bias-corrected Adam direction, layer-wise trust ratio.
+
+    r = m_hat / (sqrt(v_hat) + eps);  u = r + wd * x;  x = x - lr * (||x|| / ||u||) * u, with the
+    ratio 1 when either norm is 0. Variables excluded from weight decay (LayerNorm, biases) are also
+    excluded from the trust ratio (ratio 1), as NVIDIA's and TF-Addons' BERT LAMB do: their norms
+    say nothing about the scale of a layer.
+    """
+
+    def __init__(self, learning_rate=1e-3, weight_decay_rate=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+                 exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY, name="lamb", **kwargs):
+        super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2, epsilon,
+                         exclude_from_weight_decay, name, **kwargs)
+
+    def build(self, var_list):
+        """Also decides which variables get the layer-wise trust ratio."""
+        if self.built:
+            return
+        super().build(var_list)
+        self._adapts = [not _matches_any(v.path, self.exclude_from_weight_decay) for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        """One LAMB update of `variable`."""
+        learning_rate = tf.cast(learning_rate, variable.dtype)
+        m, v = self._update_moments(gradient, variable)
+        t = tf.cast(self.iterations + 1, variable.dtype)
+        m_hat = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
+        v_hat = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
+        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+        value = tf.convert_to_tensor(variable)
+        if self.decays_variable(variable):
+            update += self.weight_decay_rate * value
+        if self._adapts[self._get_variable_index(variable)]:
+            weight_norm = tf.norm(value)
+            update_norm = tf.norm(update)
+            ratio = tf.where((weight_norm > 0) & (update_norm > 0),
+                             weight_norm / tf.maximum(update_norm, 1e-30), 1.0)
+            update = ratio * update
+        self.assign_sub(variable, learning_rate * update)
+
+
+def create_optimizer(name, learning_rate, num_train_steps, num_warmup_steps, weight_decay_rate=0.01):
+    """`adamw` (the original) or `lamb`, on the warmup + linear decay schedule."""
+    schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+    if name == "adamw":
+        return AdamWeightDecay(learning_rate=schedule, weight_decay_rate=weight_decay_rate)
+    if name == "lamb":
+        return Lamb(learning_rate=schedule, weight_decay_rate=weight_decay_rate)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")

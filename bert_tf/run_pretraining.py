@@ -1,0 +1,385 @@
+"""python -m bert_tf.run_pretraining: masked-LM + next-sentence pretraining under any tf.distribute strategy.
+
+    python -m bert_tf.run_pretraining --input_file='tfrecords/*.tfrecord' --output_dir=build/pretrain \\
+      --model_size=mini --vocab_file=vocab.txt --do_train --do_eval \\
+      --train_batch_size=256 --max_seq_length=128 --max_predictions_per_seq=20 \\
+      --num_train_steps=100000 --num_warmup_steps=10000 --learning_rate=1e-4 --strategy=mirrored
+
+Rerunning the same command resumes from the newest checkpoint in --output_dir. The output directory
+is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read.
+
+The loss is the masked-LM cross-entropy averaged over the real (weight 1) predictions of the GLOBAL
+batch, i.e. sum(weight * xent) / sum(weight) with both sums taken over all replicas (every replica
+divides its own sum by the all-reduced weight count, so the per-replica shares add up to the exact
+global mean whatever the replicas' mask counts), plus the NSP cross-entropy averaged over the global
+batch with tf.nn.compute_average_loss.
+"""
+
+import dataclasses
+import os
+
+import keras
+import tensorflow as tf
+from absl import flags, logging
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from bert_tf import checkpoints, cli, distribution, input_pipeline, io_utils, modeling, optimization, tokenization, training
+
+MODEL_INPUTS = ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions")
+MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
+
+class PretrainingTask(training.Task):
+    """MLM + NSP losses and their metrics, for training.Trainer."""
+
+    stat_names = ("loss", "mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss_sum", "nsp_correct", "examples")
+
+    def __init__(self, model):
+        self.model = model
+
+    def denominators(self, batch):
+        """This replica's count of real masked positions and of examples."""
+        return {"mlm_weight": tf.reduce_sum(batch["masked_lm_weights"]),
+                "examples": tf.cast(tf.shape(batch["next_sentence_labels"])[0], tf.float32)}
+
+    def loss_and_stats(self, batch, global_denominators, training):
+        """This replica's share of the global loss, and its sums for the metrics."""
+        outputs = self.model({name: batch[name] for name in MODEL_INPUTS}, training=training)
+        mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
+        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+        weights = batch["masked_lm_weights"]
+        mlm_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
+        mlm_loss_sum = tf.reduce_sum(weights * mlm_xent)
+        mlm_loss = tf.math.divide_no_nan(mlm_loss_sum, global_denominators["mlm_weight"])
+        nsp_labels = batch["next_sentence_labels"]
+        nsp_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(nsp_labels, nsp_logits)
+        nsp_loss = tf.nn.compute_average_loss(
+            nsp_xent, global_batch_size=tf.cast(global_denominators["examples"], tf.int32))
+        mlm_hits = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), batch["masked_lm_ids"]),
+                           tf.float32)
+        nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
+        stats = {"mlm_loss_sum": mlm_loss_sum, "mlm_correct": tf.reduce_sum(weights * mlm_hits),
+                 "mlm_weight": tf.reduce_sum(weights), "nsp_loss_sum": tf.reduce_sum(nsp_xent),
+                 "nsp_correct": tf.reduce_sum(nsp_hits), "examples": tf.cast(tf.shape(nsp_labels)[0], tf.float32)}
+        return mlm_loss + nsp_loss, stats
+
+    def metrics(self, sums, num_steps):
+        """The original's eval metric names, pooled over the steps."""
+        def ratio(a, b):
+            return float(sums[a] / sums[b]) if sums[b] else 0.0
+        return {"loss": float(sums["loss"] / max(num_steps, 1)),
+                "masked_lm_loss": ratio("mlm_loss_sum", "mlm_weight"),
+                "masked_lm_accuracy": ratio("mlm_correct", "mlm_weight"),
+                "next_sentence_loss": ratio("nsp_loss_sum", "examples"),
+                "next_sentence_accuracy": ratio("nsp_correct", "examples")}
+
+
+@dataclasses.dataclass
+class PretrainingArgs:
+    """Everything a pretraining run needs; the CLI fills it from flags, tests construct it directly."""
+
+    input_file: str
+    output_dir: str
+    vocab_file: str = ""
+    bert_config_file: str = ""
+    model_size: str = ""
+    do_lower_case: bool = True
+    init_checkpoint: str = ""
+    do_train: bool = True
+    do_eval: bool = False
+    eval_input_file: str = ""
+    train_batch_size: int = 32
+    eval_batch_size: int = 8
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    num_train_steps: int = 100000
+    num_warmup_steps: int = 10000
+    max_eval_steps: int = 100
+    save_checkpoints_steps: int = 1000
+    steps_per_loop: int = 100
+    learning_rate: float = 5e-5
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    strategy: str = "default"
+    tpu: str = ""
+    num_cpu_replicas: int = 0
+    mixed_precision: str = "none"
+    jit_compile: bool = False
+    seed: int = 12345
+    dynamic_masking: bool = False
+    keep_checkpoint_max: int = 5
+
+
+@dataclasses.dataclass
+class PretrainingResult:
+    """What a run ends with: the step, the last train and eval metrics, and the models."""
+
+    step: int
+    train_metrics: dict
+    eval_results: dict
+    pretraining_model: keras.Model
+    encoder: keras.Model
+
+
+def _validate(args):
+    """Usage errors that need no TensorFlow: flags that contradict each other."""
+    if not (args.do_train or args.do_eval):
+        raise io_utils.UsageError("at least one of --do_train and --do_eval must be set")
+    if not args.output_dir:
+        raise io_utils.UsageError("--output_dir is required")
+    if args.mixed_precision not in MIXED_PRECISION_POLICIES:
+        raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
+                                  f"{', '.join(MIXED_PRECISION_POLICIES)}")
+    if args.optimizer not in optimization.OPTIMIZERS:
+        raise io_utils.UsageError(f"--optimizer={args.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}")
+    if args.bert_config_file and args.model_size:
+        raise io_utils.UsageError("give --bert_config_file or --model_size, not both")
+    for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "max_predictions_per_seq",
+                 "steps_per_loop", "save_checkpoints_steps"):
+        if getattr(args, name) <= 0:
+            raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.model_size and args.model_size not in modeling.NAMED_SIZES:
+        raise io_utils.UsageError(f"--model_size={args.model_size} is not one of {', '.join(modeling.NAMED_SIZES)}")
+    distribution.check_tpu_paths(args.tpu if args.strategy == "tpu" else "", input_file=args.input_file,
+                                 eval_input_file=args.eval_input_file, output_dir=args.output_dir,
+                                 init_checkpoint=args.init_checkpoint)
+
+
+def _is_model_dir(path):
+    """Whether `path` is one of our model directories (bert_config.json + a TF2 object checkpoint)."""
+    return (tf.io.gfile.isdir(path) and tf.io.gfile.exists(os.path.join(path, modeling.CONFIG_FILE))
+            and tf.train.latest_checkpoint(path) is not None)
+
+
+def _resolve_config(args):
+    """(BertConfig, vocab file) from --bert_config_file, --model_size, --init_checkpoint or --output_dir."""
+    vocab_file = args.vocab_file
+    if args.bert_config_file:
+        config = modeling.BertConfig.from_json_file(args.bert_config_file)
+    elif args.model_size:
+        if not vocab_file:
+            raise io_utils.UsageError("--model_size needs --vocab_file (its size sets vocab_size)")
+        config = modeling.BertConfig.from_size(args.model_size, len(_load_vocab(vocab_file)),
+                                               do_lower_case=args.do_lower_case)
+    else:
+        source = next((d for d in (args.output_dir, args.init_checkpoint) if d and _is_model_dir(d)), None)
+        if source is None:
+            raise io_utils.UsageError("give --bert_config_file or --model_size (or an --init_checkpoint model directory)")
+        config = modeling.load_config(source)
+        vocab_file = vocab_file or os.path.join(source, modeling.VOCAB_FILE)
+    if not vocab_file:
+        raise io_utils.UsageError("--vocab_file is required")
+    vocab_size = len(_load_vocab(vocab_file))
+    if vocab_size > config.vocab_size:
+        raise io_utils.UsageError(f"--vocab_file={vocab_file} has {vocab_size} tokens but the config's "
+                                  f"vocab_size is {config.vocab_size}")
+    existing = os.path.join(args.output_dir, modeling.CONFIG_FILE)
+    if tf.train.latest_checkpoint(args.output_dir) and tf.io.gfile.exists(existing):
+        previous = modeling.BertConfig.from_json_file(existing)
+        if previous != config:
+            differences = {k: (v, config.to_dict()[k]) for k, v in previous.to_dict().items() if config.to_dict()[k] != v}
+            raise io_utils.UsageError(
+                f"--output_dir={args.output_dir} holds a run with a different model config "
+                f"(field: (in output_dir, requested) = {differences}); use a new --output_dir")
+    return config, vocab_file
+
+
+def _load_vocab(vocab_file):
+    """The vocab, with a missing or empty file as a usage error."""
+    try:
+        return tokenization.load_vocab(vocab_file)
+    except tokenization.VocabError as e:
+        raise io_utils.UsageError(f"--vocab_file: {e}") from e
+
+
+def _write_model_dir_files(output_dir, config, vocab_file):
+    """bert_config.json and vocab.txt beside the checkpoints, so output_dir is a model directory."""
+    tf.io.gfile.makedirs(output_dir)
+    config.to_json_file(os.path.join(output_dir, modeling.CONFIG_FILE))
+    destination = os.path.join(output_dir, modeling.VOCAB_FILE)
+    if os.path.abspath(vocab_file) != os.path.abspath(destination):
+        with io_utils.atomic_path(destination) as tmp:
+            tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
+
+
+def checkpoint_root_children(prefix):
+    """The names of the root objects of a TF2 object checkpoint (e.g. encoder, pretraining_model).
+
+    Read from the object graph, not from variable names: a variable is stored under its SHORTEST
+    path, which in a training checkpoint goes through `optimizer/` rather than `encoder/`.
+    """
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return {child.local_name for child in graph.nodes[0].children}
+
+
+def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers):
+    """Weights only, from a model directory or an original Google checkpoint (prefix or directory)."""
+    if _is_model_dir(init_checkpoint):
+        prefix = tf.train.latest_checkpoint(init_checkpoint)
+        objects = {"encoder": encoder}
+        if "pretraining_model" in checkpoint_root_children(prefix):
+            objects["pretraining_model"] = pretraining_model
+        else:
+            logging.warning("%s has no pretraining heads: MLM and NSP heads start fresh", init_checkpoint)
+        tf.train.Checkpoint(**objects).restore(prefix).expect_partial().assert_existing_objects_matched()
+        logging.info("initialized %s from %s", " and ".join(objects), prefix)
+        return
+    try:
+        prefix = checkpoints.resolve_google_checkpoint(init_checkpoint)
+    except FileNotFoundError as e:
+        raise io_utils.UsageError(f"--init_checkpoint: {e} (expected a model directory or an original checkpoint)") from e
+    shapes, reader = checkpoints.read_google_checkpoint_shapes(prefix)
+    with_heads = checkpoints.has_heads(shapes)
+    if not with_heads:
+        logging.warning("%s has no cls/ variables: MLM and NSP heads start fresh", prefix)
+    checkpoints.assign_original_weights(prefix, shapes, reader.get_tensor,
+                                        pretraining_model if with_heads else encoder, num_layers, with_heads)
+
+
+def run(args):
+    """Trains and/or evaluates as `args` say; returns a PretrainingResult."""
+    _validate(args)
+    # The strategy comes first: splitting the CPU into logical devices must precede any TF op.
+    strategy = distribution.get_strategy(args.strategy, tpu=args.tpu, num_cpu_replicas=args.num_cpu_replicas)
+    logging.info("strategy %s with %d replicas", type(strategy).__name__, strategy.num_replicas_in_sync)
+    train_files = io_utils.expand_globs(args.input_file, "--input_file") if args.do_train else []
+    eval_files = (io_utils.expand_globs(args.eval_input_file or args.input_file, "--eval_input_file")
+                  if args.do_eval else [])
+    for files in (train_files, eval_files):
+        if files:
+            input_pipeline.check_record_lengths(files[0], args.max_seq_length, args.max_predictions_per_seq)
+    for name, batch in (("train_batch_size", args.train_batch_size), ("eval_batch_size", args.eval_batch_size)):
+        if batch % strategy.num_replicas_in_sync:
+            raise io_utils.UsageError(f"--{name}={batch} is not divisible by the {strategy.num_replicas_in_sync} replicas")
+    config, vocab_file = _resolve_config(args)
+
+    keras.mixed_precision.set_global_policy(MIXED_PRECISION_POLICIES[args.mixed_precision])
+    keras.utils.set_random_seed(args.seed)
+    with strategy.scope():
+        pretraining_model, encoder = modeling.build_pretraining_model(config)
+        optimizer = optimization.create_optimizer(args.optimizer, args.learning_rate, args.num_train_steps,
+                                                  args.num_warmup_steps, args.weight_decay)
+    loop = training.LoopConfig(
+        num_train_steps=args.num_train_steps, steps_per_loop=args.steps_per_loop,
+        save_checkpoints_steps=args.save_checkpoints_steps, clip_norm=args.clip_norm,
+        loss_scaling=args.mixed_precision == "float16", jit_compile=args.jit_compile,
+        max_checkpoints_to_keep=args.keep_checkpoint_max)
+    trainer = training.Trainer(strategy, PretrainingTask(pretraining_model), optimizer,
+                               {"encoder": encoder, "pretraining_model": pretraining_model},
+                               args.output_dir, loop, args.train_batch_size)
+    masking = input_pipeline.DynamicMasking.from_vocab_file(vocab_file, config.vocab_size) \
+        if args.dynamic_masking else None
+    train_iterator = None
+    if args.do_train:
+        def make_train_iterator(seed):
+            return iter(input_pipeline.distributed_pretraining_dataset(
+                strategy, train_files, args.train_batch_size, args.max_seq_length, args.max_predictions_per_seq,
+                is_training=True, seed=seed, dynamic_masking=masking))
+
+        train_iterator = make_train_iterator(args.seed)
+        start_step = training.checkpoint_step(args.output_dir)
+        if start_step and not training.is_checkpointable(train_iterator):
+            # The iterator's position cannot be restored: reshuffle rather than replay the first batches.
+            logging.warning("resuming at step %d with a reshuffled input order (this strategy's input "
+                            "iterator cannot be checkpointed)", start_step)
+            train_iterator = make_train_iterator(args.seed + start_step)
+    resumed = trainer.restore_or_initialize(train_iterator)
+    if not resumed and args.init_checkpoint:
+        with strategy.scope():
+            load_initial_weights(args.init_checkpoint, pretraining_model, encoder, config.num_hidden_layers)
+    if trainer.is_chief:
+        _write_model_dir_files(args.output_dir, config, vocab_file)
+
+    train_metrics = {}
+    if args.do_train:
+        train_metrics = trainer.train(train_iterator)
+    eval_results = {}
+    if args.do_eval:
+        eval_iterator = iter(input_pipeline.distributed_pretraining_dataset(
+            strategy, eval_files, args.eval_batch_size, args.max_seq_length, args.max_predictions_per_seq,
+            is_training=False))
+        metrics, steps = trainer.evaluate(eval_iterator, args.max_eval_steps)
+        step = int(trainer.step.numpy())
+        eval_results = dict(metrics, global_step=step)
+        if trainer.is_chief:
+            training.write_eval_results(os.path.join(args.output_dir, "eval_results.txt"), eval_results)
+            training.write_summaries(os.path.join(args.output_dir, "eval"), step, metrics)
+            print("eval (%d steps): %s" % (steps, "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))),
+                  flush=True)
+    return PretrainingResult(int(trainer.step.numpy()), train_metrics, eval_results, pretraining_model, encoder)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The original run_pretraining.py flags plus the TF2 ones (strategy, precision, optimizer)."""
+    defaults = PretrainingArgs(input_file="", output_dir="")
+    flags.DEFINE_string("input_file", None, "Comma-separated globs of TFRecord files in the original pretraining schema.")
+    flags.DEFINE_string("eval_input_file", "", "Globs of the evaluation records (default: --input_file, as the original).")
+    flags.DEFINE_string("output_dir", None, "The model directory: checkpoints, bert_config.json, vocab.txt, "
+                        "TensorBoard logs (train/, eval/) and eval_results.txt. Rerunning resumes from it.")
+    flags.DEFINE_string("bert_config_file", "", "A bert_config.json giving the model architecture.")
+    flags.DEFINE_string("model_size", "", f"A named size instead of --bert_config_file: {', '.join(modeling.NAMED_SIZES)}.")
+    flags.DEFINE_string("vocab_file", "", "The vocab.txt the records were made with.")
+    flags.DEFINE_bool("do_lower_case", True, "With --model_size: whether the vocab is uncased (stored in the config).")
+    flags.DEFINE_string("init_checkpoint", "", "Initial weights only: a model directory or an original BERT checkpoint.")
+    flags.DEFINE_bool("do_train", False, "Whether to run training.")
+    flags.DEFINE_bool("do_eval", False, "Whether to run evaluation on the eval records.")
+    flags.DEFINE_integer("train_batch_size", defaults.train_batch_size, "Global batch size for training.")
+    flags.DEFINE_integer("eval_batch_size", defaults.eval_batch_size, "Global batch size for evaluation.")
+    flags.DEFINE_integer("max_seq_length", defaults.max_seq_length,
+                         "Maximum sequence length; must match the records (create_pretraining_data's value).")
+    flags.DEFINE_integer("max_predictions_per_seq", defaults.max_predictions_per_seq,
+                         "Maximum masked LM predictions per sequence; must match the records.")
+    flags.DEFINE_integer("num_train_steps", defaults.num_train_steps, "Number of training steps.")
+    flags.DEFINE_integer("num_warmup_steps", defaults.num_warmup_steps, "Number of linear warmup steps.")
+    flags.DEFINE_integer("max_eval_steps", defaults.max_eval_steps, "Maximum number of eval steps.")
+    flags.DEFINE_integer("save_checkpoints_steps", defaults.save_checkpoints_steps, "How often to save a checkpoint.")
+    flags.DEFINE_integer("steps_per_loop", defaults.steps_per_loop,
+                         "Training steps inside one tf.function call (one progress line and summary per loop).")
+    flags.DEFINE_integer("keep_checkpoint_max", defaults.keep_checkpoint_max, "How many checkpoints to keep.")
+    flags.DEFINE_float("learning_rate", defaults.learning_rate, "The peak learning rate.")
+    flags.DEFINE_enum("optimizer", defaults.optimizer, list(optimization.OPTIMIZERS),
+                      "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.")
+    flags.DEFINE_float("weight_decay", defaults.weight_decay, "Decoupled weight decay (LayerNorm and biases excluded).")
+    flags.DEFINE_float("clip_norm", defaults.clip_norm, "Clip the summed gradients to this global norm (0: off).")
+    flags.DEFINE_enum("strategy", defaults.strategy, list(distribution.STRATEGIES), "The tf.distribute strategy.")
+    flags.DEFINE_string("tpu", "", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
+    flags.DEFINE_integer("num_cpu_replicas", 0,
+                         "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
+    flags.DEFINE_enum("mixed_precision", "none", list(MIXED_PRECISION_POLICIES),
+                      "Compute dtype; float16 adds dynamic loss scaling.")
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile the forward and backward pass.")
+    flags.DEFINE_integer("seed", defaults.seed, "Seeds weights, dropout and the input order.")
+    flags.DEFINE_bool("dynamic_masking", False, "Re-mask every batch on the fly (RoBERTa-style) instead of "
+                      "using the records' fixed masks.")
+
+
+def main(argv):
+    """Reads the flags into PretrainingArgs and runs."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS.input_file:
+        raise io_utils.UsageError("--input_file is required")
+    args = PretrainingArgs(**{field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(PretrainingArgs)})
+    tf.io.gfile.makedirs(args.output_dir or ".")
+    if args.output_dir:
+        cli.log_flags(args.output_dir, "run_pretraining")
+    try:
+        run(args)
+    except training.NonFiniteLossError as e:
+        logging.error("%s", e)
+        print(f"error: {e}", flush=True)
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

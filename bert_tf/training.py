@@ -1,0 +1,401 @@
+"""The custom training loop shared by pretraining and fine-tuning: any tf.distribute strategy, resumable.
+
+One call of the loop function runs `steps_per_loop` steps inside one `tf.function` (`strategy.run`
+in a `tf.range` loop), which is what TPUs need and what keeps the host out of the way on GPUs.
+Each step, on every replica:
+
+  1. the task's loss denominators (e.g. the number of real masked positions) are all-reduced, so
+     the loss each replica computes is its share of the exact GLOBAL mean;
+  2. forward and backward (optionally XLA-compiled with jit_compile);
+  3. ONE all-reduce of the gradients together with the step's statistics (loss, accuracy sums);
+  4. the summed gradients are clipped by their global norm (identical on every replica);
+  5. the update is applied only when the loss and the gradient norm are finite. A non-finite
+     step is skipped, so the weights stay good, and its number is recorded: the host stops after
+     the loop without saving, so the last good checkpoint is never overwritten. With float16,
+     non-finite gradients instead halve the loss scale (dynamic loss scaling).
+
+Why not Keras `fit`: it fails under MultiWorkerMirroredStrategy with dict inputs (Keras 3.15).
+Why not `keras.optimizers.LossScaleOptimizer` / `global_clipnorm`: in Keras 3.15 they check and
+clip each replica's LOCAL gradients before the all-reduce, so a single replica's overflow can leak
+into the summed update and the clip threshold depends on the replica count. Steps 3-5 do both on
+the all-reduced gradients instead, and then run the (Keras) optimizer's `update_step` on every
+device's copy of each variable in cross-replica context, so the gradients are reduced only once.
+
+Checkpoints are `tf.train.Checkpoint(**objects, optimizer=, step=[, train_iterator=])` written by a
+CheckpointManager with checkpoint_name "ckpt", which writes the data files first and then swaps
+the `checkpoint` state file atomically: a kill at any moment leaves the previous checkpoint intact.
+Where the input iterator can be checkpointed (the default strategy: one CPU, GPU or host) it is saved
+too, so a resumed run sees exactly the batches an uninterrupted run would have seen; elsewhere the
+resumed run reshuffles with a seed shifted by the step (tf.distribute's iterators cannot be saved).
+"""
+
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import time
+
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import summary_pb2
+
+from bert_tf import io_utils
+from bert_tf.distribution import is_chief
+
+CHECKPOINT_NAME = "ckpt"
+INITIAL_LOSS_SCALE = 2.0 ** 15
+LOSS_SCALE_GROWTH_INTERVAL = 2000
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or the gradients became NaN/Inf; nothing was saved after the last good checkpoint."""
+
+    def __init__(self, step, last_checkpoint):
+        self.step = step
+        self.last_checkpoint = last_checkpoint
+        kept = f"the last good checkpoint {last_checkpoint} is kept" if last_checkpoint else "no checkpoint was written"
+        super().__init__(f"non-finite (NaN or Inf) loss or gradients at step {step}: training stopped; {kept}. "
+                         "Lower --learning_rate, raise --num_warmup_steps, or check the input data.")
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    """How the loop runs: lengths, cadence, clipping, precision and compilation."""
+
+    num_train_steps: int
+    steps_per_loop: int = 100
+    save_checkpoints_steps: int = 1000
+    clip_norm: float = 1.0
+    loss_scaling: bool = False  # float16: dynamic loss scaling.
+    jit_compile: bool = False
+    max_checkpoints_to_keep: int = 5
+    checkpoint_iterator: bool = True  # When the iterator is checkpointable (see restore_or_initialize).
+
+
+class Task:
+    """What a training job plugs into the loop (pretraining here; fine-tuning tasks later).
+
+    `model` holds the trainable variables. Every statistic is a SUM over the examples of a
+    replica's batch; the loop adds them over replicas and steps, and `metrics` turns the global
+    sums into the reported values. `stat_names[0]` must be "loss": the replica's share of the
+    global loss, so its sum over replicas is the global loss.
+    """
+
+    model = None
+    stat_names = ("loss",)
+
+    def denominators(self, batch):
+        """Local sums that normalize the loss (all-reduced before the forward pass)."""
+        raise NotImplementedError
+
+    def loss_and_stats(self, batch, global_denominators, training):
+        """(this replica's share of the global loss, {stat name: local sum})."""
+        raise NotImplementedError
+
+    def metrics(self, sums, num_steps):
+        """{metric name: value} from the global sums over `num_steps` steps."""
+        raise NotImplementedError
+
+
+# TensorBoard's scalar plugin metadata. Writing with tf.summary.write and this metadata is what
+# tf.summary.scalar does, minus its import of the tensorboard package, which viewing needs but
+# training should not.
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+    data_class=summary_pb2.DATA_CLASS_SCALAR)
+
+
+def write_scalar(name, value, step):
+    """Writes one TensorBoard scalar to the default summary writer."""
+    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
+
+
+def is_checkpointable(obj):
+    """Whether tf.train.Checkpoint can save `obj` (a tf.data iterator can; a DistributedIterator cannot)."""
+    try:
+        tf.train.Checkpoint(obj=obj)
+    except ValueError:
+        return False
+    return True
+
+
+def checkpoint_step(directory):
+    """The step saved in the newest checkpoint of `directory`, or 0 when there is none."""
+    latest = tf.train.latest_checkpoint(directory) if directory else None
+    if not latest:
+        return 0
+    return int(tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def format_duration(seconds):
+    """Seconds as 1h02m / 3m05s / 12s for the progress line."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class Trainer:
+    """Runs a Task under a strategy: train with checkpoints, summaries and progress; evaluate."""
+
+    def __init__(self, strategy, task, optimizer, checkpoint_objects, output_dir, config, global_batch_size):
+        self.strategy = strategy
+        self.task = task
+        self.optimizer = optimizer
+        self.config = config
+        self.output_dir = output_dir
+        self.global_batch_size = global_batch_size
+        self.is_chief = is_chief(strategy)
+        self._variables = list(task.model.trainable_variables)
+        with strategy.scope():
+            # Slots are created now, under the strategy, so that restoring fills them immediately.
+            optimizer.build(self._variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+            num_stats = len(task.stat_names)
+            self._stat_sums = tf.Variable(tf.zeros([num_stats]), trainable=False, name="stat_sums")
+            self._first_bad_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="first_bad_step")
+            self.loss_scale = tf.Variable(INITIAL_LOSS_SCALE if config.loss_scaling else 1.0,
+                                          trainable=False, name="loss_scale")
+            self._good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
+        self._checkpoint_objects = dict(checkpoint_objects, optimizer=optimizer, step=self.step)
+        # Keras keeps dropout's random state in seed-generator variables that the model's object
+        # graph does not save; saving them makes a resumed run draw the same dropout masks.
+        rng_states = [v.value for v in task.model.non_trainable_variables if "seed_generator" in v.path]
+        if rng_states:
+            self._checkpoint_objects["dropout_rng_states"] = rng_states
+        if config.loss_scaling:
+            self._checkpoint_objects["loss_scale"] = self.loss_scale
+        self._compute = tf.function(self._forward_backward, jit_compile=True) if config.jit_compile \
+            else self._forward_backward
+        self._train_loop = tf.function(self._train_loop_fn)
+        self._eval_loop = tf.function(self._eval_loop_fn)
+        self._manager = None
+        self._scratch_dir = None
+
+    # ------------------------------------------------------------------------------------------
+    # Checkpoints
+    # ------------------------------------------------------------------------------------------
+
+    def _checkpoint_dir(self):
+        """The chief writes into output_dir; other workers into a scratch dir (they must save too)."""
+        if self.is_chief:
+            return self.output_dir
+        if self._scratch_dir is None:
+            self._scratch_dir = tempfile.mkdtemp(prefix="bert_tf_worker_ckpt_")
+        return self._scratch_dir
+
+    def restore_or_initialize(self, train_iterator=None):
+        """Resumes everything from the newest checkpoint in output_dir; returns its path or None.
+
+        The input iterator is checkpointed too when it can be (the default strategy's iterator can;
+        tf.distribute's DistributedIterator cannot), which makes a resumed run see the same batches.
+        """
+        objects = dict(self._checkpoint_objects)
+        self.iterator_checkpointed = (train_iterator is not None and self.config.checkpoint_iterator
+                                      and is_checkpointable(train_iterator))
+        if self.iterator_checkpointed:
+            objects["train_iterator"] = train_iterator
+        self._checkpoint = tf.train.Checkpoint(**objects)
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self._checkpoint_dir(), max_to_keep=self.config.max_checkpoints_to_keep,
+            checkpoint_name=CHECKPOINT_NAME)
+        latest = tf.train.latest_checkpoint(self.output_dir)
+        if latest:
+            # Every worker restores from the chief's directory.
+            # Partial: a checkpoint written under another strategy may lack (or have) the iterator.
+            self._checkpoint.restore(latest).expect_partial().assert_nontrivial_match()
+            logging.info("resumed from %s at step %d", latest, int(self.step.numpy()))
+        return latest
+
+    def save(self):
+        """Writes a checkpoint numbered by the step (every worker saves; only the chief's is kept)."""
+        path = self._manager.save(checkpoint_number=int(self.step.numpy()))
+        if not self.is_chief:
+            shutil.rmtree(self._scratch_dir, ignore_errors=True)
+            self._scratch_dir = None
+            self._manager = tf.train.CheckpointManager(
+                self._checkpoint, self._checkpoint_dir(), max_to_keep=1, checkpoint_name=CHECKPOINT_NAME)
+            return None
+        return path
+
+    # ------------------------------------------------------------------------------------------
+    # The step (replica context) and the loops (tf.functions)
+    # ------------------------------------------------------------------------------------------
+
+    def _forward_backward(self, batch, denominators, loss_scale):
+        """Per replica: loss, gradients (dense, in variable order) and the stats vector."""
+        with tf.GradientTape() as tape:
+            loss, stats = self.task.loss_and_stats(batch, denominators, training=True)
+            scaled_loss = loss * loss_scale if self.config.loss_scaling else loss
+        grads = tape.gradient(scaled_loss, self._variables)
+        # Dense gradients: embedding IndexedSlices would be densified by the all-reduce anyway.
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self._variables)]
+        stats = dict(stats, loss=loss)
+        return grads, tf.stack([tf.cast(stats[name], tf.float32) for name in self.task.stat_names])
+
+    def _replica_train_step(self, batch):
+        """One step on one replica; the update happens in cross-replica context via merge_call."""
+        context = tf.distribute.get_replica_context()
+        denominators = context.all_reduce(tf.distribute.ReduceOp.SUM, self.task.denominators(batch))
+        loss_scale = tf.convert_to_tensor(self.loss_scale)
+        grads, stats = self._compute(batch, denominators, loss_scale)
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats])
+        grads, stats = reduced[:-1], reduced[-1]
+        if self.config.loss_scaling:
+            grads = [g / loss_scale for g in grads]
+        if self.config.clip_norm and self.config.clip_norm > 0:
+            grads, global_norm = tf.clip_by_global_norm(grads, self.config.clip_norm)
+        else:
+            global_norm = tf.linalg.global_norm(grads)
+        loss_finite = tf.math.is_finite(stats[0])
+        grads_finite = tf.math.is_finite(global_norm)
+        context.merge_call(self._apply_update, args=(grads, stats, loss_finite, grads_finite))
+
+    def _apply_update(self, strategy, grads, stats, loss_finite, grads_finite):
+        """Cross-replica: apply the (already summed) gradients if finite; bookkeeping otherwise."""
+        # These were computed from all-reduced values, so every replica holds the same ones.
+        loss_finite = strategy.experimental_local_results(loss_finite)[0]
+        grads_finite = strategy.experimental_local_results(grads_finite)[0]
+        ok = loss_finite & grads_finite
+
+        def apply():
+            # What Keras' own TF optimizer does after ITS all-reduce: update_step per variable, on
+            # each device's copy. Called directly because optimizer.apply() would all-reduce again.
+            # (So only update_step runs: no Keras-side clipping, EMA or base weight decay; ours need none.)
+            learning_rate = self.optimizer.learning_rate
+
+            def update(variable, grad):
+                return self.optimizer.update_step(grad, variable, learning_rate)
+
+            for grad, variable in zip(grads, self._variables):
+                strategy.extended.update(variable.value, update, args=(grad,), group=False)
+            self.optimizer.iterations.assign_add(1)
+            return tf.constant(True)
+
+        tf.cond(ok, apply, lambda: tf.constant(False))
+        step = self.step + 1
+        failed = tf.logical_not(loss_finite) if self.config.loss_scaling else tf.logical_not(ok)
+        self._first_bad_step.assign(tf.where(failed & (self._first_bad_step < 0), step, self._first_bad_step))
+        if self.config.loss_scaling:
+            self._update_loss_scale(grads_finite)
+        strategy.extended.update(self._stat_sums, lambda var, value: var.assign_add(value),
+                                 args=(stats,), group=False)
+        self.step.assign(step)
+
+    def _update_loss_scale(self, grads_finite):
+        """Dynamic loss scaling: halve on overflow, double after LOSS_SCALE_GROWTH_INTERVAL good steps."""
+        good = tf.where(grads_finite, self._good_steps + 1, 0)
+        grow = good >= LOSS_SCALE_GROWTH_INTERVAL
+        scale = tf.where(grads_finite, tf.where(grow, self.loss_scale * 2.0, self.loss_scale),
+                         tf.maximum(self.loss_scale / 2.0, 1.0))
+        self.loss_scale.assign(scale)
+        self._good_steps.assign(tf.where(grow, tf.zeros_like(good), good))
+
+    def _train_loop_fn(self, iterator, num_steps):
+        """`num_steps` training steps in one tf.function call."""
+        for _ in tf.range(num_steps):
+            self.strategy.run(self._replica_train_step, args=(next(iterator),))
+
+    def _replica_eval_step(self, batch):
+        """One evaluation step on one replica: the stats vector, summed over replicas."""
+        context = tf.distribute.get_replica_context()
+        denominators = context.all_reduce(tf.distribute.ReduceOp.SUM, self.task.denominators(batch))
+        loss, stats = self.task.loss_and_stats(batch, denominators, training=False)
+        stats = dict(stats, loss=loss)
+        vector = tf.stack([tf.cast(stats[name], tf.float32) for name in self.task.stat_names])
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, vector)
+
+    def _eval_loop_fn(self, iterator, max_steps):
+        """Up to `max_steps` eval steps, stopping early when the data runs out: (sums, steps run)."""
+        sums = tf.zeros([len(self.task.stat_names)])
+        steps = tf.constant(0)
+        for _ in tf.range(max_steps):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            per_replica = self.strategy.run(self._replica_eval_step, args=(batch.get_value(),))
+            sums += self.strategy.experimental_local_results(per_replica)[0]
+            steps += 1
+        return sums, steps
+
+    # ------------------------------------------------------------------------------------------
+    # Host side
+    # ------------------------------------------------------------------------------------------
+
+    def train(self, iterator, log_fn=print):
+        """Trains until config.num_train_steps; returns the final metrics. Raises NonFiniteLossError."""
+        if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            # A Python iterator would be consumed once, while tracing, and replay that batch forever.
+            raise TypeError(f"train() needs a tf.data or tf.distribute iterator, got {type(iterator).__name__}")
+        config = self.config
+        writer = (tf.summary.create_file_writer(os.path.join(self.output_dir, "train")) if self.is_chief
+                  else tf.summary.create_noop_writer())
+        step = int(self.step.numpy())
+        last_checkpoint = self._manager.latest_checkpoint if self._manager else None
+        metrics = {}
+        steady_rate = None
+        while step < config.num_train_steps:
+            next_save = (step // config.save_checkpoints_steps + 1) * config.save_checkpoints_steps
+            num_steps = min(config.steps_per_loop, config.num_train_steps - step, next_save - step)
+            self._stat_sums.assign(tf.zeros_like(self._stat_sums))
+            start = time.perf_counter()
+            self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+            sums = self._stat_sums.numpy()  # Reading waits for the loop to finish.
+            elapsed = time.perf_counter() - start
+            bad_step = int(self._first_bad_step.numpy())
+            if bad_step >= 0 or not all(math.isfinite(s) for s in sums):
+                raise NonFiniteLossError(bad_step if bad_step >= 0 else f"{step + 1}..{step + num_steps}",
+                                         last_checkpoint)
+            step = int(self.step.numpy())
+            learning_rate = float(tf.convert_to_tensor(self.optimizer.learning_rate))  # The value at `step`.
+            metrics = self.task.metrics(dict(zip(self.task.stat_names, sums)), num_steps)
+            steps_per_second = num_steps / elapsed
+            examples_per_second = steps_per_second * self.global_batch_size
+            # The first loop includes tracing and compilation: keep it out of the ETA when possible.
+            if steady_rate is None or step - num_steps > 0:
+                steady_rate = steps_per_second
+            eta = (config.num_train_steps - step) / steady_rate if steady_rate > 0 else float("inf")
+            scalars = dict(metrics, learning_rate=learning_rate, steps_per_second=steps_per_second,
+                           examples_per_second=examples_per_second)
+            if config.loss_scaling:
+                scalars["loss_scale"] = float(self.loss_scale.numpy())
+            with writer.as_default():
+                for name, value in scalars.items():
+                    write_scalar(name, value, step)
+            if self.is_chief:
+                extra = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "loss")
+                log_fn(f"step {step}/{config.num_train_steps}  loss {metrics['loss']:.4f}  {extra}  "
+                       f"lr {learning_rate:.3g}  {examples_per_second:.1f} examples/s  "
+                       f"{steps_per_second:.2f} steps/s  ETA {format_duration(eta)}")
+            if step % config.save_checkpoints_steps == 0 or step >= config.num_train_steps:
+                path = self.save()
+                last_checkpoint = path or last_checkpoint
+        writer.flush()
+        return metrics
+
+    def evaluate(self, iterator, max_steps):
+        """Runs up to `max_steps` eval steps; returns {metric: value} with the number of steps."""
+        sums, steps = self._eval_loop(iterator, tf.constant(max_steps, tf.int32))
+        steps = int(steps.numpy())
+        if steps == 0:
+            raise io_utils.UsageError("the evaluation data yields no full batch: lower --eval_batch_size")
+        return self.task.metrics(dict(zip(self.task.stat_names, sums.numpy())), steps), steps
+
+
+def write_eval_results(path, results):
+    """Writes `key = value` lines, sorted, as the original run_pretraining.py's eval_results.txt."""
+    io_utils.atomic_write_text(path, "".join(f"{key} = {results[key]}\n" for key in sorted(results)))
+
+
+def write_summaries(log_dir, step, values):
+    """Writes scalar summaries for TensorBoard at `step`."""
+    writer = tf.summary.create_file_writer(log_dir)
+    with writer.as_default():
+        for name, value in values.items():
+            write_scalar(name, value, step)
+    writer.flush()

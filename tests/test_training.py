@@ -1,0 +1,202 @@
+"""The custom loop: its update equals a plain Keras step, 2 mirrored replicas equal 1, NaN/overflow handling."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import input_pipeline, modeling, optimization, training
+from bert_tf.run_pretraining import PretrainingTask
+from test_input_pipeline import write_real_text_records
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ, PRED, BATCH = 32, 5, 8
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    return write_real_text_records(str(tmp_path_factory.mktemp("records")), SEQ, PRED, num_files=2)
+
+
+def tiny_config(vocab_file, dropout=0.0):
+    """L2/H32 with the test vocab; dropout off where runs are compared number for number."""
+    return modeling.BertConfig(vocab_size=len(open(vocab_file).read().split("\n")) - 1, hidden_size=32,
+                               num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                               max_position_embeddings=SEQ, hidden_dropout_prob=dropout,
+                               attention_probs_dropout_prob=dropout)
+
+
+def fixed_batches(files, n):
+    """The first n eval-order batches (deterministic, no shuffle)."""
+    return list(input_pipeline.pretraining_dataset(files, BATCH, SEQ, PRED, is_training=False).take(n))
+
+
+def iterate(batches):
+    """A tf.data iterator over `batches` (the loop needs one: a Python iterator would be traced once)."""
+    dataset = tf.data.Dataset.from_tensors(batches[0])
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    return iter(dataset)
+
+
+def sgd():
+    """Plain SGD for number-for-number comparisons. (Adam without bias correction divides float noise
+    in near-zero gradients by sqrt(v) + 1e-6, which turns last-bit differences into visible ones.)"""
+    return keras.optimizers.SGD(learning_rate=0.5)
+
+
+def make_trainer(config, output_dir, strategy=None, make_optimizer=None, **loop):
+    """A Trainer on the default strategy (or `strategy`) for a fresh seeded tiny model."""
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model, encoder = modeling.build_pretraining_model(config)
+        optimizer = make_optimizer() if make_optimizer else optimization.create_optimizer("adamw", 1e-2, 100, 0)
+    trainer = training.Trainer(strategy, PretrainingTask(model), optimizer,
+                               {"encoder": encoder, "pretraining_model": model}, str(output_dir),
+                               training.LoopConfig(num_train_steps=loop.pop("num_train_steps", 2), **loop), BATCH)
+    return trainer, model
+
+
+def test_loss_is_the_global_weighted_mlm_mean_plus_mean_nsp(records, tmp_path):
+    files, vocab_file = records
+    _, model = make_trainer(tiny_config(vocab_file), tmp_path)
+    task = PretrainingTask(model)
+    batch = fixed_batches(files, 1)[0]
+    loss, stats = task.loss_and_stats(batch, task.denominators(batch), training=False)
+    outputs = model({k: batch[k] for k in ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions")})
+
+    def xent(logits, labels):
+        logits = np.asarray(logits, np.float64)
+        log_probs = logits - logits.max(-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+        return -np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
+
+    weights = batch["masked_lm_weights"].numpy()
+    mlm = (xent(outputs["mlm_logits"], batch["masked_lm_ids"]) * weights).sum() / weights.sum()
+    nsp = xent(outputs["nsp_logits"], batch["next_sentence_labels"]).mean()
+    assert float(loss) == pytest.approx(mlm + nsp, rel=1e-5)
+    assert float(stats["mlm_weight"]) == weights.sum() and 0 < weights.sum() < weights.size
+
+
+def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records, tmp_path):
+    files, vocab_file = records
+    config = tiny_config(vocab_file)
+    trainer, model = make_trainer(config, tmp_path / "a", make_optimizer=sgd, clip_norm=0.5, steps_per_loop=2,
+                                  save_checkpoints_steps=100)
+    reference, _ = make_trainer(config, tmp_path / "b")
+    reference_model = reference.task.model
+    reference_optimizer = sgd()
+    batches = fixed_batches(files, 2)
+
+    iterator = iterate(batches)
+    trainer.restore_or_initialize(iterator)
+    trainer.train(iterator, log_fn=lambda line: None)
+
+    task = PretrainingTask(reference_model)
+    for batch in batches:
+        with tf.GradientTape() as tape:
+            loss, _ = task.loss_and_stats(batch, task.denominators(batch), training=True)
+        grads = tape.gradient(loss, reference_model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm([tf.convert_to_tensor(g) for g in grads], 0.5)
+        reference_optimizer.apply(grads, reference_model.trainable_variables)
+    assert int(trainer.step.numpy()) == 2
+    for got, want in zip(model.trainable_variables, reference_model.trainable_variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=got.path)
+    assert tf.train.latest_checkpoint(str(tmp_path / "a")).endswith("ckpt-2")
+
+
+def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_path):
+    files, vocab_file = records
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        trainer, model = make_trainer(tiny_config(vocab_file), tmp_path, loss_scaling=True, steps_per_loop=2,
+                                      num_train_steps=2)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    before = [v.numpy() for v in model.trainable_variables]
+    # float16 tops out at 65504: the scaled backward pass overflows, twice (2^60, then 2^59).
+    trainer.loss_scale.assign(2.0 ** 60)
+    trainer.restore_or_initialize()
+    metrics = trainer.train(iterate(fixed_batches(files, 2)), log_fn=lambda line: None)
+    assert float(trainer.loss_scale.numpy()) == 2.0 ** 58
+    assert int(trainer.step.numpy()) == 2 and int(trainer.optimizer.iterations.numpy()) == 0
+    assert np.isfinite(metrics["loss"])
+    for value, variable in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(value, variable.numpy())
+    # A scale float16 can carry: the next step applies.
+    trainer.loss_scale.assign(2.0 ** 8)
+    trainer.config.num_train_steps = 3
+    trainer.train(iterate(fixed_batches(files, 1)), log_fn=lambda line: None)
+    assert int(trainer.optimizer.iterations.numpy()) == 1
+    assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
+
+
+def test_nan_loss_stops_without_updating_or_saving(records, tmp_path):
+    files, vocab_file = records
+    trainer, model = make_trainer(tiny_config(vocab_file), tmp_path, steps_per_loop=3, num_train_steps=3)
+    good, bad = fixed_batches(files, 2)
+    bad = dict(bad, masked_lm_weights=bad["masked_lm_weights"] * np.nan)
+    trainer.restore_or_initialize()
+    with pytest.raises(TypeError, match="tf.data or tf.distribute iterator"):
+        trainer.train(iter([good]))
+    with pytest.raises(training.NonFiniteLossError, match="at step 2"):
+        trainer.train(iterate([good, bad, good]), log_fn=lambda line: None)
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+    assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tensorflow as tf
+    from bert_tf import distribution
+    strategy = distribution.get_strategy(sys.argv[1], num_cpu_replicas=2)
+    import test_training as t
+    files = sys.argv[3].split(",")
+    config = t.tiny_config(sys.argv[4])
+    trainer, model = t.make_trainer(config, sys.argv[2], strategy=strategy, make_optimizer=t.sgd,
+                                    steps_per_loop=3, num_train_steps=3)
+    dataset = strategy.distribute_datasets_from_function(lambda ctx: t.input_pipeline.pretraining_dataset(
+        files, ctx.get_per_replica_batch_size(t.BATCH), t.SEQ, t.PRED, is_training=False))
+    trainer.restore_or_initialize()
+    metrics = trainer.train(iter(dataset), log_fn=lambda line: None)
+    np.savez(sys.argv[2] + "/weights.npz", *[v.numpy() for v in model.trainable_variables],
+             loss=metrics["loss"], replicas=strategy.num_replicas_in_sync)
+""")
+
+
+@pytest.mark.slow
+def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
+    files, vocab_file = records
+    results = {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    for name in ("mirrored", "default"):
+        out = tmp_path / name
+        out.mkdir()
+        subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, name, str(out), ",".join(files), vocab_file],
+                       check=True, env=env, cwd=ROOT, timeout=300, capture_output=True)
+        results[name] = np.load(out / "weights.npz")
+    assert int(results["mirrored"]["replicas"]) == 2 and int(results["default"]["replicas"]) == 1
+    # Each replica saw half the global batch with a different number of masked tokens; the
+    # all-reduced denominators make the summed update identical to one replica on the whole batch.
+    assert float(results["mirrored"]["loss"]) == pytest.approx(float(results["default"]["loss"]), rel=1e-5)
+    names = [k for k in results["default"].files if k.startswith("arr_")]
+    for name in names:
+        np.testing.assert_allclose(results["mirrored"][name], results["default"][name], rtol=1e-4, atol=1e-6)
+
+
+def test_progress_helpers_and_eval_results_format(tmp_path):
+    assert training.format_duration(5) == "5s"
+    assert training.format_duration(185) == "3m05s"
+    assert training.format_duration(3725) == "1h02m"
+    assert training.format_duration(float("inf")) == "?"
+    path = tmp_path / "eval_results.txt"
+    training.write_eval_results(str(path), {"masked_lm_accuracy": 0.5, "global_step": 10, "loss": 1.25})
+    assert path.read_text() == "global_step = 10\nloss = 1.25\nmasked_lm_accuracy = 0.5\n"
