@@ -38,6 +38,7 @@ import keras
 import keras_hub
 import tensorflow as tf
 from absl import logging
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from bert_tf import io_utils
 
@@ -317,9 +318,21 @@ def load_config(model_dir):
     return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
 
 
+def checkpoint_root_children(checkpoint_prefix):
+    """The names of the root objects of a TF2 object checkpoint (e.g. encoder, pretraining_model).
+
+    Read from the object graph, not from variable names: a variable is stored under its SHORTEST
+    path, which in a training checkpoint goes through `optimizer/` rather than `encoder/`.
+    """
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    reader = tf.train.load_checkpoint(checkpoint_prefix)
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return {child.local_name for child in graph.nodes[0].children}
+
+
 def _checkpoint_has(checkpoint_prefix, attribute):
-    """Whether a TF2 object checkpoint has any variable under the root attribute `attribute`."""
-    return any(name.startswith(attribute + "/") for name, _ in tf.train.list_variables(checkpoint_prefix))
+    """Whether a TF2 object checkpoint has the root attribute `attribute`."""
+    return attribute in checkpoint_root_children(checkpoint_prefix)
 
 
 def _restore(checkpoint_prefix, **objects):

@@ -21,7 +21,6 @@ import os
 import keras
 import tensorflow as tf
 from absl import flags, logging
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from bert_tf import checkpoints, cli, distribution, input_pipeline, io_utils, modeling, optimization, tokenization, training
 
@@ -203,23 +202,12 @@ def _write_model_dir_files(output_dir, config, vocab_file):
             tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
 
 
-def checkpoint_root_children(prefix):
-    """The names of the root objects of a TF2 object checkpoint (e.g. encoder, pretraining_model).
-
-    Read from the object graph, not from variable names: a variable is stored under its SHORTEST
-    path, which in a training checkpoint goes through `optimizer/` rather than `encoder/`.
-    """
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {child.local_name for child in graph.nodes[0].children}
-
-
 def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers):
     """Weights only, from a model directory or an original Google checkpoint (prefix or directory)."""
     if _is_model_dir(init_checkpoint):
         prefix = tf.train.latest_checkpoint(init_checkpoint)
         objects = {"encoder": encoder}
-        if "pretraining_model" in checkpoint_root_children(prefix):
+        if "pretraining_model" in modeling.checkpoint_root_children(prefix):
             objects["pretraining_model"] = pretraining_model
         else:
             logging.warning("%s has no pretraining heads: MLM and NSP heads start fresh", init_checkpoint)

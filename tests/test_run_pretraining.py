@@ -91,8 +91,12 @@ def test_loss_decreases_on_real_text_and_the_output_is_a_model_dir(data, tmp_pat
     encoder = modeling.load_encoder(str(output_dir))
     for got, want in zip(encoder.weights, result.encoder.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
-    assert run_pretraining.checkpoint_root_children(tf.train.latest_checkpoint(str(output_dir))) >= {
+    assert modeling.checkpoint_root_children(tf.train.latest_checkpoint(str(output_dir))) >= {
         "encoder", "pretraining_model", "optimizer", "step"}
+    # ...and its pretraining heads load too (their variables are stored under optimizer/ paths).
+    pretraining_model, _ = modeling.load_pretraining_model(str(output_dir))
+    for got, want in zip(pretraining_model.weights, result.pretraining_model.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
     # --init_checkpoint takes the weights (not the step) from a model directory.
     initialized = run_pretraining.run(args_for(data, tmp_path / "init", do_train=False, do_eval=True,
                                                init_checkpoint=str(output_dir)))
