@@ -50,8 +50,10 @@ def check_tpu_paths(tpu, **paths):
 
 def _tpu_strategy(tpu):
     """Resolves, connects to and initializes the TPU system, then returns a TPUStrategy."""
-    # An empty name means the TPU attached to this VM; connecting is still how TF2 finds its cores.
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+    # An empty --tpu means the TPU attached to this VM, which the resolver calls "local" (an empty
+    # name would make it look the TPU up through the Cloud TPU API instead). Connecting is still
+    # how TF2 finds the cores.
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "local")
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     logging.info("TPU devices: %s", tf.config.list_logical_devices("TPU"))

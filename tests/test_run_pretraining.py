@@ -244,6 +244,9 @@ def test_tpu_strategy_is_built_from_the_resolver_in_order():
             mock.patch.object(tf.distribute, "TPUStrategy",
                               side_effect=lambda r: calls.append(("strategy", r)) or "tpu-strategy"):
         assert distribution.get_strategy("tpu", tpu="my-tpu") == "tpu-strategy"
-    assert calls == [("resolve", "my-tpu"), ("connect", resolver), ("initialize", resolver), ("strategy", resolver)]
+        assert distribution.get_strategy("tpu", tpu="") == "tpu-strategy"
+    steps = [("connect", resolver), ("initialize", resolver), ("strategy", resolver)]
+    # An empty --tpu is the TPU attached to this VM, which the resolver names "local".
+    assert calls == [("resolve", "my-tpu")] + steps + [("resolve", "local")] + steps
     with pytest.raises(io_utils.UsageError, match="--strategy=gpu is not one of"):
         distribution.get_strategy("gpu")
