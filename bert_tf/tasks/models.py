@@ -1,0 +1,223 @@
+"""Task models on the BERT encoder, and the fine-tuned model directory that carries them.
+
+A fine-tuned model directory is the model directory of `bert_tf.modeling` (bert_config.json,
+vocab.txt, ckpt-N) plus `task.json`, which says which head sits on the encoder:
+
+    {"kind": "classifier" | "regressor" | "squad" | "ner",
+     "labels": [...],                  # classifier and ner; empty for regressor and squad
+     "max_seq_length": 128,
+     "is_pair": false,                 # classifier and regressor: text_a + text_b inputs
+     "version_2_with_negative": false, # squad: the model may answer "no answer"
+     "task_name": "sst2",
+     "doc_stride": 128, "max_query_length": 64}   # squad windowing (the original's defaults)
+
+Its checkpoint root holds `encoder` (as every model directory) and `model`, the task model that
+wraps the same encoder. Fine-tuning writes `tf.train.Checkpoint(encoder=, model=, optimizer=,
+step=)` into the same CheckpointManager layout; loading ignores the optimizer and step.
+
+The heads are the original's:
+- classifier: dropout(hidden_dropout_prob) + dense on pooled_output -> logits [b, num_labels]
+  (run_classifier.py's output_weights/output_bias, truncated normal stddev initializer_range);
+- regressor: the same with one unit, squeezed -> score [b];
+- squad: dense(2) on sequence_output, split -> start_logits, end_logits [b, s]
+  (run_squad.py's cls/squad/output_weights);
+- ner: dropout + dense on sequence_output -> logits [b, s, num_labels].
+Every output is float32, also under a mixed-precision policy, so losses and softmaxes are exact.
+"""
+
+import dataclasses
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from bert_tf import io_utils, modeling
+
+TASK_FILE = "task.json"
+KINDS = ("classifier", "regressor", "squad", "ner")
+
+
+class TaskSpecError(io_utils.UsageError):
+    """A task.json that is missing or has a bad field; the message names the file and field."""
+
+
+@dataclasses.dataclass
+class TaskSpec:
+    """What task.json records: the head kind, its labels and how inputs were packed."""
+
+    kind: str
+    labels: list = dataclasses.field(default_factory=list)
+    max_seq_length: int = 128
+    is_pair: bool = False
+    version_2_with_negative: bool = False
+    task_name: str = ""
+    doc_stride: int = 128
+    max_query_length: int = 64
+
+    def __post_init__(self):
+        self.labels = list(self.labels)
+        if self.kind not in KINDS:
+            raise TaskSpecError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        for name in ("max_seq_length", "doc_stride", "max_query_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise TaskSpecError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("is_pair", "version_2_with_negative"):
+            if not isinstance(getattr(self, name), bool):
+                raise TaskSpecError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.task_name, str):
+            raise TaskSpecError(f"task_name must be a string, got {self.task_name!r}")
+        if not all(isinstance(label, str) and label for label in self.labels):
+            raise TaskSpecError(f"labels must be non-empty strings, got {self.labels!r}")
+        if len(set(self.labels)) != len(self.labels):
+            raise TaskSpecError(f"labels must be distinct, got {self.labels!r}")
+        if self.kind in ("classifier", "ner") and len(self.labels) < 2:
+            raise TaskSpecError(f"a {self.kind} needs at least 2 labels, got {self.labels!r}")
+        if self.kind in ("regressor", "squad") and self.labels:
+            raise TaskSpecError(f"a {self.kind} has no labels, got {self.labels!r}")
+        if self.kind == "squad" and self.max_seq_length < self.max_query_length + 4:
+            raise TaskSpecError(
+                f"max_seq_length ({self.max_seq_length}) leaves no room for the context after "
+                f"max_query_length ({self.max_query_length}) + [CLS] and two [SEP]")
+
+    @property
+    def num_labels(self):
+        """The number of output units of a classifier or ner head."""
+        return len(self.labels)
+
+    @classmethod
+    def from_dict(cls, values, source=TASK_FILE):
+        """Builds a spec from a dict; errors name `source` and the field. Unknown fields are an error."""
+        if not isinstance(values, dict):
+            raise TaskSpecError(f"{source}: expected a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise TaskSpecError(f"{source}: unknown field(s) {', '.join(unknown)}")
+        if "kind" not in values:
+            raise TaskSpecError(f"{source}: missing field kind")
+        try:
+            return cls(**values)
+        except TaskSpecError as e:
+            raise TaskSpecError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path):
+        """Reads a task.json."""
+        if not tf.io.gfile.exists(path):
+            raise TaskSpecError(f"{path} not found (a fine-tuned model directory has a {TASK_FILE})")
+        with tf.io.gfile.GFile(path, "r") as f:
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as e:
+                raise TaskSpecError(f"{path}: not valid JSON: {e}") from None
+        return cls.from_dict(values, source=path)
+
+    def to_dict(self):
+        """The fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+    def to_json_file(self, path):
+        """Writes the spec as JSON, atomically."""
+        io_utils.atomic_write_json(path, self.to_dict())
+
+
+def _head_dense(config, units, name):
+    """A dense output layer initialized as the original's output_weights (bias zeros)."""
+    return keras.layers.Dense(
+        units, kernel_initializer=keras.initializers.TruncatedNormal(stddev=config.initializer_range),
+        name=name)
+
+
+def _float32(x, name):
+    """Casts a head output to float32 (Keras' recommended end of a mixed-precision model)."""
+    return keras.layers.Activation("linear", dtype="float32", name=name)(x)
+
+
+def build_task_model(config, spec, encoder=None):
+    """The task model for `spec` on `encoder` (built from `config` if None); returns (model, encoder).
+
+    The model's inputs are the encoder's (input_word_ids, input_mask, input_type_ids, int32
+    [b, s]); its outputs a dict: classifier {"logits"}, regressor {"score"}, squad
+    {"start_logits", "end_logits"}, ner {"logits"}.
+    """
+    if encoder is None:
+        encoder = modeling.build_encoder(config)
+    # As in modeling.py, checkpoint keys (model/_operations/N/...) follow the order in which the
+    # layers below are created and called: append, never reorder.
+    inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in modeling.ENCODER_INPUTS}
+    encoded = encoder(inputs)
+    if spec.kind in ("classifier", "regressor"):
+        units = spec.num_labels if spec.kind == "classifier" else 1
+        dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
+        dense = _head_dense(config, units, "classifier_head" if spec.kind == "classifier" else "regressor_head")
+        logits = dense(dropout(encoded["pooled_output"]))
+        if spec.kind == "classifier":
+            outputs = {"logits": _float32(logits, "logits")}
+        else:
+            score = keras.layers.Reshape((), name="squeeze_score")(logits)
+            outputs = {"score": _float32(score, "score")}
+    elif spec.kind == "squad":
+        # No dropout: run_squad.py puts none between the encoder and cls/squad/output_weights.
+        dense = _head_dense(config, 2, "squad_head")
+        logits = dense(encoded["sequence_output"])
+        outputs = {
+            "start_logits": _float32(logits[:, :, 0], "start_logits"),
+            "end_logits": _float32(logits[:, :, 1], "end_logits"),
+        }
+    else:  # ner
+        dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
+        dense = _head_dense(config, spec.num_labels, "ner_head")
+        outputs = {"logits": _float32(dense(dropout(encoded["sequence_output"])), "logits")}
+    model = keras.Model(inputs=inputs, outputs=outputs, name=f"bert_{spec.kind}")
+    return model, encoder
+
+
+def read_task_spec(model_dir):
+    """The TaskSpec of MODEL_DIR/task.json, or None when the directory has no task.json (an encoder)."""
+    path = os.path.join(model_dir, TASK_FILE)
+    if not tf.io.gfile.exists(path):
+        return None
+    return TaskSpec.from_json_file(path)
+
+
+def write_task_model_dir(model_dir, config, vocab_file, spec, encoder, model, max_to_keep=3):
+    """Writes a fine-tuned model directory: config, vocab, task.json, and a checkpoint of encoder+model.
+
+    The checkpoint is written last and counts only once CheckpointManager has swapped the
+    `checkpoint` state file, so a kill never leaves a directory that loads half. Returns its path.
+    """
+    tf.io.gfile.makedirs(model_dir)
+    config.to_json_file(os.path.join(model_dir, modeling.CONFIG_FILE))
+    vocab_destination = os.path.join(model_dir, modeling.VOCAB_FILE)
+    if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
+        modeling._copy_vocab(vocab_file, config, vocab_destination)  # pylint: disable=protected-access
+    spec.to_json_file(os.path.join(model_dir, TASK_FILE))
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(encoder=encoder, model=model), model_dir, max_to_keep=max_to_keep,
+        checkpoint_name=modeling.CHECKPOINT_NAME)
+    return manager.save()
+
+
+def load_task_model(model_dir):
+    """Rebuilds a fine-tuned model from MODEL_DIR alone; returns (model, encoder, config, spec).
+
+    Errors name the missing file (bert_config.json, vocab.txt, checkpoint, task.json), the bad
+    task.json field, or the weights the checkpoint lacks.
+    """
+    prefix = modeling.check_model_dir(model_dir)
+    spec = read_task_spec(model_dir)
+    if spec is None:
+        raise TaskSpecError(
+            f"{model_dir} has no {TASK_FILE}: it is a pretrained (encoder-only) model directory, "
+            "not a fine-tuned one")
+    config = modeling.load_config(model_dir)
+    model, encoder = build_task_model(config, spec)
+    # From the object graph: a head variable may be keyed under optimizer/ in a training checkpoint.
+    if "model" not in modeling.checkpoint_root_children(prefix):
+        raise modeling.ModelDirError(
+            f"checkpoint {prefix} has no task model (root attribute `model`): "
+            f"{TASK_FILE} says {spec.kind}, but only a pretrained encoder was saved")
+    modeling._restore(prefix, encoder=encoder, model=model)  # pylint: disable=protected-access
+    return model, encoder, config, spec

@@ -1,0 +1,488 @@
+"""Exported SavedModels: every kind from a tiny model with the real vocab, loaded in a fresh process.
+
+One module fixture writes the model directories and exports them all (the encoder through the CLI,
+in parallel); one subprocess with nothing but `tensorflow` and `tensorflow_text` loads every export,
+runs every signature and lists every op. The tests compare those outputs with the in-process Keras
+models fed FullTokenizer ids packed by the Python packers of bert_tf.tasks (the training path).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import export, io_utils, modeling, tasks
+from bert_tf.tasks import models, ner, squad
+from bert_tf.tokenization import FullTokenizer
+
+CONFIG = modeling.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)
+SPECS = {
+    "classifier": models.TaskSpec("classifier", labels=["negative", "neutral", "positive"], max_seq_length=16,
+                                  task_name="sentiment"),
+    "regressor": models.TaskSpec("regressor", is_pair=True, max_seq_length=16, task_name="sts-b"),
+    "squad": models.TaskSpec("squad", max_seq_length=32, max_query_length=8, doc_stride=8,
+                             version_2_with_negative=True),
+    "ner": models.TaskSpec("ner", labels=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"], max_seq_length=16),
+}
+# The export fixture takes most of a minute (six exports, a fresh process loading them all).
+pytestmark = pytest.mark.slow
+
+ENCODER_SEQ_LENGTH = 24
+MEGABYTE = ("Ünïcode wörds and plain words, " * 40000)[:1 << 20]
+
+TEXTS = ["The movie was wonderful!", "", "Héllo wörld: naïve café, 中文 and ＡＢＣ …", "a " * 40, MEGABYTE]
+PAIRS = (["A man plays a guitar.", "", "Ünïcode", "long " * 30],
+         ["Someone plays music.", "nothing", "", "short"])
+SQUAD_QUESTIONS = ["Who wrote the letter?", "Where is it?", "what", "", "Why would anybody ask a question "
+                   "that is far longer than the query budget allows?"]
+SQUAD_CONTEXTS = [
+    "The letter was written by Jane Austen in Bath, and it reached her sister two weeks later. She read it "
+    "twice, folded it into a book of sermons, and did not mention it to anyone until the following spring.",
+    "Héllo wörld: the café is near the station, déjà vu for every visitor who comes back to town again. "
+    "Its owner, Zoë Brontë-Smith, bakes crêpes; the naïve façade hides a garden with twelve olive trees.",
+    "",
+    "Short context.",
+    "Many many words make several windows here, with punctuation, numbers like 1,234 and more text, "
+    "(parentheses) and \"quotes\", so that the doc stride moves the window a few times over the context; "
+    "one, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve, thirteen.",
+]
+NER_TEXTS = ["John Smith lives in New York City today.", "", "Ünïcode naïve café déjà vu in Zürich",
+             "word " * 30 + "end", "Hello,world mixed-up punctuation!"]
+
+# Ops that tensorflow_text registers and these graphs use (TF Serving 2.20+ bundles them).
+TEXT_OPS = {"FastWordpieceTokenizeWithOffsets", "TFText>RoundRobinTrim"}
+
+# The app's side: only tensorflow and tensorflow_text.
+APP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    def graph_ops(path):
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString(open(path + "/saved_model.pb", "rb").read())
+        graph = proto.meta_graphs[0].graph_def
+        ops = {n.op for n in graph.node}
+        for f in graph.library.function:
+            ops |= {n.op for n in f.node_def}
+        functions = {f.signature.name for f in graph.library.function}
+        return sorted(ops - functions)
+
+    request = json.load(open(sys.argv[1]))
+    paths = request["paths"]
+    # Which ops core TensorFlow knows, before tensorflow_text registers its own.
+    all_ops = {name: graph_ops(path) for name, path in paths.items()}
+    core = {name: [op for op in ops if op_def_registry.get(op) is not None] for name, ops in all_ops.items()}
+    import tensorflow_text  # noqa: F401  (registers the text ops, as in TF Serving)
+    ops_report = {name: {"text": sorted(op for op in ops if op not in core[name]
+                                        and op_def_registry.get(op) is not None),
+                         "unknown": sorted(op for op in ops if op_def_registry.get(op) is None)}
+                  for name, ops in all_ops.items()}
+
+    def plain(outputs):
+        result = {}
+        for key, value in outputs.items():
+            if isinstance(value, tf.RaggedTensor):
+                result[key] = value.to_list()
+            elif isinstance(value, (list, tuple)):
+                result[key] = [np.asarray(v).tolist() for v in value]
+            else:
+                value = value.numpy()
+                result[key] = value.tolist() if value.dtype != object else [
+                    [x.decode("utf-8") for x in row] if isinstance(row, np.ndarray) else row.decode("utf-8")
+                    for row in value]
+        return result
+
+    def examples(rows):
+        out = []
+        for row in rows:
+            feature = {k: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8")]))
+                       for k, v in row.items()}
+            out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+        return tf.constant(out)
+
+    results = {"ops": ops_report}
+    s = tf.constant
+    m = tf.saved_model.load(paths["classifier"])
+    results["classifier"] = plain(m.signatures["serving_default"](text=s(request["texts"])))
+    results["classification"] = plain(m.signatures["classification"](
+        inputs=examples([{"text": t} for t in request["texts"]])))
+    m = tf.saved_model.load(paths["regressor"])
+    a, b = request["pairs"]
+    results["regressor"] = plain(m.signatures["serving_default"](text_a=s(a), text_b=s(b)))
+    results["regression"] = plain(m.signatures["regression"](
+        inputs=examples([{"text_a": x, "text_b": y} for x, y in zip(a, b)])))
+    m = tf.saved_model.load(paths["squad"])
+    results["squad"] = plain(m.signatures["serving_default"](
+        question=s(request["questions"]), context=s(request["contexts"])))
+    results["squad_megabyte"] = plain(m.signatures["serving_default"](
+        question=s(["what is it"]), context=s([request["texts"][-1]])))
+    m = tf.saved_model.load(paths["ner"])
+    results["ner"] = plain(m.signatures["serving_default"](text=s(request["ner_texts"])))
+    results["ner_megabyte"] = plain(m.signatures["serving_default"](text=s(request["texts"][-1:])))
+
+    pre = tf.saved_model.load(paths["preprocess"])
+    enc = tf.saved_model.load(paths["encoder"])
+    inputs = pre(s(request["texts"]))
+    results["preprocess"] = plain(inputs)
+    results["preprocess_signature"] = plain(pre.signatures["serving_default"](text=s(request["texts"])))
+    a, b = request["pairs"]
+    segments = [pre.tokenize(s(a)), pre.tokenize(s(b))]
+    results["tokenize"] = segments[0].to_list()
+    results["pack_pair"] = plain(pre.bert_pack_inputs(segments, seq_length=tf.constant(12)))
+    results["pack_single_python_int"] = plain(pre.bert_pack_inputs(segments[:1], seq_length=20))
+    results["encoder"] = plain(enc(inputs))
+    results["encoder_signature"] = plain(enc.signatures["serving_default"](**inputs))
+    results["do_lower_case"] = [bool(pre.do_lower_case.numpy()), bool(enc.do_lower_case.numpy())]
+    results["vocab_files"] = [pre.vocab_file.asset_path.numpy().decode(), enc.vocab_file.asset_path.numpy().decode()]
+    json.dump(results, open(sys.argv[2], "w"))
+""")
+
+
+def python_env():
+    """The subprocess environment: quiet TF logging."""
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, real_vocab):
+    """Model directories with random weights and their exports: {name: path} plus the app's results."""
+    root = tmp_path_factory.mktemp("export")
+    keras.utils.set_random_seed(1)
+    model_dirs, paths = {}, {}
+    # The pretrained encoder goes through the CLI, in parallel with the in-process exports.
+    encoder_dir = str(root / "models" / "encoder")
+    modeling.write_model_dir(encoder_dir, CONFIG, real_vocab, modeling.build_encoder(CONFIG))
+    model_dirs["encoder"] = encoder_dir
+    encoder_export = root / "export" / "encoder"
+    (encoder_export / "2").mkdir(parents=True)  # an older version...
+    (encoder_export / "latest").mkdir()  # ...and a name TF Serving ignores
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "bert_tf.export", f"--model_dir={encoder_dir}", f"--export_dir={encoder_export}",
+         f"--max_seq_length={ENCODER_SEQ_LENGTH}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    try:
+        for kind, spec in SPECS.items():
+            model, encoder = models.build_task_model(CONFIG, spec)
+            # Large head weights and non-zero biases, so that outputs differ between texts and a
+            # dropped bias would show.
+            head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
+            rng = np.random.default_rng(len(kind))
+            head.set_weights([rng.normal(0, 1, w.shape).astype(np.float32) for w in head.get_weights()])
+            model_dirs[kind] = str(root / "models" / kind)
+            models.write_task_model_dir(model_dirs[kind], CONFIG, real_vocab, spec, encoder, model)
+            version = 5 if kind == "regressor" else None
+            paths[kind], exported_kind = export.export(model_dirs[kind], str(root / "export" / kind), version=version)
+            assert exported_kind == kind
+    finally:
+        stdout, stderr = cli.communicate(timeout=600)
+    assert cli.returncode == 0, stderr[-3000:]
+    paths["encoder"] = str(encoder_export / "3")
+    assert f"exported encoder model to {paths['encoder']}" in stdout
+    paths["preprocess"] = os.path.join(paths["encoder"], export.PREPROCESS_SUBDIR)
+
+    request = {"paths": paths, "texts": TEXTS, "pairs": PAIRS, "questions": SQUAD_QUESTIONS,
+               "contexts": SQUAD_CONTEXTS, "ner_texts": NER_TEXTS}
+    (root / "request.json").write_text(json.dumps(request))
+    # The app, and saved_model_cli on every export, all at once.
+    app = subprocess.Popen([sys.executable, "-c", APP_SCRIPT, str(root / "request.json"), str(root / "results.json")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    saved_model_cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    shows = {name: subprocess.Popen([saved_model_cli, "show", "--all", "--dir", path], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=python_env())
+             for name, path in paths.items()}
+    # The stock CLI cannot list the concrete functions of graphs with tensorflow_text ops (it does
+    # not register them); with tensorflow_text imported it lists them too.
+    shows["preprocess_with_text_ops"] = subprocess.Popen(
+        [sys.executable, "-c", "import sys, tensorflow_text\n"
+         "from tensorflow.python.tools.saved_model_cli import main\n"
+         f"sys.argv = ['saved_model_cli', 'show', '--all', '--dir', {paths['preprocess']!r}]\n"
+         "sys.exit(main())"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=python_env())
+    show_results = {name: p.communicate(timeout=600) for name, p in shows.items()}
+    show_results = {name: (shows[name].returncode,) + out for name, out in show_results.items()}
+    usage = subprocess.run([sys.executable, "-m", "bert_tf.export", f"--export_dir={root / 'usage'}"],
+                           capture_output=True, text=True, env=python_env())
+    app_stdout, app_stderr = app.communicate(timeout=600)
+    assert app.returncode == 0, app_stderr[-5000:]
+    results = json.loads((root / "results.json").read_text())
+    return {"root": root, "paths": paths, "model_dirs": model_dirs, "results": results, "show": show_results,
+            "usage": usage}
+
+
+def tokenizer(real_vocab):
+    return FullTokenizer(real_vocab, do_lower_case=True)
+
+
+def packed(real_vocab, segments_list, seq_length):
+    """The training-side packing of texts: FullTokenizer ids + tasks.pack_segments."""
+    full = tokenizer(real_vocab)
+    rows = [tasks.pack_segments([full.encode(t) for t in segments], seq_length, full.vocab["[CLS]"],
+                                full.vocab["[SEP]"]) for segments in segments_list]
+    return {name: np.stack([row[i] for row in rows]) for i, name in enumerate(modeling.ENCODER_INPUTS)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout, signatures, ops
+# ----------------------------------------------------------------------------------------------
+
+
+def test_layout_and_versions(exported):
+    paths = exported["paths"]
+    for name, path in paths.items():
+        for entry in ("saved_model.pb", "variables/variables.index", "assets/vocab.txt", "assets/bert_config.json"):
+            assert os.path.exists(os.path.join(path, entry)), (name, entry)
+    assert paths["classifier"].endswith(os.path.join("classifier", "1"))
+    assert paths["regressor"].endswith(os.path.join("regressor", "5"))  # --version
+    assert paths["encoder"].endswith(os.path.join("encoder", "3"))  # after 2; "latest" is not a number
+    for kind in models.KINDS:
+        task = json.load(open(os.path.join(paths[kind], "assets", "task.json")))
+        assert task == SPECS[kind].to_dict()
+    assert not os.path.exists(os.path.join(paths["encoder"], "assets", "task.json"))
+    assert json.load(open(os.path.join(paths["encoder"], "assets", "bert_config.json")))["do_lower_case"] is True
+    # No temporary directories are left beside the versions.
+    for kind in list(models.KINDS) + ["encoder"]:
+        assert not [n for n in os.listdir(exported["root"] / "export" / kind) if n.startswith(".")]
+
+
+def test_signature_method_names(exported):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    def methods(path):
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString(open(os.path.join(path, "saved_model.pb"), "rb").read())
+        return {key: sig.method_name for key, sig in proto.meta_graphs[0].signature_def.items()
+                if not key.startswith("__")}
+
+    paths = exported["paths"]
+    assert methods(paths["classifier"]) == {"serving_default": "tensorflow/serving/predict",
+                                            "classification": "tensorflow/serving/classify"}
+    assert methods(paths["regressor"]) == {"serving_default": "tensorflow/serving/predict",
+                                           "regression": "tensorflow/serving/regress"}
+    for name in ("squad", "ner", "encoder", "preprocess"):
+        assert methods(paths[name]) == {"serving_default": "tensorflow/serving/predict"}
+    # The fingerprint was recomputed after the method names changed.
+    fingerprint = tf.saved_model.experimental.read_fingerprint(paths["classifier"])
+    assert fingerprint.saved_model_checksum != 0
+
+
+def test_saved_model_cli_describes_every_export(exported):
+    assert set(exported["show"]) == set(exported["paths"]) | {"preprocess_with_text_ops"}
+    for name, (returncode, stdout, stderr) in exported["show"].items():
+        assert returncode == 0, (name, stderr[-2000:])
+        assert "Traceback" not in stderr, (name, stderr[-2000:])
+        assert "signature_def['serving_default']" in stdout, name
+    classifier = exported["show"]["classifier"][1]
+    assert "Method name is: tensorflow/serving/classify" in classifier
+    assert "inputs['text'] tensor_info:\n        dtype: DT_STRING" in classifier
+    regressor = exported["show"]["regressor"][1]
+    assert "Method name is: tensorflow/serving/regress" in regressor
+    assert "inputs['text_a']" in regressor and "inputs['text_b']" in regressor
+    squad_show = exported["show"]["squad"][1]
+    for name in ("question", "context", "answer", "start", "end", "score"):
+        assert f"['{name}'] tensor_info" in squad_show
+    encoder_show = exported["show"]["encoder"][1]
+    assert "Function Name: 'serve'" in encoder_show  # no text ops: the stock CLI lists everything
+    assert "shape: (-1, 2, -1, 32)" in encoder_show  # encoder_outputs [batch, layers, seq, hidden]
+    with_text = exported["show"]["preprocess_with_text_ops"][1]
+    for name in ("__call__", "bert_pack_inputs", "tokenize"):
+        assert f"Function Name: '{name}'" in with_text
+
+
+def test_graphs_use_only_core_and_text_ops(exported):
+    ops = exported["results"]["ops"]
+    assert set(ops) == set(exported["paths"])
+    for name, report in ops.items():
+        assert report["unknown"] == [], (name, report)
+        assert set(report["text"]) <= TEXT_OPS, (name, report["text"])
+    assert "FastWordpieceTokenizeWithOffsets" in ops["classifier"]["text"]
+    assert ops["encoder"]["text"] == []  # the encoder takes ids
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs equal the Keras models' on the training-side ids
+# ----------------------------------------------------------------------------------------------
+
+
+def test_classifier_matches_keras_model(exported, real_vocab):
+    model, _, _, spec = models.load_task_model(exported["model_dirs"]["classifier"])
+    x = packed(real_vocab, [[t] for t in TEXTS], spec.max_seq_length)
+    probabilities = tf.nn.softmax(model(x, training=False)["logits"]).numpy()
+    out = exported["results"]["classifier"]
+    np.testing.assert_allclose(out["probabilities"], probabilities, atol=1e-5)
+    assert out["label_id"] == probabilities.argmax(-1).tolist()
+    assert out["label"] == [spec.labels[i] for i in out["label_id"]]
+    classify = exported["results"]["classification"]
+    assert classify["classes"] == [spec.labels] * len(TEXTS)
+    np.testing.assert_allclose(classify["scores"], probabilities, atol=1e-5)
+
+
+def test_regressor_matches_keras_model(exported, real_vocab):
+    model, _, _, spec = models.load_task_model(exported["model_dirs"]["regressor"])
+    x = packed(real_vocab, list(zip(*PAIRS)), spec.max_seq_length)
+    score = model(x, training=False)["score"].numpy()
+    np.testing.assert_allclose(exported["results"]["regressor"]["score"], score, atol=1e-5)
+    np.testing.assert_allclose(exported["results"]["regression"]["outputs"], score, atol=1e-5)
+
+
+def test_encoder_and_preprocessor_match(exported, real_vocab):
+    results = exported["results"]
+    full = tokenizer(real_vocab)
+    x = packed(real_vocab, [[t] for t in TEXTS], ENCODER_SEQ_LENGTH)
+    for key in ("preprocess", "preprocess_signature"):
+        for name in modeling.ENCODER_INPUTS:
+            np.testing.assert_array_equal(results[key][name], x[name], err_msg=f"{key} {name}")
+    assert results["tokenize"] == [full.encode(t) for t in PAIRS[0]]
+    pair = packed(real_vocab, list(zip(*PAIRS)), 12)
+    single = packed(real_vocab, [[t] for t in PAIRS[0]], 20)
+    for name in modeling.ENCODER_INPUTS:
+        np.testing.assert_array_equal(results["pack_pair"][name], pair[name])
+        np.testing.assert_array_equal(results["pack_single_python_int"][name], single[name])
+    encoder = modeling.load_encoder(exported["model_dirs"]["encoder"])
+    expected = encoder(x, training=False)
+    for key in ("encoder", "encoder_signature"):
+        out = results[key]
+        np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], atol=1e-5)
+        np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-5)
+        np.testing.assert_allclose(out["default"], expected["pooled_output"], atol=1e-5)
+    assert len(results["encoder"]["encoder_outputs"]) == CONFIG.num_hidden_layers
+    for layer in range(CONFIG.num_hidden_layers):
+        np.testing.assert_allclose(results["encoder"]["encoder_outputs"][layer],
+                                   expected["encoder_outputs"][layer], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(results["encoder_signature"]["encoder_outputs"])[:, layer],
+                                   expected["encoder_outputs"][layer], atol=1e-5)
+    assert results["do_lower_case"] == [True, True]
+    assert all(path.endswith(os.path.join("assets", "vocab.txt")) for path in results["vocab_files"])
+
+
+def squad_reference(model_dir, real_vocab):
+    """run_squad.py's pipeline as bert_tf.tasks.squad implements it, exhaustive over the n best."""
+    model, _, _, spec = models.load_task_model(model_dir)
+    examples = []
+    for i, (question, context) in enumerate(zip(SQUAD_QUESTIONS, SQUAD_CONTEXTS)):
+        if not context:
+            continue  # run_squad.py makes no window for it (and so has no answer); checked apart
+        doc_tokens, _ = squad.split_doc_tokens(context)
+        examples.append(squad.SquadExample(qas_id=str(i), question_text=question, doc_tokens=doc_tokens,
+                                           is_impossible=False, answers=[]))
+    features = squad.convert_examples(examples, tokenizer(real_vocab), max_seq_length=spec.max_seq_length,
+                                      doc_stride=spec.doc_stride, max_query_length=spec.max_query_length)
+    arrays = squad.feature_arrays(features, is_training=False)
+    x = {tasks.MODEL_INPUT_NAMES[k]: np.asarray(v, np.int32) for k, v in arrays.items()
+         if k in tasks.MODEL_INPUT_NAMES}
+    out = model(x, training=False)
+    results = [squad.RawResult(unique_id=f.unique_id, start_logits=s, end_logits=e)
+               for f, s, e in zip(features, out["start_logits"].numpy(), out["end_logits"].numpy())]
+    # n_best_size = seq_length makes the original's candidate search exhaustive, as the export's is.
+    predictions, nbest, null_odds = squad.postprocess(
+        examples, features, results, n_best_size=spec.max_seq_length, version_2_with_negative=True)
+    return predictions, nbest, null_odds, len(features)
+
+
+def test_squad_matches_run_squad_pipeline(exported, real_vocab):
+    predictions, nbest, null_odds, num_features = squad_reference(exported["model_dirs"]["squad"], real_vocab)
+    assert num_features > len(SQUAD_CONTEXTS) + 3  # long contexts were split into windows
+    out = exported["results"]["squad"]
+    for i, context in enumerate(SQUAD_CONTEXTS):
+        answer, start, end, score = out["answer"][i], out["start"][i], out["end"][i], out["score"][i]
+        if not context:
+            assert (answer, start, end) == ("", -1, -1)
+            continue
+        assert answer == predictions[str(i)], i
+        if answer:
+            assert context[start:end] == answer  # character offsets, also after é and ö
+            best = next(c for c in nbest[str(i)] if c["text"])
+            assert score == pytest.approx(best["start_logit"] + best["end_logit"], abs=1e-4)
+        else:
+            assert (start, end) == (-1, -1)
+    assert "" in out["answer"] and any(out["answer"])  # both outcomes of the null comparison are covered
+    megabyte = exported["results"]["squad_megabyte"]
+    assert megabyte["answer"][0] == MEGABYTE[megabyte["start"][0]:megabyte["end"][0]]
+
+
+def ner_reference(model_dir, real_vocab, texts):
+    """Entities from bert_tf.tasks.ner's features and conlleval chunking, as (text, type, start, end)."""
+    model, _, _, spec = models.load_task_model(model_dir)
+    sentences = [ner.Sentence(words=t.split(), tags=["O"] * len(t.split())) for t in texts]
+    features = ner.convert_sentences(sentences, tokenizer(real_vocab), spec.max_seq_length, spec.labels)
+    x = {tasks.MODEL_INPUT_NAMES[k]: v for k, v in features.arrays.items() if k in tasks.MODEL_INPUT_NAMES}
+    predicted = model(x, training=False)["logits"].numpy().argmax(-1)
+    tags = ner.word_predictions(features, predicted, spec.labels)
+    entities = []
+    for text, sentence, sentence_tags in zip(texts, sentences, tags):
+        word_spans, position = [], 0
+        for word in sentence.words:
+            start = text.index(word, position)
+            word_spans.append((start, start + len(word)))
+            position = start + len(word)
+        entities.append([(text[word_spans[s][0]:word_spans[e][1]], entity_type, word_spans[s][0], word_spans[e][1])
+                         for entity_type, s, e in ner.get_entities(sentence_tags)])
+    return entities
+
+
+def test_ner_matches_conll_pipeline(exported, real_vocab):
+    expected = ner_reference(exported["model_dirs"]["ner"], real_vocab, NER_TEXTS)
+    out = exported["results"]["ner"]
+    for i, text in enumerate(NER_TEXTS):
+        count = out["num_entities"][i]
+        got = [(out["entity_text"][i][j], out["entity_type"][i][j], out["start"][i][j], out["end"][i][j])
+               for j in range(count)]
+        assert got == expected[i], (text, got, expected[i])
+        assert all(text[s:e] == t for t, _, s, e in got)
+        assert out["entity_text"][i][count:] == [""] * (len(out["entity_text"][i]) - count)
+        assert out["start"][i][count:] == [-1] * (len(out["start"][i]) - count)
+    assert sum(out["num_entities"]) > 3
+    megabyte = exported["results"]["ner_megabyte"]
+    assert megabyte["num_entities"][0] <= SPECS["ner"].max_seq_length  # only the first words are tagged
+    assert all(end <= 1000 for end in megabyte["end"][0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Versions and atomicity
+# ----------------------------------------------------------------------------------------------
+
+
+def test_next_version(tmp_path):
+    assert export.next_version(str(tmp_path / "missing")) == 1
+    for name in ("1", "3", "10", "latest", ".11.tmp-abc", "7x"):
+        (tmp_path / name).mkdir()
+    assert export.numeric_versions(str(tmp_path)) == [1, 3, 10]
+    assert export.next_version(str(tmp_path)) == 11
+
+
+def test_existing_version_is_refused_before_any_work(exported):
+    root = exported["root"]
+    with pytest.raises(io_utils.UsageError, match="already exists"):
+        export.export("/nonexistent/model", str(root / "export" / "classifier"), version=1)
+    with pytest.raises(io_utils.UsageError, match="model directory .* does not exist"):
+        export.export(str(root / "models" / "nonexistent"), str(root / "export" / "none"))
+
+
+def test_failed_export_leaves_no_version(exported, monkeypatch):
+    """A failure after the SavedModel is written (here: while setting method names) leaves nothing."""
+    export_dir = exported["root"] / "export" / "classifier"
+    before = sorted(os.listdir(export_dir))
+
+    def fail(path, methods):
+        assert os.path.exists(os.path.join(path, "saved_model.pb"))  # the version was half done
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "set_method_names", fail)
+    with pytest.raises(OSError, match="disk full"):
+        export.export(exported["model_dirs"]["classifier"], str(export_dir))
+    assert sorted(os.listdir(export_dir)) == before
+    assert export.next_version(str(export_dir)) == 2
+
+
+def test_cli_usage_errors_exit_2(exported):
+    usage = exported["usage"]  # run beside the app in the fixture: no --model_dir
+    assert usage.returncode == 2 and "--model_dir is required" in usage.stderr

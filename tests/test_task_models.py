@@ -1,0 +1,216 @@
+"""Task heads, task.json and the fine-tuned model directory: shapes, NumPy references, round trips, errors."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import io_utils, modeling
+from bert_tf.tasks import models
+
+TINY = modeling.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=16, max_position_embeddings=16)
+SPECS = {
+    "classifier": models.TaskSpec("classifier", labels=["neg", "neutral", "pos"], max_seq_length=16, task_name="t"),
+    "regressor": models.TaskSpec("regressor", is_pair=True, max_seq_length=16, task_name="sts"),
+    "squad": models.TaskSpec("squad", max_seq_length=16, max_query_length=4, doc_stride=4,
+                             version_2_with_negative=True),
+    "ner": models.TaskSpec("ner", labels=["O", "B-PER", "I-PER"], max_seq_length=16),
+}
+
+
+def inputs(batch=2, seq=7, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, TINY.vocab_size, size=(batch, seq)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[-1, seq - 2:] = 0
+    ids[-1, seq - 2:] = 0
+    types = np.zeros_like(ids)
+    types[:, seq // 2:] = 1
+    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
+
+
+def write_vocab(path):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"t{i}" for i in range(TINY.vocab_size - 5)]
+    path.write_text("\n".join(tokens) + "\n")
+    return str(path)
+
+
+def dense_weights(model, name):
+    layer = model.get_layer(name)
+    return [np.asarray(w) for w in layer.get_weights()]
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_heads_match_numpy(kind):
+    spec = SPECS[kind]
+    model, encoder = models.build_task_model(TINY, spec)
+    x = inputs()
+    out = {k: np.asarray(v) for k, v in model(x, training=False).items()}
+    encoded = {k: np.asarray(v) if not isinstance(v, list) else v for k, v in encoder(x, training=False).items()}
+    pooled, sequence = encoded["pooled_output"], encoded["sequence_output"]
+    if kind == "classifier":
+        kernel, bias = dense_weights(model, "classifier_head")
+        assert set(out) == {"logits"} and out["logits"].shape == (2, 3)
+        np.testing.assert_allclose(out["logits"], pooled @ kernel + bias, rtol=1e-5, atol=1e-6)
+    elif kind == "regressor":
+        kernel, bias = dense_weights(model, "regressor_head")
+        assert set(out) == {"score"} and out["score"].shape == (2,)
+        np.testing.assert_allclose(out["score"], (pooled @ kernel + bias)[:, 0], rtol=1e-5, atol=1e-6)
+    elif kind == "squad":
+        kernel, bias = dense_weights(model, "squad_head")
+        assert set(out) == {"start_logits", "end_logits"} and out["start_logits"].shape == (2, 7)
+        logits = sequence @ kernel + bias
+        np.testing.assert_allclose(out["start_logits"], logits[..., 0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["end_logits"], logits[..., 1], rtol=1e-5, atol=1e-6)
+    else:
+        kernel, bias = dense_weights(model, "ner_head")
+        assert set(out) == {"logits"} and out["logits"].shape == (2, 7, 3)
+        np.testing.assert_allclose(out["logits"], sequence @ kernel + bias, rtol=1e-5, atol=1e-6)
+
+
+def test_head_initializer_is_truncated_normal_with_initializer_range():
+    config = modeling.BertConfig(**dict(TINY.to_dict(), hidden_size=64, num_attention_heads=2,
+                                        initializer_range=0.05))
+    model, _ = models.build_task_model(config, models.TaskSpec("ner", labels=[f"L{i}" for i in range(300)]))
+    kernel, bias = dense_weights(model, "ner_head")
+    assert np.all(bias == 0)
+    assert np.abs(kernel).max() <= 2 * 0.05 + 1e-6  # truncated at two standard deviations
+    assert 0.6 * 0.05 < kernel.std() < 0.05  # a truncated normal's std is 0.88 sigma
+
+
+def test_dropout_only_in_training():
+    spec = SPECS["classifier"]
+    config = modeling.BertConfig(**dict(TINY.to_dict(), hidden_dropout_prob=0.5))
+    model, _ = models.build_task_model(config, spec)
+    x = inputs()
+    a, b = model(x, training=False)["logits"], model(x, training=False)["logits"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(model(x, training=True)["logits"], a)
+
+
+@pytest.mark.parametrize("kind", ["classifier", "squad"])
+def test_outputs_are_float32_under_mixed_precision(kind):
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model, _ = models.build_task_model(TINY, SPECS[kind])
+        out = model(inputs(), training=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert all(v.dtype == tf.float32 for v in out.values())
+
+
+def test_task_spec_json_round_trip(tmp_path):
+    path = str(tmp_path / "task.json")
+    for spec in SPECS.values():
+        spec.to_json_file(path)
+        assert models.TaskSpec.from_json_file(path) == spec
+    values = json.load(open(path))
+    assert values["kind"] == "ner" and values["labels"] == ["O", "B-PER", "I-PER"]
+    # The fields fine-tuning must write are the documented ones; the squad windowing ones default.
+    minimal = {"kind": "classifier", "labels": ["a", "b"], "max_seq_length": 64, "is_pair": True,
+               "version_2_with_negative": False, "task_name": "mrpc"}
+    spec = models.TaskSpec.from_dict(minimal)
+    assert spec.is_pair and spec.max_seq_length == 64 and spec.doc_stride == 128
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"labels": ["a", "b"]}, "missing field kind"),
+    ({"kind": "tagger"}, "kind must be one of"),
+    ({"kind": "classifier", "labels": ["a"]}, "at least 2 labels"),
+    ({"kind": "classifier", "labels": ["a", "a"]}, "distinct"),
+    ({"kind": "regressor", "labels": ["a", "b"]}, "regressor has no labels"),
+    ({"kind": "classifier", "labels": ["a", "b"], "max_seq_length": "128"}, "max_seq_length must be a positive"),
+    ({"kind": "classifier", "labels": ["a", "b"], "is_pair": "yes"}, "is_pair must be true or false"),
+    ({"kind": "classifier", "labels": ["a", "b"], "num_labels": 2}, "unknown field.*num_labels"),
+    ({"kind": "squad", "max_seq_length": 32, "max_query_length": 64}, "no room for the context"),
+])
+def test_task_spec_errors_name_file_and_field(tmp_path, values, message):
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(values))
+    with pytest.raises(models.TaskSpecError, match=f"task.json: .*{message}"):
+        models.TaskSpec.from_json_file(str(path))
+
+
+def test_task_spec_file_errors(tmp_path):
+    with pytest.raises(models.TaskSpecError, match="not found"):
+        models.TaskSpec.from_json_file(str(tmp_path / "task.json"))
+    (tmp_path / "task.json").write_text("{kind: classifier")
+    with pytest.raises(models.TaskSpecError, match="task.json: not valid JSON"):
+        models.TaskSpec.from_json_file(str(tmp_path / "task.json"))
+    (tmp_path / "task.json").write_text("[]")
+    with pytest.raises(models.TaskSpecError, match="expected a JSON object"):
+        models.TaskSpec.from_json_file(str(tmp_path / "task.json"))
+    assert issubclass(models.TaskSpecError, io_utils.UsageError)  # the CLIs exit 2 on it
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_model_dir_round_trip(tmp_path, kind):
+    spec = SPECS[kind]
+    model, encoder = models.build_task_model(TINY, spec)
+    model_dir = str(tmp_path / "model")
+    models.write_task_model_dir(model_dir, TINY, write_vocab(tmp_path / "vocab.txt"), spec, encoder, model)
+    assert sorted(os.listdir(model_dir)) == sorted(
+        ["bert_config.json", "vocab.txt", "task.json", "checkpoint", "ckpt-1.index", "ckpt-1.data-00000-of-00001"])
+    loaded, loaded_encoder, config, loaded_spec = models.load_task_model(model_dir)
+    assert config == TINY and loaded_spec == spec
+    x = inputs()
+    for name, value in model(x, training=False).items():
+        np.testing.assert_array_equal(loaded(x, training=False)[name], value)
+    # The encoder alone loads from the same directory, as for any model directory.
+    np.testing.assert_array_equal(modeling.load_encoder(model_dir)(x)["pooled_output"],
+                                  encoder(x)["pooled_output"])
+    assert loaded_encoder is loaded.get_layer("bert_encoder")
+
+
+def test_loads_a_fine_tuning_checkpoint_with_optimizer_and_step(tmp_path):
+    """Fine-tuning saves Checkpoint(encoder, model, optimizer, step) with the same manager layout."""
+    spec = SPECS["classifier"]
+    model, encoder = models.build_task_model(TINY, spec)
+    model_dir = tmp_path / "finetuned"
+    model_dir.mkdir()
+    modeling.BertConfig.to_json_file(TINY, str(model_dir / "bert_config.json"))
+    write_vocab(model_dir / "vocab.txt")
+    spec.to_json_file(str(model_dir / "task.json"))
+    optimizer = keras.optimizers.Adam(1e-3)
+    x = inputs()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(x, training=True)["logits"] ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    step = tf.Variable(7, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(encoder=encoder, model=model, optimizer=optimizer, step=step)
+    tf.train.CheckpointManager(checkpoint, str(model_dir), max_to_keep=2, checkpoint_name="ckpt").save()
+    loaded, _, _, _ = models.load_task_model(str(model_dir))
+    np.testing.assert_array_equal(loaded(x)["logits"], model(x)["logits"])
+
+
+def test_load_errors(tmp_path):
+    vocab = write_vocab(tmp_path / "vocab.txt")
+    # A pretrained model directory: no task.json.
+    pretrained = str(tmp_path / "pretrained")
+    modeling.write_model_dir(pretrained, TINY, vocab, modeling.build_encoder(TINY))
+    with pytest.raises(models.TaskSpecError, match="has no task.json"):
+        models.load_task_model(pretrained)
+    assert models.read_task_spec(pretrained) is None
+    # task.json added, but the checkpoint has no task model.
+    SPECS["classifier"].to_json_file(os.path.join(pretrained, "task.json"))
+    with pytest.raises(modeling.ModelDirError, match="no task model"):
+        models.load_task_model(pretrained)
+    # A bad field names the file.
+    with open(os.path.join(pretrained, "task.json"), "w") as f:
+        json.dump({"kind": "classifier", "labels": ["x"]}, f)
+    with pytest.raises(models.TaskSpecError, match=r"pretrained/task.json: .*at least 2 labels"):
+        models.load_task_model(pretrained)
+    # The label count must fit the checkpoint's head.
+    model, encoder = models.build_task_model(TINY, SPECS["classifier"])
+    finetuned = str(tmp_path / "finetuned")
+    models.write_task_model_dir(finetuned, TINY, vocab, SPECS["classifier"], encoder, model)
+    models.TaskSpec("classifier", labels=["a", "b"]).to_json_file(os.path.join(finetuned, "task.json"))
+    with pytest.raises(modeling.ModelDirError, match="does not fit"):
+        models.load_task_model(finetuned)
+    os.remove(os.path.join(finetuned, "bert_config.json"))
+    with pytest.raises(modeling.ModelDirError, match="missing: bert_config.json"):
+        models.load_task_model(finetuned)
