@@ -335,7 +335,7 @@ def _checkpoint_has(checkpoint_prefix, attribute):
     return attribute in checkpoint_root_children(checkpoint_prefix)
 
 
-def _restore(checkpoint_prefix, **objects):
+def restore_checkpoint(checkpoint_prefix, **objects):
     """Restores `objects` (root attributes) from a checkpoint; every variable of theirs must be there.
 
     A checkpoint written for another config fails here (the model is then discarded by the caller):
@@ -362,7 +362,7 @@ def load_encoder(model_dir):
     """Rebuilds the encoder from MODEL_DIR alone and restores its weights from the latest checkpoint."""
     prefix = check_model_dir(model_dir)
     encoder = build_encoder(load_config(model_dir))
-    _restore(prefix, encoder=encoder)
+    restore_checkpoint(prefix, encoder=encoder)
     return encoder
 
 
@@ -375,14 +375,14 @@ def load_pretraining_model(model_dir):
     prefix = check_model_dir(model_dir)
     model, encoder = build_pretraining_model(load_config(model_dir))
     if _checkpoint_has(prefix, "pretraining_model"):
-        _restore(prefix, encoder=encoder, pretraining_model=model)
+        restore_checkpoint(prefix, encoder=encoder, pretraining_model=model)
     else:
         logging.warning("%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix)
-        _restore(prefix, encoder=encoder)
+        restore_checkpoint(prefix, encoder=encoder)
     return model, encoder
 
 
-def _copy_vocab(vocab_file, config, destination):
+def copy_vocab(vocab_file, config, destination):
     """Copies vocab_file atomically, refusing one with more tokens than config.vocab_size."""
     with tf.io.gfile.GFile(vocab_file, "r") as f:
         num_tokens = sum(1 for line in f if line.rstrip("\n"))
@@ -405,7 +405,7 @@ def write_model_dir(model_dir, config, vocab_file, encoder, pretraining_model=No
     config.to_json_file(os.path.join(model_dir, CONFIG_FILE))
     vocab_destination = os.path.join(model_dir, VOCAB_FILE)
     if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
-        _copy_vocab(vocab_file, config, vocab_destination)
+        copy_vocab(vocab_file, config, vocab_destination)
     objects = {"encoder": encoder}
     if pretraining_model is not None:
         objects["pretraining_model"] = pretraining_model

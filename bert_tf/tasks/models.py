@@ -192,7 +192,7 @@ def write_task_model_dir(model_dir, config, vocab_file, spec, encoder, model, ma
     config.to_json_file(os.path.join(model_dir, modeling.CONFIG_FILE))
     vocab_destination = os.path.join(model_dir, modeling.VOCAB_FILE)
     if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
-        modeling._copy_vocab(vocab_file, config, vocab_destination)  # pylint: disable=protected-access
+        modeling.copy_vocab(vocab_file, config, vocab_destination)
     spec.to_json_file(os.path.join(model_dir, TASK_FILE))
     manager = tf.train.CheckpointManager(
         tf.train.Checkpoint(encoder=encoder, model=model), model_dir, max_to_keep=max_to_keep,
@@ -219,5 +219,5 @@ def load_task_model(model_dir):
         raise modeling.ModelDirError(
             f"checkpoint {prefix} has no task model (root attribute `model`): "
             f"{TASK_FILE} says {spec.kind}, but only a pretrained encoder was saved")
-    modeling._restore(prefix, encoder=encoder, model=model)  # pylint: disable=protected-access
+    modeling.restore_checkpoint(prefix, encoder=encoder, model=model)
     return model, encoder, config, spec
