@@ -1,0 +1,165 @@
+"""python -m bert_tf.extract_features: per-token activations of chosen layers (the feature-based approach).
+
+    python -m bert_tf.extract_features --input_file=input.txt --output_file=output.jsonl \\
+      --init_checkpoint=build/pretrain --layers=-1,-2,-3,-4 --max_seq_length=128 --batch_size=8
+
+--input_file holds one text per line, or `text_a ||| text_b` for a pair. --output_file gets one
+JSON object per input line, in the original layout:
+
+    {"linex_index": 0, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
+
+one entry per token of the packed input ([CLS] a [SEP] (b [SEP]), truncated by the original
+rule), values rounded to 6 decimals. Layer -1 is the last transformer layer, -2 the one before.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+import tensorflow as tf
+from absl import flags
+
+from bert_tf import cli, finetuning, io_utils, modeling, tasks
+
+
+
+@dataclasses.dataclass
+class ExtractArgs:
+    """An extract_features run."""
+
+    input_file: str
+    output_file: str
+    init_checkpoint: str = ""
+    bert_config_file: str = ""
+    vocab_file: str = ""
+    do_lower_case: bool = None
+    layers: str = "-1,-2,-3,-4"
+    max_seq_length: int = 128
+    batch_size: int = 32
+
+
+def parse_layers(text, num_layers):
+    """The --layers indices as ints; each must name one of the model's layers (-1 the last)."""
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise io_utils.UsageError(f"--layers={text}: expected comma-separated integers such as -1,-2,-3,-4") from None
+    if not layers:
+        raise io_utils.UsageError("--layers is empty")
+    for layer in layers:
+        if not -num_layers <= layer < num_layers:
+            raise io_utils.UsageError(f"--layers: {layer} is out of range for a model with {num_layers} layers")
+    return layers
+
+
+def read_inputs(path):
+    """[(text_a, text_b or None)] for each line of `path` (blank lines included, as the original)."""
+    tasks.require_file(path, "--input_file")
+    inputs = []
+    with io_utils.open_text(path) as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise tasks.DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
+            text_a, separator, text_b = line.partition("|||")
+            inputs.append((text_a.strip(), text_b.strip() if separator else None))
+    return inputs
+
+
+def pack(inputs, tokenizer, max_seq_length):
+    """(features: input_ids/input_mask/segment_ids [n, max_seq_length], the token strings of each row)."""
+    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    count = len(inputs)
+    features = {name: np.zeros((count, max_seq_length), np.int32) for name in tasks.MODEL_INPUT_NAMES}
+    all_tokens = []
+    for row, (text_a, text_b) in enumerate(inputs):
+        segments = [tokenizer.tokenize(text_a)] + ([tokenizer.tokenize(text_b)] if text_b is not None else [])
+        segments = tasks.truncate_segments(segments, max_seq_length - len(segments) - 1)
+        tokens = ["[CLS]"]
+        for segment in segments:
+            tokens += segment + ["[SEP]"]
+        all_tokens.append(tokens)
+        ids = [tokenizer.convert_tokens_to_ids(s) for s in segments]
+        packed = tasks.pack_segments(ids, max_seq_length, cls_id, sep_id)
+        for name, values in zip(tasks.MODEL_INPUT_NAMES, packed):
+            features[name][row] = values
+    return features, all_tokens
+
+
+def load_encoder(args):
+    """(encoder, ModelSource) from --init_checkpoint: a model directory or an original checkpoint."""
+    common = finetuning.FinetuneArgs(output_dir="", init_checkpoint=args.init_checkpoint,
+                                     bert_config_file=args.bert_config_file, vocab_file=args.vocab_file,
+                                     do_lower_case=args.do_lower_case, max_seq_length=args.max_seq_length)
+    source = finetuning.resolve_model_source(common)
+    encoder = modeling.build_encoder(source.config)
+    finetuning.load_initial_weights(source, encoder)
+    return encoder, source
+
+
+def run(args):
+    """Writes the JSON lines of --output_file; returns the number of lines."""
+    if not args.input_file or not args.output_file:
+        raise io_utils.UsageError("--input_file and --output_file are required")
+    if args.batch_size <= 0 or args.max_seq_length < 3:
+        raise io_utils.UsageError("--batch_size must be positive and --max_seq_length at least 3")
+    inputs = read_inputs(args.input_file)
+    encoder, source = load_encoder(args)
+    layers = parse_layers(args.layers, source.config.num_hidden_layers)
+    features, tokens = pack(inputs, source.tokenizer(), args.max_seq_length)
+
+    @tf.function
+    def selected_layers(batch):
+        outputs = encoder({name: batch[name] for name in modeling.ENCODER_INPUTS}, training=False)
+        return tf.stack([tf.cast(outputs["encoder_outputs"][layer], tf.float32) for layer in layers], axis=1)
+
+    with io_utils.atomic_path(args.output_file) as tmp, tf.io.gfile.GFile(tmp, "w") as out:
+        dataset = tasks.features_dataset(features, args.batch_size)
+        row = 0
+        for batch in dataset:
+            values = selected_layers(batch).numpy()  # [b, layers, s, h]
+            for activations in values:
+                line = {"linex_index": row, "features": [
+                    {"token": token, "layers": [
+                        {"index": layer, "values": [round(float(x), 6) for x in activations[i, position]]}
+                        for i, layer in enumerate(layers)]}
+                    for position, token in enumerate(tokens[row])]}
+                out.write(json.dumps(line) + "\n")
+                row += 1
+    print(f"wrote features of {len(inputs)} inputs ({len(layers)} layers) to {args.output_file}", flush=True)
+    return len(inputs)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The original extract_features.py flags."""
+    defaults = ExtractArgs(input_file="", output_file="")
+    flags.DEFINE_string("input_file", None, "One text per line, or `text_a ||| text_b`.")
+    flags.DEFINE_string("output_file", None, "Where the JSON lines go.")
+    flags.DEFINE_string("init_checkpoint", "", "A model directory (pretrained or fine-tuned) or an original checkpoint.")
+    flags.DEFINE_string("bert_config_file", "", "The bert_config.json of an original checkpoint.")
+    flags.DEFINE_string("vocab_file", "", "The vocab.txt of an original checkpoint.")
+    flags.DEFINE_bool("do_lower_case", None, "Whether to lower-case the input; with an original checkpoint only.")
+    flags.DEFINE_string("layers", defaults.layers, "The layers to output, comma-separated (-1 is the last).")
+    flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "The maximum total input sequence length "
+                         "after WordPiece tokenization; longer sequences are truncated.")
+    flags.DEFINE_integer("batch_size", defaults.batch_size, "Batch size for predictions.")
+
+
+def main(argv):
+    """Reads the flags into ExtractArgs and runs."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    run(finetuning.args_from_flags(ExtractArgs, FLAGS))
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

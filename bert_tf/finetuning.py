@@ -1,0 +1,638 @@
+"""The fine-tuning driver shared by run_classifier, run_squad and run_ner (and extract_features' loading).
+
+A fine-tuning CLI reads its data into features (bert_tf.tasks.*), then:
+
+    strategy = finetuning.make_strategy(args)                 # first: it may split the CPU
+    source = finetuning.resolve_model_source(args)            # config, vocab, init checkpoint kind
+    tuner = finetuning.Finetuner(args, strategy, source, spec, num_train_steps)
+    tuner.start(make_train_dataset)                           # resume from output_dir, or init weights
+    tuner.train()                                             # training.Trainer: progress, TensorBoard, ckpts
+    outputs = tuner.predict(features, batch_size)             # model outputs in example order
+    tuner.write_eval_results(results)                         # eval_results.txt + eval/ summaries
+
+OUTPUT_DIR becomes a fine-tuned model directory (bert_config.json, vocab.txt, task.json and ckpt-N
+with the root objects `encoder` and `model`, plus optimizer and step), which bert_tf.export reads
+as it is and which a rerun resumes from.
+
+The losses, one `training.Task` per head kind, are the original scripts':
+- classifier: softmax cross-entropy, averaged over the real examples of the GLOBAL batch;
+- regressor: squared error, averaged likewise;
+- squad: (start cross-entropy + end cross-entropy) / 2, averaged over the global batch;
+- ner: softmax cross-entropy over the tokens whose label is not IGNORE_LABEL, averaged over the
+  labelled tokens of the global batch (all-reduced before the forward pass, as pretraining does
+  for masked positions).
+"""
+
+import dataclasses
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from bert_tf import checkpoints, distribution, io_utils, modeling, optimization, tasks, tokenization, training
+from bert_tf.tasks import models, ner
+
+MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+EXAMPLE_INDEX = "example_index"  # Added to eval/predict batches so outputs can be put back in order.
+
+
+# ----------------------------------------------------------------------------------------------
+# Losses: one training.Task per head kind
+# ----------------------------------------------------------------------------------------------
+
+
+class HeadTask(training.Task):
+    """A task head's loss for training.Trainer, and its per-example outputs for prediction.
+
+    Subclasses give `per_position`: the loss, weight and correctness of every scored position
+    ([b] for sentence heads, [b, s] for token heads). The loss is sum(weight * loss) over the
+    global batch divided by the global sum of weights.
+    """
+
+    stat_names = ("loss", "loss_sum", "weight", "correct")
+    reports_accuracy = True
+
+    def __init__(self, model):
+        self.model = model
+
+    def weights(self, batch):
+        """The float32 weight of every scored position, computed from the batch alone."""
+        raise NotImplementedError
+
+    def per_position(self, batch, outputs):
+        """(losses, correct) float32 tensors shaped like `weights(batch)`."""
+        raise NotImplementedError
+
+    def prediction_outputs(self, outputs):
+        """The model outputs the host needs, per example: {name: tensor [b, ...]}."""
+        raise NotImplementedError
+
+    def call_model(self, batch, training):
+        """The model's outputs on the encoder inputs of `batch`."""
+        return self.model({name: batch[name] for name in modeling.ENCODER_INPUTS}, training=training)
+
+    def denominators(self, batch):
+        """This replica's sum of weights (all-reduced by the loop)."""
+        return {"weight": tf.reduce_sum(self.weights(batch))}
+
+    def loss_and_stats(self, batch, global_denominators, training):
+        """This replica's share of the global weighted mean loss, and its sums."""
+        outputs = self.call_model(batch, training)
+        weights = self.weights(batch)
+        losses, correct = self.per_position(batch, outputs)
+        loss_sum = tf.reduce_sum(weights * losses)
+        loss = tf.math.divide_no_nan(loss_sum, global_denominators["weight"])
+        return loss, {"loss_sum": loss_sum, "weight": tf.reduce_sum(weights),
+                      "correct": tf.reduce_sum(weights * correct)}
+
+    def metrics(self, sums, num_steps):
+        """The mean loss over the steps, and the accuracy over the scored positions."""
+        result = {"loss": float(sums["loss"] / max(num_steps, 1))}
+        if self.reports_accuracy:
+            result["accuracy"] = float(sums["correct"] / sums["weight"]) if sums["weight"] else 0.0
+        return result
+
+    def predict_step(self, batch, has_labels):
+        """Per example: the prediction outputs and, with labels, the summed loss and weight."""
+        outputs = self.call_model(batch, training=False)
+        result = dict(self.prediction_outputs(outputs))
+        if has_labels:
+            weights = self.weights(batch)
+            losses, _ = self.per_position(batch, outputs)
+            axes = list(range(1, len(weights.shape)))
+            result["example_loss"] = tf.reduce_sum(weights * losses, axis=axes) if axes else weights * losses
+            result["example_weight"] = tf.reduce_sum(weights, axis=axes) if axes else weights
+        result[EXAMPLE_INDEX] = batch[EXAMPLE_INDEX]
+        return result
+
+
+def _real_examples(batch, reference):
+    """is_real_example as float32 weights (all ones when the batch has none)."""
+    if "is_real_example" in batch:
+        return tf.cast(batch["is_real_example"], tf.float32)
+    return tf.ones([tf.shape(reference)[0]], tf.float32)
+
+
+class ClassificationTask(HeadTask):
+    """Softmax cross-entropy on `logits` [b, labels] against `label_ids` [b]."""
+
+    def weights(self, batch):
+        return _real_examples(batch, batch["label_ids"])
+
+    def per_position(self, batch, outputs):
+        labels = tf.cast(batch["label_ids"], tf.int32)
+        logits = tf.cast(outputs["logits"], tf.float32)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+        return losses, correct
+
+    def prediction_outputs(self, outputs):
+        return {"logits": outputs["logits"]}
+
+
+class RegressionTask(HeadTask):
+    """Squared error of `score` [b] against the float `label_ids` [b]."""
+
+    reports_accuracy = False
+
+    def weights(self, batch):
+        return _real_examples(batch, batch["label_ids"])
+
+    def per_position(self, batch, outputs):
+        error = tf.cast(outputs["score"], tf.float32) - tf.cast(batch["label_ids"], tf.float32)
+        return tf.square(error), tf.zeros_like(error)
+
+    def prediction_outputs(self, outputs):
+        return {"score": outputs["score"]}
+
+
+class SpanTask(HeadTask):
+    """The original run_squad loss: the mean of the start and end position cross-entropies."""
+
+    def weights(self, batch):
+        return tf.ones([tf.shape(batch["start_positions"])[0]], tf.float32)
+
+    def per_position(self, batch, outputs):
+        losses, correct = [], []
+        for side in ("start", "end"):
+            positions = tf.cast(batch[f"{side}_positions"], tf.int32)
+            logits = tf.cast(outputs[f"{side}_logits"], tf.float32)
+            losses.append(tf.nn.sparse_softmax_cross_entropy_with_logits(positions, logits))
+            correct.append(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), positions), tf.float32))
+        # accuracy: the fraction of start and end positions found (each counts half).
+        return (losses[0] + losses[1]) / 2.0, (correct[0] + correct[1]) / 2.0
+
+    def prediction_outputs(self, outputs):
+        return {"start_logits": outputs["start_logits"], "end_logits": outputs["end_logits"]}
+
+
+class TokenClassificationTask(HeadTask):
+    """Softmax cross-entropy on `logits` [b, s, labels] over the tokens whose label is not IGNORE_LABEL."""
+
+    def weights(self, batch):
+        return tf.cast(tf.not_equal(batch["label_ids"], ner.IGNORE_LABEL), tf.float32)
+
+    def per_position(self, batch, outputs):
+        labels = tf.cast(batch["label_ids"], tf.int32)
+        # Ignored positions get a valid class for the op; their weight of 0 removes them.
+        safe_labels = tf.where(tf.equal(labels, ner.IGNORE_LABEL), tf.zeros_like(labels), labels)
+        logits = tf.cast(outputs["logits"], tf.float32)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(safe_labels, logits)
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+        return losses, correct
+
+    def prediction_outputs(self, outputs):
+        # The host only needs the predicted label ids: far less to copy than [b, s, labels] logits.
+        return {"predicted_ids": tf.argmax(outputs["logits"], -1, output_type=tf.int32)}
+
+
+HEAD_TASKS = {"classifier": ClassificationTask, "regressor": RegressionTask, "squad": SpanTask,
+              "ner": TokenClassificationTask}
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments, the model source and the strategy
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FinetuneArgs:
+    """What every fine-tuning run needs; each CLI's own args dataclass extends it."""
+
+    output_dir: str = ""
+    init_checkpoint: str = ""
+    bert_config_file: str = ""
+    vocab_file: str = ""
+    do_lower_case: bool = None  # None: the model directory's config decides (True for an original ckpt)
+    do_train: bool = False
+    do_eval: bool = False
+    do_predict: bool = False
+    max_seq_length: int = 128
+    train_batch_size: int = 32
+    eval_batch_size: int = 8
+    predict_batch_size: int = 8
+    learning_rate: float = 5e-5
+    num_train_epochs: float = 3.0
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    steps_per_loop: int = 100
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    strategy: str = "default"
+    tpu: str = ""
+    num_cpu_replicas: int = 0
+    mixed_precision: str = "none"
+    jit_compile: bool = False
+    seed: int = 12345
+
+
+def validate_args(args):
+    """Usage errors common to every fine-tuning run (no TensorFlow needed)."""
+    if not (args.do_train or args.do_eval or args.do_predict):
+        raise io_utils.UsageError("at least one of --do_train, --do_eval and --do_predict must be set")
+    if not args.output_dir:
+        raise io_utils.UsageError("--output_dir is required")
+    if args.mixed_precision not in MIXED_PRECISION_POLICIES:
+        raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
+                                  f"{', '.join(MIXED_PRECISION_POLICIES)}")
+    for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "predict_batch_size",
+                 "steps_per_loop", "save_checkpoints_steps"):
+        if getattr(args, name) <= 0:
+            raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.do_train and args.num_train_epochs <= 0:
+        raise io_utils.UsageError(f"--num_train_epochs must be positive, got {args.num_train_epochs}")
+    if not 0.0 <= args.warmup_proportion < 1.0:
+        raise io_utils.UsageError(f"--warmup_proportion must be in [0, 1), got {args.warmup_proportion}")
+    if args.max_seq_length < 3:
+        raise io_utils.UsageError(f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {args.max_seq_length}")
+
+
+def make_strategy(args):
+    """The --strategy; call it before any other TensorFlow op (splitting the CPU must come first)."""
+    strategy = distribution.get_strategy(args.strategy, tpu=args.tpu, num_cpu_replicas=args.num_cpu_replicas)
+    logging.info("strategy %s with %d replicas", type(strategy).__name__, strategy.num_replicas_in_sync)
+    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
+        if getattr(args, name) % strategy.num_replicas_in_sync:
+            raise io_utils.UsageError(f"--{name}={getattr(args, name)} is not divisible by the "
+                                      f"{strategy.num_replicas_in_sync} replicas")
+    return strategy
+
+
+def is_model_dir(path):
+    """Whether `path` is one of our model directories (bert_config.json + a TF2 object checkpoint)."""
+    return bool(path) and (tf.io.gfile.isdir(path)
+                           and tf.io.gfile.exists(os.path.join(path, modeling.CONFIG_FILE))
+                           and tf.train.latest_checkpoint(path) is not None)
+
+
+@dataclasses.dataclass
+class ModelSource:
+    """Where the weights come from: the config, the vocab, and the init checkpoint's kind and task."""
+
+    config: modeling.BertConfig
+    vocab_file: str
+    init_checkpoint: str = ""  # "" (fresh weights), a model directory, or an original checkpoint
+    init_is_model_dir: bool = False
+    init_spec: models.TaskSpec = None  # the task.json of a fine-tuned init model directory
+
+    def tokenizer(self):
+        """The FullTokenizer with the model's vocab and casing."""
+        return tokenization.FullTokenizer(self.vocab_file, do_lower_case=self.config.do_lower_case)
+
+
+def resolve_model_source(args):
+    """The config, vocab and init checkpoint from --init_checkpoint (a model directory or an original
+    checkpoint), --bert_config_file and --vocab_file; a resumed --output_dir must hold the same config."""
+    init = args.init_checkpoint
+    init_spec = None
+    overrides = {} if args.do_lower_case is None else {"do_lower_case": bool(args.do_lower_case)}
+    if is_model_dir(init):
+        config = modeling.load_config(init)
+        if overrides and overrides["do_lower_case"] != config.do_lower_case:
+            raise io_utils.UsageError(
+                f"--do_lower_case={args.do_lower_case} contradicts {init}'s bert_config.json "
+                f"(do_lower_case={config.do_lower_case}); casing travels with the model, leave the flag out")
+        if args.bert_config_file:
+            logging.warning("--bert_config_file is ignored: %s carries its own bert_config.json", init)
+        vocab_file = args.vocab_file or os.path.join(init, modeling.VOCAB_FILE)
+        init_spec = models.read_task_spec(init)
+        is_dir = True
+    else:
+        if init and tf.io.gfile.isdir(init) and tf.io.gfile.exists(os.path.join(init, modeling.CONFIG_FILE)):
+            modeling.check_model_dir(init)  # a broken model directory: name what it lacks
+        if not args.bert_config_file:
+            raise io_utils.UsageError(
+                "--bert_config_file is required unless --init_checkpoint is a model directory"
+                + (f" ({init} is not one)" if init else ""))
+        if not args.vocab_file:
+            raise io_utils.UsageError("--vocab_file is required unless --init_checkpoint is a model directory")
+        try:
+            config = modeling.BertConfig.from_json_file(tasks.require_file(args.bert_config_file, "--bert_config_file"),
+                                                        **overrides)
+        except ValueError as e:
+            raise io_utils.UsageError(f"--bert_config_file: {e}") from e
+        vocab_file = args.vocab_file
+        is_dir = False
+        if init:
+            try:
+                checkpoints.resolve_google_checkpoint(init)
+            except FileNotFoundError as e:
+                raise io_utils.UsageError(
+                    f"--init_checkpoint: {e} (expected a model directory or an original checkpoint)") from e
+        else:
+            logging.warning("no --init_checkpoint: the encoder starts from random weights")
+    try:
+        vocab_size = len(tokenization.load_vocab(tasks.require_file(vocab_file, "--vocab_file")))
+    except tokenization.VocabError as e:
+        raise io_utils.UsageError(f"--vocab_file: {e}") from e
+    if vocab_size > config.vocab_size:
+        raise io_utils.UsageError(f"{vocab_file} has {vocab_size} tokens but the config's vocab_size is "
+                                  f"{config.vocab_size}")
+    if args.max_seq_length > config.max_position_embeddings:
+        raise io_utils.UsageError(f"--max_seq_length={args.max_seq_length} exceeds the model's "
+                                  f"max_position_embeddings={config.max_position_embeddings}")
+    existing = os.path.join(args.output_dir, modeling.CONFIG_FILE)
+    if is_model_dir(args.output_dir) and tf.io.gfile.exists(existing):
+        previous = modeling.BertConfig.from_json_file(existing)
+        if previous != config:
+            raise io_utils.UsageError(f"--output_dir={args.output_dir} holds a run with another model config; "
+                                      "use a new --output_dir")
+    return ModelSource(config=config, vocab_file=vocab_file, init_checkpoint=init, init_is_model_dir=is_dir,
+                       init_spec=init_spec)
+
+
+def checkpoint_root_children(prefix):
+    """The names of the root objects of a TF2 object checkpoint (encoder, model, optimizer, ...)."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=import-outside-toplevel
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return {child.local_name for child in graph.nodes[0].children}
+
+
+def same_head(a, b):
+    """Whether two TaskSpecs describe the same head weights (kind and labels)."""
+    return a is not None and b is not None and a.kind == b.kind and list(a.labels) == list(b.labels)
+
+
+def load_initial_weights(source, encoder, model=None, spec=None):
+    """Initializes `encoder` (and `model`'s head, when the init model directory was fine-tuned for the
+    same head) from a model directory or an original Google checkpoint. Returns what was loaded."""
+    init = source.init_checkpoint
+    if not init:
+        return []
+    if source.init_is_model_dir:
+        prefix = tf.train.latest_checkpoint(init)
+        objects = {"encoder": encoder}
+        if model is not None and same_head(source.init_spec, spec) and "model" in checkpoint_root_children(prefix):
+            objects["model"] = model
+        elif source.init_spec is not None:
+            logging.warning("%s was fine-tuned for another head (%s); only its encoder is used",
+                            init, source.init_spec.kind)
+        try:
+            tf.train.Checkpoint(**objects).restore(prefix).expect_partial().assert_existing_objects_matched()
+        except (AssertionError, ValueError) as e:
+            raise io_utils.UsageError(f"--init_checkpoint={init}: {prefix} does not fit the model "
+                                      f"({str(e)[:300]})") from None
+        logging.info("initialized %s from %s", " and ".join(objects), prefix)
+        return list(objects)
+    prefix = checkpoints.resolve_google_checkpoint(init)
+    shapes, reader = checkpoints.read_google_checkpoint_shapes(prefix)
+    # Fine-tuning starts from the encoder: pretraining heads (cls/) and any old task head are dropped.
+    encoder_shapes = {name: shape for name, shape in shapes.items() if name.startswith("bert/")}
+    try:
+        checkpoints.assign_original_weights(prefix, encoder_shapes, reader.get_tensor, encoder,
+                                            source.config.num_hidden_layers, with_heads=False)
+    except checkpoints.CheckpointMismatchError as e:
+        raise io_utils.UsageError(f"--init_checkpoint: {e}") from e
+    return ["encoder"]
+
+
+def num_train_steps(num_examples, train_batch_size, num_train_epochs):
+    """The original's count: int(examples / batch size * epochs), at least 1."""
+    return max(1, int(num_examples / train_batch_size * num_train_epochs))
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+# ----------------------------------------------------------------------------------------------
+
+
+def _pad_rows(features, multiple):
+    """Features padded (by repeating row 0) to a multiple of `multiple` rows, with EXAMPLE_INDEX -1 on padding."""
+    count = len(next(iter(features.values())))
+    padded_count = max(multiple, -(-count // multiple) * multiple)
+    result = {}
+    for name, values in features.items():
+        values = np.asarray(values)
+        if count == 0:
+            values = np.zeros((padded_count,) + values.shape[1:], values.dtype)
+        elif padded_count > count:
+            values = np.concatenate([values, np.repeat(values[:1], padded_count - count, axis=0)])
+        result[name] = values
+    index = np.full(padded_count, -1, np.int32)
+    index[:count] = np.arange(count, dtype=np.int32)
+    result[EXAMPLE_INDEX] = index
+    return result
+
+
+class Finetuner:
+    """Builds the task model under the strategy, trains it with training.Trainer, and predicts."""
+
+    def __init__(self, args, strategy, source, spec, train_steps=0):
+        self.args = args
+        self.strategy = strategy
+        self.source = source
+        self.spec = spec
+        self.num_train_steps = int(train_steps)
+        keras.mixed_precision.set_global_policy(MIXED_PRECISION_POLICIES[args.mixed_precision])
+        keras.utils.set_random_seed(args.seed)
+        warmup_steps = int(self.num_train_steps * args.warmup_proportion)
+        with strategy.scope():
+            self.model, self.encoder = models.build_task_model(source.config, spec)
+            self.optimizer = optimization.create_optimizer("adamw", args.learning_rate, max(self.num_train_steps, 1),
+                                                           warmup_steps, args.weight_decay)
+        self.task = HEAD_TASKS[spec.kind](self.model)
+        loop = training.LoopConfig(
+            num_train_steps=self.num_train_steps, steps_per_loop=args.steps_per_loop,
+            save_checkpoints_steps=args.save_checkpoints_steps, clip_norm=args.clip_norm,
+            loss_scaling=args.mixed_precision == "float16", jit_compile=args.jit_compile,
+            max_checkpoints_to_keep=args.keep_checkpoint_max,
+            # The iterator's shuffle buffer would go into every checkpoint, and so into the exported
+            # model directory; a resumed run reshuffles with a seed shifted by the step instead.
+            checkpoint_iterator=False)
+        self.trainer = training.Trainer(strategy, self.task, self.optimizer,
+                                        {"encoder": self.encoder, "model": self.model},
+                                        args.output_dir, loop, args.train_batch_size)
+        self.is_chief = self.trainer.is_chief
+        self._train_iterator = None
+        self._predict_fns = {}
+
+    def _check_output_dir_task(self):
+        """A resumed --output_dir must have been fine-tuned for the same head."""
+        previous = models.read_task_spec(self.args.output_dir) if tf.io.gfile.isdir(self.args.output_dir) else None
+        if previous is not None and training.checkpoint_step(self.args.output_dir) and not same_head(previous, self.spec):
+            raise io_utils.UsageError(
+                f"--output_dir={self.args.output_dir} holds a {previous.kind} model with labels {previous.labels}, "
+                f"not a {self.spec.kind} with labels {self.spec.labels}; use a new --output_dir")
+
+    def start(self, make_train_dataset=None):
+        """Resumes from --output_dir, or loads --init_checkpoint; writes the model directory files.
+
+        `make_train_dataset(batch_size, seed, input_context)` builds one input pipeline of
+        per-replica training batches (needed with --do_train).
+        """
+        self._check_output_dir_task()
+        if self.args.do_train:
+            start_step = training.checkpoint_step(self.args.output_dir)
+            # Without a checkpointed iterator a resumed run reshuffles rather than replaying the first batches.
+            seed = self.args.seed + start_step
+            global_batch = self.args.train_batch_size
+
+            def dataset_fn(input_context):
+                return make_train_dataset(input_context.get_per_replica_batch_size(global_batch), seed, input_context)
+
+            self._train_iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        resumed = self.trainer.restore_or_initialize(self._train_iterator)
+        if not resumed:
+            with self.strategy.scope():
+                load_initial_weights(self.source, self.encoder, self.model, self.spec)
+        if self.is_chief and (self.args.do_train or resumed):
+            self.write_model_dir_files()
+        return resumed
+
+    def write_model_dir_files(self):
+        """bert_config.json, vocab.txt and task.json beside the checkpoints: OUTPUT_DIR is a model directory."""
+        output_dir = self.args.output_dir
+        tf.io.gfile.makedirs(output_dir)
+        self.source.config.to_json_file(os.path.join(output_dir, modeling.CONFIG_FILE))
+        destination = os.path.join(output_dir, modeling.VOCAB_FILE)
+        if os.path.abspath(self.source.vocab_file) != os.path.abspath(destination):
+            with io_utils.atomic_path(destination) as tmp:
+                tf.io.gfile.copy(self.source.vocab_file, tmp, overwrite=True)
+        self.spec.to_json_file(os.path.join(output_dir, models.TASK_FILE))
+
+    @property
+    def step(self):
+        """The global step (the checkpoint's after a resume)."""
+        return int(self.trainer.step.numpy())
+
+    def train(self, log_fn=print):
+        """Trains to num_train_steps (resuming where the output_dir left off); returns the last metrics."""
+        if self._train_iterator is None:
+            raise RuntimeError("start() with a training dataset must come before train()")
+        log_fn(f"training {self.spec.kind} for {self.num_train_steps} steps "
+               f"(global batch {self.args.train_batch_size}, {self.strategy.num_replicas_in_sync} replicas)")
+        return self.trainer.train(self._train_iterator, log_fn=log_fn)
+
+    def _predict_fn(self, has_labels):
+        """The tf.function running one distributed prediction step (traced once per has_labels)."""
+        if has_labels not in self._predict_fns:
+            def step(batch):
+                if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+                    return self.task.predict_step(batch, has_labels)
+                return self.strategy.run(self.task.predict_step, args=(batch, has_labels))
+            self._predict_fns[has_labels] = tf.function(step)
+        return self._predict_fns[has_labels]
+
+    def predict(self, features, batch_size, has_labels=False):
+        """The head's outputs for every row of `features` (arrays, record names), in row order.
+
+        Rows are padded to whole global batches (static shapes for TPUs; every replica gets rows),
+        run through the model under the strategy, and put back in order by their index. With
+        `has_labels`, each row also gets its summed loss and weight (example_loss, example_weight).
+        """
+        count = len(next(iter(features.values())))
+        padded = _pad_rows(features, batch_size)
+        dataset = tasks.features_dataset(padded, batch_size, is_training=False, drop_remainder=True)
+        predict_step = self._predict_fn(has_labels)
+        if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            # Each worker would see only its shard of the rows; inference needs no collectives, so
+            # every worker predicts all rows on its local copy of the weights (the chief writes).
+            batches, local_results = dataset, lambda value: [value]
+        else:
+            batches = self.strategy.experimental_distribute_dataset(dataset)
+            local_results = self.strategy.experimental_local_results
+        collected = {}
+        for batch in batches:
+            outputs = predict_step(batch)
+            for name, value in outputs.items():
+                collected.setdefault(name, []).extend(np.asarray(v) for v in local_results(value))
+        result = {name: np.concatenate(parts) for name, parts in collected.items()}
+        index = result.pop(EXAMPLE_INDEX)
+        keep = index >= 0
+        order = np.argsort(index[keep], kind="stable")
+        result = {name: values[keep][order] for name, values in result.items()}
+        if len(order) != count:
+            raise RuntimeError(f"prediction returned {len(order)} rows for {count} inputs")
+        return result
+
+    def write_eval_results(self, results, file_name="eval_results.txt"):
+        """Writes `key = value` lines (the original's eval_results.txt) and eval/ TensorBoard scalars."""
+        if not self.is_chief:
+            return None
+        path = os.path.join(self.args.output_dir, file_name)
+        training.write_eval_results(path, results)
+        scalars = {k: float(v) for k, v in results.items()
+                   if isinstance(v, (int, float, np.floating, np.integer)) and k != "global_step"}
+        training.write_summaries(os.path.join(self.args.output_dir, "eval"), self.step, scalars)
+        return path
+
+
+def mean_loss(outputs):
+    """The weighted mean loss over the rows returned by Finetuner.predict(has_labels=True)."""
+    weight = float(np.sum(outputs["example_weight"]))
+    return float(np.sum(outputs["example_loss"]) / weight) if weight else 0.0
+
+
+def print_results(title, results, log_fn=print):
+    """Prints `key = value` lines under a title, as the original scripts log their eval results."""
+    log_fn(f"***** {title} *****")
+    for key in sorted(results):
+        log_fn(f"  {key} = {results[key]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI helpers: the common flags and reading them into an args dataclass
+# ----------------------------------------------------------------------------------------------
+
+
+def define_common_flags(flags_module, defaults=None):
+    """Defines the flags every fine-tuning CLI shares (the original names), with `defaults` (FinetuneArgs)."""
+    d = defaults or FinetuneArgs()
+    f = flags_module
+    f.DEFINE_string("output_dir", None, "The output directory: the fine-tuned model directory (checkpoints, "
+                    "bert_config.json, vocab.txt, task.json), eval results, predictions and TensorBoard logs. "
+                    "Rerunning resumes from it.")
+    f.DEFINE_string("init_checkpoint", d.init_checkpoint,
+                    "Initial weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.")
+    f.DEFINE_string("bert_config_file", d.bert_config_file,
+                    "The bert_config.json of an original checkpoint (a model directory carries its own).")
+    f.DEFINE_string("vocab_file", d.vocab_file, "The vocab.txt of an original checkpoint (a model directory carries its own).")
+    f.DEFINE_bool("do_lower_case", d.do_lower_case, "Whether to lower-case the input; with an original checkpoint "
+                  "only (a model directory's config records it). Default: true.")
+    f.DEFINE_bool("do_train", d.do_train, "Whether to run training.")
+    f.DEFINE_bool("do_eval", d.do_eval, "Whether to run evaluation on the dev set.")
+    f.DEFINE_bool("do_predict", d.do_predict, "Whether to run prediction on the test set.")
+    f.DEFINE_integer("max_seq_length", d.max_seq_length, "The maximum total input sequence length after WordPiece "
+                     "tokenization; longer sequences are truncated, shorter ones padded.")
+    f.DEFINE_integer("train_batch_size", d.train_batch_size, "Global batch size for training.")
+    f.DEFINE_integer("eval_batch_size", d.eval_batch_size, "Global batch size for evaluation.")
+    f.DEFINE_integer("predict_batch_size", d.predict_batch_size, "Global batch size for prediction.")
+    f.DEFINE_float("learning_rate", d.learning_rate, "The initial learning rate for Adam.")
+    f.DEFINE_float("num_train_epochs", d.num_train_epochs, "Total number of training epochs to perform.")
+    f.DEFINE_float("warmup_proportion", d.warmup_proportion,
+                   "Proportion of training to perform linear learning rate warmup for. E.g., 0.1 = 10% of training.")
+    f.DEFINE_float("weight_decay", d.weight_decay, "Decoupled weight decay (LayerNorm and biases excluded).")
+    f.DEFINE_float("clip_norm", d.clip_norm, "Clip the summed gradients to this global norm (0: off).")
+    f.DEFINE_integer("steps_per_loop", d.steps_per_loop,
+                     "Training steps inside one tf.function call (one progress line and summary per loop).")
+    f.DEFINE_integer("save_checkpoints_steps", d.save_checkpoints_steps, "How often to save the model checkpoint.")
+    f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max, "How many checkpoints to keep.")
+    f.DEFINE_enum("strategy", d.strategy, list(distribution.STRATEGIES), "The tf.distribute strategy.")
+    f.DEFINE_string("tpu", d.tpu, "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
+    f.DEFINE_integer("num_cpu_replicas", d.num_cpu_replicas,
+                     "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
+    f.DEFINE_enum("mixed_precision", d.mixed_precision, list(MIXED_PRECISION_POLICIES),
+                  "Compute dtype; float16 adds dynamic loss scaling.")
+    f.DEFINE_bool("jit_compile", d.jit_compile, "XLA-compile the forward and backward pass.")
+    f.DEFINE_integer("seed", d.seed, "Seeds the head's weights, dropout and the input order.")
+
+
+def args_from_flags(args_class, flag_values):
+    """An `args_class` dataclass filled from the parsed flags of the same names."""
+    return args_class(**{field.name: flag_values[field.name].value for field in dataclasses.fields(args_class)
+                         if field.name in flag_values})
+
+
+def run_guarded(run_fn, args):
+    """Runs a CLI's `run(args)`; a non-finite loss prints the error and exits with code 1."""
+    try:
+        return run_fn(args)
+    except training.NonFiniteLossError as e:
+        logging.error("%s", e)
+        print(f"error: {e}", flush=True)
+        raise SystemExit(1) from None

@@ -1,0 +1,217 @@
+"""python -m bert_tf.run_classifier: GLUE and your own TSV/CSV, sentence (pair) classification and regression.
+
+    python -m bert_tf.run_classifier --task_name=mrpc --data_dir=glue/MRPC --init_checkpoint=build/pretrain \\
+      --do_train --do_eval --do_predict --max_seq_length=128 --train_batch_size=32 \\
+      --learning_rate=2e-5 --num_train_epochs=3 --output_dir=build/mrpc
+
+Writes into --output_dir: eval_results.txt (`key = value`; MNLI reports matched and mismatched
+separately, as eval_matched_* and eval_mismatched_*), the GLUE submission files (MRPC.tsv, ...,
+or <split>_predictions.tsv for --task_name=tsv) and <split>_results.tsv with the class
+probabilities, train/ and eval/ TensorBoard logs, and the fine-tuned model directory
+(bert_config.json, vocab.txt, task.json, ckpt-N) that `python -m bert_tf.export` exports.
+Rerunning the same command resumes training from the newest checkpoint.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl import flags
+
+from bert_tf import cli, finetuning, io_utils
+from bert_tf.tasks import classification, models
+
+
+@dataclasses.dataclass
+class ClassifierArgs(finetuning.FinetuneArgs):
+    """A run_classifier run: the common fine-tuning arguments plus the task and its data."""
+
+    task_name: str = ""
+    data_dir: str = ""
+    tfds: str = ""
+    tfds_data_dir: str = ""
+    text_a_column: str = ""
+    text_b_column: str = ""
+    label_column: str = ""
+    labels: str = ""
+    has_header: bool = None
+    skip_bad_rows: bool = False
+
+
+@dataclasses.dataclass
+class ClassifierResult:
+    """What a run ends with: the step, the metrics, and the files written."""
+
+    step: int
+    train_metrics: dict
+    eval_results: dict
+    submission_files: list
+    finetuner: finetuning.Finetuner
+
+
+def resolve_task(args):
+    """The classification Task from --task_name (and the tsv column flags) or --tfds."""
+    if args.tfds:
+        task = classification.task_from_tfds_name(args.tfds)
+        if args.task_name and args.task_name.lower().replace("-", "") != task.name:
+            raise io_utils.UsageError(f"--task_name={args.task_name} contradicts --tfds={args.tfds}")
+        return task
+    if not args.task_name:
+        raise io_utils.UsageError("--task_name is required (a GLUE task, or tsv for your own files)")
+    if not args.data_dir:
+        raise io_utils.UsageError("--data_dir (the GLUE file layout) or --tfds=glue/<task> is required")
+    return classification.get_task(args.task_name, text_a_column=args.text_a_column or None,
+                                   text_b_column=args.text_b_column or None, label_column=args.label_column or None,
+                                   labels=args.labels or None, has_header=args.has_header)
+
+
+def read_splits(args, task, splits):
+    """{split: SplitData} read from --data_dir or --tfds; a missing split file is a UsageError naming it."""
+    result = {}
+    for split in splits:
+        if args.tfds:
+            result[split] = classification.read_tfds_split(task, split, data_dir=args.tfds_data_dir or None)
+        else:
+            result[split] = classification.read_split(task, args.data_dir, split, skip_bad_rows=args.skip_bad_rows)
+        data = result[split]
+        skipped = f", {data.skipped_rows} bad rows skipped" if data.skipped_rows else ""
+        print(f"{split}: {len(data.examples)} examples from {data.path}{skipped}", flush=True)
+    return result
+
+
+def resolve_labels(task, train, source, output_dir):
+    """The label list: the task's own, the training data's, or (without training) the fine-tuned model's."""
+    if task.is_regression:
+        return None
+    if task.labels is not None:
+        return list(task.labels)
+    if train is not None:
+        return classification.label_list(task, train.examples)
+    for spec in (models.read_task_spec(output_dir) if tf.io.gfile.isdir(output_dir) else None, source.init_spec):
+        if spec is not None and spec.kind == "classifier":
+            return list(spec.labels)
+    raise io_utils.UsageError("the labels are unknown without --do_train: give --labels, or an --init_checkpoint "
+                              "or --output_dir fine-tuned for this task")
+
+
+def predictions_of(outputs, labels):
+    """Label ids (argmax of the logits) or regression scores."""
+    return outputs["score"] if labels is None else np.argmax(outputs["logits"], axis=-1)
+
+
+def eval_prefix(split):
+    """eval for dev; eval_matched / eval_mismatched for MNLI's two dev sets."""
+    return "eval" if split == "dev" else "eval_" + split.replace("dev_", "")
+
+
+def write_probabilities(path, logits):
+    """<split>_results.tsv as the original: one row of tab-separated class probabilities per example."""
+    probabilities = tf.nn.softmax(tf.constant(logits, tf.float32), axis=-1).numpy()
+    io_utils.atomic_write_text(path, "".join("\t".join(f"{p:.6f}" for p in row) + "\n" for row in probabilities))
+
+
+def run(args):
+    """Trains, evaluates and predicts as `args` say; returns a ClassifierResult."""
+    finetuning.validate_args(args)
+    task = resolve_task(args)
+    strategy = finetuning.make_strategy(args)
+    source = finetuning.resolve_model_source(args)
+    tokenizer = source.tokenizer()
+
+    # Every split is read (and every dev label checked) before training, so a missing file or a bad
+    # row fails in seconds rather than after hours of training.
+    splits = read_splits(args, task, (["train"] if args.do_train else []) + (list(task.eval_splits) if args.do_eval else [])
+                         + (list(task.test_splits) if args.do_predict else []))
+    train = splits.get("train")
+    labels = resolve_labels(task, train, source, args.output_dir)
+    for split in task.eval_splits if args.do_eval else ():
+        classification.check_labels(splits[split], labels)
+    spec = models.TaskSpec(kind="regressor" if labels is None else "classifier", labels=labels or [],
+                           max_seq_length=args.max_seq_length, is_pair=task.is_pair, task_name=task.name)
+
+    train_steps, make_train_dataset = 0, None
+    if args.do_train:
+        features = classification.convert_examples(train.examples, tokenizer, args.max_seq_length, labels)
+        records = os.path.join(args.output_dir, "train.tf_record")
+        classification.write_records(records, features)
+        train_steps = finetuning.num_train_steps(len(train.examples), args.train_batch_size, args.num_train_epochs)
+
+        def make_train_dataset(batch_size, seed, input_context):
+            return classification.dataset(records, args.max_seq_length, batch_size, is_training=True,
+                                          is_regression=labels is None, seed=seed, input_context=input_context)
+
+    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
+    tuner.start(make_train_dataset)
+    train_metrics = tuner.train() if args.do_train else {}
+
+    eval_results = {}
+    if args.do_eval:
+        for split in task.eval_splits:
+            examples = splits[split].examples
+            features = classification.convert_examples(examples, tokenizer, args.max_seq_length, labels)
+            outputs = tuner.predict(features, args.eval_batch_size, has_labels=True)
+            metrics = classification.compute_metrics(task, features["label_ids"], predictions_of(outputs, labels))
+            metrics["loss"] = finetuning.mean_loss(outputs)
+            prefix = eval_prefix(split)
+            eval_results.update({f"{prefix}_{name}": value for name, value in metrics.items()})
+            eval_results[f"{prefix}_examples"] = len(examples)
+        eval_results["global_step"] = tuner.step
+        tuner.write_eval_results(eval_results)
+        finetuning.print_results("Eval results", eval_results)
+
+    submission_files = []
+    if args.do_predict:
+        for split in task.test_splits:
+            examples = splits[split].examples
+            features = classification.convert_examples(examples, tokenizer, args.max_seq_length, labels)
+            outputs = tuner.predict(features, args.predict_batch_size)
+            if tuner.is_chief:
+                submission_files.append(classification.write_submission(
+                    args.output_dir, task, split, examples, predictions_of(outputs, labels), labels))
+                if labels is not None:
+                    write_probabilities(os.path.join(args.output_dir, f"{split}_results.tsv"), outputs["logits"])
+        print("predictions written to " + ", ".join(submission_files), flush=True)
+    return ClassifierResult(tuner.step, train_metrics, eval_results, submission_files, tuner)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The original run_classifier.py flags plus the TF2 ones (strategy, precision) and the tsv/tfds ones."""
+    finetuning.define_common_flags(flags)
+    flags.DEFINE_string("task_name", "", f"The task: {', '.join(classification.TASK_NAMES)}.")
+    flags.DEFINE_string("data_dir", "", "The input data dir: train.tsv, dev.tsv and test.tsv in the GLUE layout "
+                        "of the task (MNLI: dev_matched.tsv, dev_mismatched.tsv, test_matched.tsv, "
+                        "test_mismatched.tsv); for tsv, train/dev/test .tsv or .csv.")
+    flags.DEFINE_string("tfds", "", "Read the data from TensorFlow Datasets instead: glue/<task>.")
+    flags.DEFINE_string("tfds_data_dir", "", "The TensorFlow Datasets data directory (default: tfds's own).")
+    flags.DEFINE_string("text_a_column", "", "tsv: the first text's column, a header name or a 0-based index.")
+    flags.DEFINE_string("text_b_column", "", "tsv: the second text's column for pair tasks (default: none).")
+    flags.DEFINE_string("label_column", "", "tsv: the label's column, a header name or a 0-based index.")
+    flags.DEFINE_string("labels", "", "tsv: the comma-separated label list, in id order (default: the sorted "
+                        "labels of the training data).")
+    flags.DEFINE_bool("has_header", None, "tsv: whether the files start with a header row (default: when any "
+                      "column is given by name).")
+    flags.DEFINE_bool("skip_bad_rows", False, "Skip and count malformed rows instead of stopping at the first.")
+
+
+def main(argv):
+    """Reads the flags into ClassifierArgs and runs."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    args = finetuning.args_from_flags(ClassifierArgs, FLAGS)
+    if args.output_dir:
+        tf.io.gfile.makedirs(args.output_dir)
+        cli.log_flags(args.output_dir, "run_classifier")
+    finetuning.run_guarded(run, args)
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

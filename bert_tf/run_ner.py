@@ -1,0 +1,167 @@
+"""python -m bert_tf.run_ner: named-entity tagging on CoNLL-2003-format files.
+
+    python -m bert_tf.run_ner --data_dir=conll2003 --init_checkpoint=build/pretrain \\
+      --do_train --do_eval --do_predict --max_seq_length=128 --output_dir=build/ner
+
+Data: --data_dir with train.txt, dev.txt and test.txt, or --train_file/--dev_file/--test_file;
+one token per line, the tag (BIO or IOB1) in the last column, blank or -DOCSTART- lines between
+sentences. Each word's first WordPiece carries its tag. Writes into --output_dir:
+eval_results.txt (entity-level precision, recall and F1 with conlleval semantics),
+eval_predictions.txt and test_predictions.txt (`token gold predicted`, conlleval's input), the
+TensorBoard logs and the fine-tuned model directory with task.json.
+"""
+
+import dataclasses
+import os
+
+import tensorflow as tf
+from absl import flags
+
+from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf.tasks import models, ner
+
+SPLIT_FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
+
+
+@dataclasses.dataclass
+class NerArgs(finetuning.FinetuneArgs):
+    """A run_ner run: the common fine-tuning arguments plus the CoNLL files."""
+
+    data_dir: str = ""
+    train_file: str = ""
+    dev_file: str = ""
+    test_file: str = ""
+
+
+@dataclasses.dataclass
+class NerResult:
+    """What a run ends with: the step, the metrics and the prediction files."""
+
+    step: int
+    train_metrics: dict
+    eval_results: dict
+    prediction_files: list
+    finetuner: finetuning.Finetuner
+
+
+def split_file(args, split):
+    """--<split>_file, or DATA_DIR/<split>.txt; a missing one is a UsageError naming it."""
+    explicit = getattr(args, f"{split}_file")
+    if explicit:
+        return tasks.require_file(explicit, f"--{split}_file")
+    if not args.data_dir:
+        raise io_utils.UsageError(f"give --{split}_file or --data_dir (with {SPLIT_FILES[split]})")
+    return tasks.split_path(args.data_dir, SPLIT_FILES[split])
+
+
+def resolve_labels(train, source, output_dir):
+    """The tags of the training data, or (without training) those of the fine-tuned model."""
+    if train is not None:
+        return ner.label_list(train)
+    for spec in (models.read_task_spec(output_dir) if tf.io.gfile.isdir(output_dir) else None, source.init_spec):
+        if spec is not None and spec.kind == "ner":
+            return list(spec.labels)
+    raise io_utils.UsageError("the tags are unknown without --do_train: give an --init_checkpoint or "
+                              "--output_dir fine-tuned for NER")
+
+
+def predict_tags(tuner, sentences, features, batch_size, labels, has_labels):
+    """(per-sentence word tags, model outputs); words cut by max_seq_length are tagged O."""
+    outputs = tuner.predict(features.arrays, batch_size, has_labels=has_labels)
+    tags = ner.word_predictions(features, outputs["predicted_ids"], labels)
+    return ner.pad_predictions(sentences, tags), outputs
+
+
+def run(args):
+    """Trains, evaluates and predicts as `args` say; returns a NerResult."""
+    finetuning.validate_args(args)
+    wanted = (["train"] if args.do_train else []) + (["dev"] if args.do_eval else []) + \
+        (["test"] if args.do_predict else [])
+    paths = {split: split_file(args, split) for split in wanted}  # every missing file fails first
+    strategy = finetuning.make_strategy(args)
+    source = finetuning.resolve_model_source(args)
+    tokenizer = source.tokenizer()
+    sentences = {}
+    for split, path in paths.items():
+        sentences[split] = ner.read_conll(path)
+        print(f"{split}: {len(sentences[split])} sentences from {path}", flush=True)
+    labels = resolve_labels(sentences.get("train"), source, args.output_dir)
+    if args.do_eval:
+        ner.check_labels(sentences["dev"], labels)
+    spec = models.TaskSpec(kind="ner", labels=labels, max_seq_length=args.max_seq_length, task_name="ner")
+
+    train_steps, make_train_dataset = 0, None
+    if args.do_train:
+        features = ner.convert_sentences(sentences["train"], tokenizer, args.max_seq_length, labels)
+        records = os.path.join(args.output_dir, "train.tf_record")
+        ner.write_records(records, features)
+        train_steps = finetuning.num_train_steps(len(sentences["train"]), args.train_batch_size, args.num_train_epochs)
+
+        def make_train_dataset(batch_size, seed, input_context):
+            return ner.dataset(records, args.max_seq_length, batch_size, is_training=True, seed=seed,
+                               input_context=input_context)
+
+    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
+    tuner.start(make_train_dataset)
+    train_metrics = tuner.train() if args.do_train else {}
+
+    eval_results, prediction_files = {}, []
+    if args.do_eval:
+        dev = sentences["dev"]
+        features = ner.convert_sentences(dev, tokenizer, args.max_seq_length, labels)
+        predicted, outputs = predict_tags(tuner, dev, features, args.eval_batch_size, labels, has_labels=True)
+        scores = ner.entity_scores([s.tags for s in dev], predicted)
+        eval_results = {f"eval_{name}": scores[name] for name in ("precision", "recall", "f1", "accuracy")}
+        eval_results.update(eval_loss=finetuning.mean_loss(outputs), global_step=tuner.step,
+                            eval_gold_entities=scores["gold_entities"],
+                            eval_predicted_entities=scores["predicted_entities"],
+                            eval_correct_entities=scores["correct_entities"])
+        if tuner.is_chief:
+            tuner.write_eval_results(eval_results)
+            prediction_files.append(ner.write_conll_predictions(
+                os.path.join(args.output_dir, "eval_predictions.txt"), dev, predicted))
+        print("\n".join(ner.eval_result_lines(scores)), flush=True)
+        finetuning.print_results("Eval results", eval_results)
+
+    if args.do_predict:
+        test = sentences["test"]
+        # Test tags may be anything (or placeholders): they are written back, never mapped to ids.
+        features = ner.convert_sentences(test, tokenizer, args.max_seq_length, None)
+        predicted, _ = predict_tags(tuner, test, features, args.predict_batch_size, labels, has_labels=False)
+        if tuner.is_chief:
+            prediction_files.append(ner.write_conll_predictions(
+                os.path.join(args.output_dir, "test_predictions.txt"), test, predicted))
+        print(f"predictions written to {prediction_files[-1] if prediction_files else '(chief only)'}", flush=True)
+    return NerResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The common fine-tuning flags plus the CoNLL file flags."""
+    finetuning.define_common_flags(flags)
+    flags.DEFINE_string("data_dir", "", "A directory with train.txt, dev.txt and test.txt in CoNLL-2003 format.")
+    flags.DEFINE_string("train_file", "", "The CoNLL training file (default: DATA_DIR/train.txt).")
+    flags.DEFINE_string("dev_file", "", "The CoNLL dev file (default: DATA_DIR/dev.txt).")
+    flags.DEFINE_string("test_file", "", "The CoNLL test file (default: DATA_DIR/test.txt).")
+
+
+def main(argv):
+    """Reads the flags into NerArgs and runs."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    args = finetuning.args_from_flags(NerArgs, FLAGS)
+    if args.output_dir:
+        tf.io.gfile.makedirs(args.output_dir)
+        cli.log_flags(args.output_dir, "run_ner")
+    finetuning.run_guarded(run, args)
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

@@ -1,0 +1,189 @@
+"""python -m bert_tf.run_squad: extractive question answering on SQuAD v1.1 and v2.0.
+
+    python -m bert_tf.run_squad --train_file=train-v2.0.json --predict_file=dev-v2.0.json \\
+      --version_2_with_negative --init_checkpoint=build/pretrain --do_train --do_predict \\
+      --max_seq_length=384 --doc_stride=128 --train_batch_size=24 --output_dir=build/squad
+
+Data: SQuAD JSON files, or --tfds=squad/v1.1 / squad/v2.0 (train and validation splits). A
+training answer not found at its offset is counted, skipped and summarized. Writes into
+--output_dir: predictions.json, nbest_predictions.json and, for v2, null_odds.json (the original
+files); when the predict file has answers, eval_results.txt with the official exact match and F1
+(v2: HasAns/NoAns breakdowns and the best thresholds); the TensorBoard logs and the fine-tuned
+model directory with task.json (doc_stride and max_query_length included, for export).
+"""
+
+import dataclasses
+import os
+
+import tensorflow as tf
+from absl import flags
+
+from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf.tasks import models, squad
+
+
+@dataclasses.dataclass
+class SquadArgs(finetuning.FinetuneArgs):
+    """A run_squad run: the common fine-tuning arguments plus the SQuAD files and windowing."""
+
+    train_file: str = ""
+    predict_file: str = ""
+    tfds: str = ""
+    tfds_data_dir: str = ""
+    max_seq_length: int = 384
+    train_batch_size: int = 12
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    version_2_with_negative: bool = False
+    null_score_diff_threshold: float = 0.0
+
+
+@dataclasses.dataclass
+class SquadResult:
+    """What a run ends with: the step, the metrics and the prediction files."""
+
+    step: int
+    train_metrics: dict
+    eval_results: dict
+    prediction_files: dict
+    finetuner: finetuning.Finetuner
+
+
+def validate(args):
+    """The SQuAD-specific usage errors."""
+    if args.tfds:
+        if args.tfds not in ("squad/v1.1", "squad/v2.0"):
+            raise io_utils.UsageError(f"--tfds={args.tfds}: expected squad/v1.1 or squad/v2.0")
+        if args.tfds.endswith("v2.0") != bool(args.version_2_with_negative):
+            raise io_utils.UsageError(f"--tfds={args.tfds} needs --version_2_with_negative="
+                                      f"{str(args.tfds.endswith('v2.0')).lower()}")
+        return
+    if args.do_train and not args.train_file:
+        raise io_utils.UsageError("--do_train needs --train_file (or --tfds)")
+    if (args.do_predict or args.do_eval) and not args.predict_file:
+        raise io_utils.UsageError("--do_predict/--do_eval need --predict_file (or --tfds)")
+    for name in ("train_file",) * bool(args.do_train) + ("predict_file",) * bool(args.do_predict or args.do_eval):
+        tasks.require_file(getattr(args, name), f"--{name}")
+    for name in ("doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
+        if getattr(args, name) <= 0:
+            raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+
+
+def read_examples(args, is_training):
+    """(examples, ReadStats, gold answers by question id) of the training or predict data."""
+    if args.tfds:
+        return squad.read_tfds(args.tfds, "train" if is_training else "dev", is_training,
+                               data_dir=args.tfds_data_dir or None)
+    path = args.train_file if is_training else args.predict_file
+    examples, stats = squad.read_squad_json(path, is_training, args.version_2_with_negative)
+    gold = None if is_training else squad.gold_answers_from_json(path)
+    return examples, stats, gold
+
+
+def run(args):
+    """Trains and predicts (and evaluates, when the predict data has answers); returns a SquadResult."""
+    finetuning.validate_args(args)
+    validate(args)
+    strategy = finetuning.make_strategy(args)
+    source = finetuning.resolve_model_source(args)
+    tokenizer = source.tokenizer()
+    spec = models.TaskSpec(kind="squad", max_seq_length=args.max_seq_length,
+                           version_2_with_negative=bool(args.version_2_with_negative), task_name="squad",
+                           doc_stride=args.doc_stride, max_query_length=args.max_query_length)
+    windowing = dict(max_seq_length=args.max_seq_length, doc_stride=args.doc_stride,
+                     max_query_length=args.max_query_length)
+
+    predicting = args.do_predict or args.do_eval
+    if predicting:  # read first: a broken predict file fails before training
+        eval_examples, _, gold = read_examples(args, is_training=False)
+        print(f"predict: {len(eval_examples)} questions", flush=True)
+
+    train_steps, make_train_dataset = 0, None
+    if args.do_train:
+        examples, stats, _ = read_examples(args, is_training=True)
+        print(f"train: {stats.summary()}", flush=True)
+        if not examples:
+            raise io_utils.UsageError("no usable training question (see the summary above)")
+        features = squad.convert_examples(examples, tokenizer, is_training=True, **windowing)
+        records = os.path.join(args.output_dir, "train.tf_record")
+        squad.write_records(records, features, is_training=True)
+        print(f"train: {len(features)} windows of {len(examples)} questions", flush=True)
+        # The original counts steps in questions, not windows.
+        train_steps = finetuning.num_train_steps(len(examples), args.train_batch_size, args.num_train_epochs)
+
+        def make_train_dataset(batch_size, seed, input_context):
+            return squad.dataset(records, args.max_seq_length, batch_size, is_training=True, seed=seed,
+                                 input_context=input_context)
+
+    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
+    tuner.start(make_train_dataset)
+    train_metrics = tuner.train() if args.do_train else {}
+
+    eval_results, prediction_files = {}, {}
+    if predicting:
+        features = squad.convert_examples(eval_examples, tokenizer, is_training=False, **windowing)
+        outputs = tuner.predict(squad.feature_arrays(features, is_training=False), args.predict_batch_size)
+        results = [squad.RawResult(f.unique_id, start, end)
+                   for f, start, end in zip(features, outputs["start_logits"], outputs["end_logits"])]
+        predictions, nbest, null_odds = squad.postprocess(
+            eval_examples, features, results, n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,
+            do_lower_case=source.config.do_lower_case, version_2_with_negative=args.version_2_with_negative,
+            null_score_diff_threshold=args.null_score_diff_threshold)
+        v2_odds = null_odds if args.version_2_with_negative else None
+        if tuner.is_chief:
+            prediction_files = squad.write_predictions(args.output_dir, predictions, nbest, v2_odds)
+            print("predictions written to " + ", ".join(prediction_files.values()), flush=True)
+        if gold and any(gold.values()):
+            eval_results = squad.evaluate(gold, predictions, v2_odds)
+            eval_results["global_step"] = tuner.step
+            tuner.write_eval_results(eval_results)
+            finetuning.print_results("Eval results (official SQuAD metrics)", eval_results)
+    return SquadResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+# ----------------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    """The original run_squad.py flags plus the TF2 ones."""
+    defaults = SquadArgs()
+    finetuning.define_common_flags(flags, defaults)
+    flags.DEFINE_string("train_file", "", "SQuAD json for training. E.g., train-v1.1.json")
+    flags.DEFINE_string("predict_file", "", "SQuAD json for predictions. E.g., dev-v1.1.json or test-v1.1.json")
+    flags.DEFINE_string("tfds", "", "Read the data from TensorFlow Datasets instead: squad/v1.1 or squad/v2.0.")
+    flags.DEFINE_string("tfds_data_dir", "", "The TensorFlow Datasets data directory (default: tfds's own).")
+    flags.DEFINE_integer("doc_stride", defaults.doc_stride, "When splitting up a long document into chunks, "
+                         "how much stride to take between chunks.")
+    flags.DEFINE_integer("max_query_length", defaults.max_query_length, "The maximum number of tokens for the "
+                         "question. Questions longer than this will be truncated to this length.")
+    flags.DEFINE_integer("n_best_size", defaults.n_best_size, "The total number of n-best predictions to "
+                         "generate in the nbest_predictions.json output file.")
+    flags.DEFINE_integer("max_answer_length", defaults.max_answer_length, "The maximum length of an answer that "
+                         "can be generated. This is needed because the start and end predictions are not "
+                         "conditioned on one another.")
+    flags.DEFINE_bool("version_2_with_negative", False, "If true, the SQuAD examples contain some that do not "
+                      "have an answer.")
+    flags.DEFINE_float("null_score_diff_threshold", 0.0, "If null_score - best_non_null is greater than the "
+                       "threshold predict null.")
+
+
+def main(argv):
+    """Reads the flags into SquadArgs and runs."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    args = finetuning.args_from_flags(SquadArgs, FLAGS)
+    if args.output_dir:
+        tf.io.gfile.makedirs(args.output_dir)
+        cli.log_flags(args.output_dir, "run_squad")
+    finetuning.run_guarded(run, args)
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.run(main)

@@ -1,0 +1,201 @@
+"""The shared fine-tuning driver: head losses against NumPy, ordered prediction, and a quality check.
+
+Also home of the helpers the CLI tests share: a tiny "pretrained" model directory (random weights,
+written by modeling.write_model_dir) whose vocab covers the demo sentiment set.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_tf import finetuning, modeling, run_classifier, tokenization
+from bert_tf.tasks import classification, models, ner
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# 1e-3 for 10 epochs learns the demo set from random weights with every seed we tried (1..6);
+# 5e-3 does not learn at all, so the quality test below can fail.
+DEMO_TRAINING = dict(max_seq_length=24, train_batch_size=32, eval_batch_size=50, predict_batch_size=50,
+                     learning_rate=1e-3, num_train_epochs=10, warmup_proportion=0.1, steps_per_loop=25)
+
+
+def write_vocab(path, texts, extra_words=()):
+    """A vocab.txt: the special tokens plus every word of `texts` as BasicTokenizer splits it (lower-cased)."""
+    basic = tokenization.BasicTokenizer(do_lower_case=True)
+    words = {w for text in texts for w in basic.tokenize(text)} | set(extra_words)
+    with open(path, "w") as f:
+        f.write("\n".join(SPECIAL_TOKENS + sorted(words)) + "\n")
+    return path
+
+
+def tiny_config(vocab_file, hidden=32, layers=2, max_positions=64):
+    """A tiny BertConfig for the vocab."""
+    vocab_size = sum(1 for line in open(vocab_file) if line.strip())
+    return modeling.BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                               num_attention_heads=2, intermediate_size=2 * hidden,
+                               max_position_embeddings=max_positions)
+
+
+def write_tiny_model_dir(path, vocab_file, seed=0, **config_overrides):
+    """A tiny pretrained-layout model directory with random weights; returns its path."""
+    tf.keras.utils.set_random_seed(seed)
+    config = tiny_config(vocab_file, **config_overrides)
+    modeling.write_model_dir(str(path), config, vocab_file, modeling.build_encoder(config))
+    return str(path)
+
+
+def demo_texts(glue_dir):
+    """The sentences of the demo set's train/dev/test files (last column of test, first of the others)."""
+    texts = []
+    for split in ("train", "dev", "test"):
+        with open(os.path.join(glue_dir, f"{split}.tsv")) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f][1:]
+        texts += [row[1] if split == "test" else row[0] for row in rows]
+    return texts
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """The demo GLUE (SST-2 layout) dir and a tiny random-weight model dir whose vocab covers it."""
+    root = tmp_path_factory.mktemp("demo")
+    glue_dir = classification.write_demo_glue_dir(str(root / "glue"))
+    vocab_file = write_vocab(str(root / "vocab.txt"), demo_texts(glue_dir))
+    return {"glue_dir": glue_dir, "vocab_file": vocab_file,
+            "model_dir": write_tiny_model_dir(root / "pretrained", vocab_file)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Losses against NumPy
+# ----------------------------------------------------------------------------------------------
+
+
+def np_xent(logits, labels):
+    """Softmax cross-entropy per row, float64."""
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return -np.take_along_axis(log_probs, np.asarray(labels)[..., None], axis=-1)[..., 0]
+
+
+@pytest.fixture(scope="module")
+def tiny_batch():
+    """Random encoder inputs for 5 rows of 7 tokens (some padding) and a tiny config."""
+    rng = np.random.default_rng(3)
+    config = modeling.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=16, max_position_embeddings=16)
+    ids = rng.integers(5, 30, size=(5, 7)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[2, 4:] = 0
+    return config, {"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)}
+
+
+def run_loss(task, batch):
+    """(loss, stats, model outputs) of one single-replica step in inference mode."""
+    batch = {k: tf.constant(v) for k, v in batch.items()}
+    loss, stats = task.loss_and_stats(batch, task.denominators(batch), training=False)
+    outputs = task.model({k: batch[k] for k in modeling.ENCODER_INPUTS}, training=False)
+    return float(loss), {k: float(v) for k, v in stats.items()}, {k: v.numpy() for k, v in outputs.items()}
+
+
+def test_classification_loss_is_the_mean_cross_entropy_of_real_examples(tiny_batch):
+    config, inputs = tiny_batch
+    model, _ = models.build_task_model(config, models.TaskSpec(kind="classifier", labels=["a", "b", "c"]))
+    labels = np.array([0, 2, 1, 1, 2], np.int32)
+    real = np.array([1, 1, 1, 0, 1], np.int32)  # a padding row must not count
+    loss, stats, outputs = run_loss(finetuning.ClassificationTask(model),
+                                    dict(inputs, label_ids=labels, is_real_example=real))
+    xent = np_xent(outputs["logits"], labels)
+    assert loss == pytest.approx(xent[real == 1].mean(), rel=1e-5)
+    assert stats["weight"] == 4
+    hits = (outputs["logits"].argmax(-1) == labels)[real == 1].sum()
+    assert stats["correct"] == hits
+
+
+def test_regression_loss_is_the_mean_squared_error(tiny_batch):
+    config, inputs = tiny_batch
+    model, _ = models.build_task_model(config, models.TaskSpec(kind="regressor"))
+    scores = np.array([0.5, 4.0, 2.5, 1.0, 3.0], np.float32)
+    task = finetuning.RegressionTask(model)
+    loss, _, outputs = run_loss(task, dict(inputs, label_ids=scores))
+    assert loss == pytest.approx(np.mean((outputs["score"].astype(np.float64) - scores) ** 2), rel=1e-5)
+    assert "accuracy" not in task.metrics({"loss": 1.0, "loss_sum": 1.0, "weight": 1.0, "correct": 0.0}, 1)
+
+
+def test_span_loss_is_the_mean_of_start_and_end_cross_entropy(tiny_batch):
+    config, inputs = tiny_batch
+    model, _ = models.build_task_model(config, models.TaskSpec(kind="squad", max_seq_length=7, max_query_length=2))
+    starts, ends = np.array([0, 3, 2, 5, 1], np.int32), np.array([0, 4, 2, 6, 3], np.int32)
+    loss, _, outputs = run_loss(finetuning.SpanTask(model), dict(inputs, start_positions=starts, end_positions=ends))
+    expected = (np_xent(outputs["start_logits"], starts).mean() + np_xent(outputs["end_logits"], ends).mean()) / 2
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_token_loss_ignores_ignore_label(tiny_batch):
+    config, inputs = tiny_batch
+    model, _ = models.build_task_model(config, models.TaskSpec(kind="ner", labels=["O", "B-X", "I-X"]))
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 3, size=(5, 7)).astype(np.int32)
+    labels[:, 0] = ner.IGNORE_LABEL
+    labels[rng.random((5, 7)) < 0.3] = ner.IGNORE_LABEL
+    task = finetuning.TokenClassificationTask(model)
+    loss, stats, outputs = run_loss(task, dict(inputs, label_ids=labels))
+    scored = labels != ner.IGNORE_LABEL
+    xent = np_xent(outputs["logits"], np.where(scored, labels, 0))
+    assert loss == pytest.approx(xent[scored].mean(), rel=1e-5)
+    assert stats["weight"] == scored.sum()
+    # The per-example sums used for eval_loss add up to the same mean.
+    per_example = task.predict_step({k: tf.constant(v) for k, v in dict(
+        inputs, label_ids=labels, example_index=np.arange(5, dtype=np.int32)).items()}, has_labels=True)
+    np.testing.assert_allclose(per_example["example_loss"].numpy(), (xent * scored).sum(-1), rtol=1e-5)
+    np.testing.assert_array_equal(per_example["predicted_ids"].numpy(), outputs["logits"].argmax(-1))
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+# ----------------------------------------------------------------------------------------------
+
+
+def test_predict_puts_padded_batches_back_in_row_order(demo, tmp_path):
+    args = finetuning.FinetuneArgs(output_dir=str(tmp_path / "out"), init_checkpoint=demo["model_dir"], do_eval=True,
+                                   max_seq_length=12)
+    source = finetuning.resolve_model_source(args)
+    spec = models.TaskSpec(kind="classifier", labels=["0", "1"], max_seq_length=12)
+    tuner = finetuning.Finetuner(args, tf.distribute.get_strategy(), source, spec)
+    assert tuner.start() is None  # nothing to resume; the encoder comes from the model dir
+    np.testing.assert_array_equal(tuner.encoder.weights[0].numpy(),
+                                  modeling.load_encoder(demo["model_dir"]).weights[0].numpy())
+    rng = np.random.default_rng(0)
+    features = {"input_ids": rng.integers(5, 20, size=(7, 12)).astype(np.int32),
+                "input_mask": np.ones((7, 12), np.int32), "segment_ids": np.zeros((7, 12), np.int32),
+                "label_ids": rng.integers(0, 2, size=7).astype(np.int32)}
+    outputs = tuner.predict(features, batch_size=4, has_labels=True)  # 2 batches, the second one padded
+    direct = tuner.model({"input_word_ids": features["input_ids"], "input_mask": features["input_mask"],
+                          "input_type_ids": features["segment_ids"]}, training=False)["logits"].numpy()
+    np.testing.assert_allclose(outputs["logits"], direct, rtol=1e-5, atol=1e-6)
+    assert finetuning.mean_loss(outputs) == pytest.approx(np_xent(direct, features["label_ids"]).mean(), rel=1e-5)
+    # Without --do_train nothing is written: the output dir is not a half model directory.
+    assert not os.path.exists(os.path.join(args.output_dir, models.TASK_FILE))
+
+
+def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path):
+    output_dir = str(tmp_path / "sst2")
+    args = run_classifier.ClassifierArgs(task_name="sst2", data_dir=demo["glue_dir"], init_checkpoint=demo["model_dir"],
+                                         output_dir=output_dir, do_train=True, do_eval=True, seed=1, **DEMO_TRAINING)
+    before = run_classifier.run(run_classifier.ClassifierArgs(
+        **dict(vars(args), do_train=False, output_dir=str(tmp_path / "untrained")))).eval_results
+    result = run_classifier.run(args)
+    assert result.step == 125  # int(400 / 32 * 10)
+    assert before["eval_accuracy"] < 0.8
+    assert result.eval_results["eval_accuracy"] >= 0.95
+    assert result.eval_results["eval_loss"] < before["eval_loss"]
+    # The output directory is a fine-tuned model directory that loads on its own.
+    model, _, _, spec = models.load_task_model(output_dir)
+    assert (spec.kind, spec.labels, spec.max_seq_length, spec.is_pair, spec.task_name) == \
+        ("classifier", ["0", "1"], 24, False, "sst2")
+    np.testing.assert_array_equal(model.get_layer("classifier_head").kernel.numpy(),
+                                  result.finetuner.model.get_layer("classifier_head").kernel.numpy())
+    # Rerunning the finished command resumes from its checkpoint: no step is trained again.
+    rerun = run_classifier.run(args)
+    assert rerun.step == 125 and rerun.train_metrics == {}
+    assert rerun.eval_results == pytest.approx(result.eval_results)

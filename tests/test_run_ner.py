@@ -1,0 +1,123 @@
+"""python -m bert_tf.run_ner end to end on small CoNLL files: learning, predictions, bad input."""
+
+import os
+import random
+
+import pytest
+
+from bert_tf import io_utils, run_ner, tasks
+from bert_tf.tasks import models, ner
+from test_finetuning import write_tiny_model_dir, write_vocab
+
+FIRST_NAMES = ["alice", "bob", "carol", "dave", "erin", "frank"]
+LAST_NAMES = ["smith", "jones", "brown", "miller"]
+CITIES = ["paris", "berlin", "tokyo", "lima", "oslo", "cairo"]
+TEMPLATES = [
+    "{per} lives in {loc} .",
+    "yesterday {per} flew to {loc} with friends .",
+    "in {loc} , {per} met the mayor .",
+    "the weather in {loc} was nice .",
+    "{per} said hello .",
+]
+
+
+def conll_sentence(rng):
+    """(words, BIO tags) of one templated sentence: one- or two-word people, one-word places."""
+    words, tags = [], []
+    template = rng.choice(TEMPLATES)
+    for slot in template.split():
+        if slot == "{per}":
+            name = [rng.choice(FIRST_NAMES)] + ([rng.choice(LAST_NAMES)] if rng.random() < 0.5 else [])
+            words += name
+            tags += ["B-PER"] + ["I-PER"] * (len(name) - 1)
+        elif slot == "{loc}":
+            words.append(rng.choice(CITIES))
+            tags.append("B-LOC")
+        else:
+            words.append(slot)
+            tags.append("O")
+    return words, tags
+
+
+def write_conll(path, sentences, iob1=False):
+    """A CoNLL-2003 file: -DOCSTART-, then `word POS chunk tag` lines and blank lines between sentences."""
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for words, tags in sentences:
+        if iob1:  # CoNLL-2003's own scheme: an entity starts with I- unless it follows one of its type
+            tags = ["I-" + t[2:] if t.startswith("B-") else t for t in tags]
+        lines += [f"{w} NN O {t}" for w, t in zip(words, tags)] + [""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def conll(tmp_path_factory):
+    """train.txt (BIO), dev.txt (IOB1), test.txt (one sentence longer than max_seq_length) and a model dir."""
+    root = tmp_path_factory.mktemp("ner")
+    rng = random.Random(7)
+    data_dir = root / "data"
+    data_dir.mkdir()
+    write_conll(data_dir / "train.txt", [conll_sentence(rng) for _ in range(160)])
+    write_conll(data_dir / "dev.txt", [conll_sentence(rng) for _ in range(40)], iob1=True)
+    test = [conll_sentence(rng) for _ in range(9)]
+    test.append((["bob"] + ["hello"] * 40 + ["oslo"], ["B-PER"] + ["O"] * 40 + ["B-LOC"]))
+    write_conll(data_dir / "test.txt", test)
+    words = FIRST_NAMES + LAST_NAMES + CITIES + [w for t in TEMPLATES for w in t.split() if "{" not in w]
+    vocab_file = write_vocab(str(root / "vocab.txt"), [" ".join(words)])
+    return {"data_dir": str(data_dir), "model_dir": write_tiny_model_dir(root / "pretrained", vocab_file)}
+
+
+def read_conll_columns(path):
+    """The `token gold predicted` rows of a predictions file, sentences as lists."""
+    sentences, current = [], []
+    for line in open(path):
+        if line.strip():
+            current.append(line.split())
+        elif current:
+            sentences.append(current)
+            current = []
+    return sentences
+
+
+@pytest.mark.slow
+def test_ner_learns_entities_and_writes_conll_predictions(conll, tmp_path):
+    output_dir = str(tmp_path / "out")
+    result = run_ner.run(run_ner.NerArgs(
+        data_dir=conll["data_dir"], init_checkpoint=conll["model_dir"], output_dir=output_dir, do_train=True,
+        do_eval=True, do_predict=True, max_seq_length=24, train_batch_size=16, eval_batch_size=16,
+        predict_batch_size=8, learning_rate=2e-3, num_train_epochs=8, steps_per_loop=20, seed=3))
+    assert result.step == 80
+    scores = result.eval_results
+    # Entity-level F1 (conlleval) on the IOB1 dev file: people of one or two words and places.
+    assert scores["eval_f1"] >= 0.9, scores
+    assert scores["eval_gold_entities"] > 40
+
+    spec = models.read_task_spec(output_dir)
+    assert (spec.kind, spec.labels, spec.max_seq_length) == ("ner", ["O", "B-LOC", "B-PER", "I-PER"], 24)
+    with open(os.path.join(output_dir, "eval_results.txt")) as f:
+        written = dict(line.strip().split(" = ") for line in f)
+    assert float(written["eval_f1"]) == pytest.approx(scores["eval_f1"])
+
+    dev = read_conll_columns(os.path.join(output_dir, "eval_predictions.txt"))
+    gold = ner.read_conll(os.path.join(conll["data_dir"], "dev.txt"))
+    assert len(dev) == len(gold) == 40
+    assert [[row[1] for row in s] for s in dev] == [s.tags for s in gold]  # gold in BIO after IOB1 reading
+    predicted = [[row[2] for row in s] for s in dev]
+    assert ner.entity_scores([s.tags for s in gold], predicted)["f1"] == pytest.approx(scores["eval_f1"])
+
+    test = read_conll_columns(os.path.join(output_dir, "test_predictions.txt"))
+    assert len(test) == 10
+    long_sentence = test[-1]
+    assert len(long_sentence) == 42  # every word written back, the ones past max_seq_length tagged O
+    assert long_sentence[0][2] == "B-PER" and long_sentence[-1][2] == "O"
+
+
+def test_missing_dev_file_and_unseen_dev_tag_are_clear_errors(conll, tmp_path):
+    base = dict(init_checkpoint=conll["model_dir"], output_dir=str(tmp_path / "out"), max_seq_length=24)
+    with pytest.raises(io_utils.UsageError, match="split file not found: .*nowhere/dev.txt"):
+        run_ner.run(run_ner.NerArgs(data_dir=str(tmp_path / "nowhere"), do_eval=True, **base))
+    train = write_conll(tmp_path / "train.txt", [(["bob", "ran"], ["B-PER", "O"])])
+    dev = write_conll(tmp_path / "dev.txt", [(["bob", "ran"], ["B-PER", "O"]), (["acme", "won"], ["B-ORG", "O"])])
+    with pytest.raises(tasks.DataFormatError, match=r"dev\.txt:6: tag 'B-ORG' .* never seen in training"):
+        run_ner.run(run_ner.NerArgs(train_file=str(train), dev_file=str(dev), do_train=True, do_eval=True, **base))
