@@ -34,7 +34,6 @@ from absl import logging
 from bert_tf import checkpoints, distribution, io_utils, modeling, optimization, tasks, tokenization, training
 from bert_tf.tasks import models, ner
 
-MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 EXAMPLE_INDEX = "example_index"  # Added to eval/predict batches so outputs can be put back in order.
 
 
@@ -235,9 +234,9 @@ def validate_args(args):
         raise io_utils.UsageError("at least one of --do_train, --do_eval and --do_predict must be set")
     if not args.output_dir:
         raise io_utils.UsageError("--output_dir is required")
-    if args.mixed_precision not in MIXED_PRECISION_POLICIES:
+    if args.mixed_precision not in training.MIXED_PRECISION_POLICIES:
         raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
-                                  f"{', '.join(MIXED_PRECISION_POLICIES)}")
+                                  f"{', '.join(training.MIXED_PRECISION_POLICIES)}")
     for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "predict_batch_size",
                  "steps_per_loop", "save_checkpoints_steps"):
         if getattr(args, name) <= 0:
@@ -261,13 +260,6 @@ def make_strategy(args):
     return strategy
 
 
-def is_model_dir(path):
-    """Whether `path` is one of our model directories (bert_config.json + a TF2 object checkpoint)."""
-    return bool(path) and (tf.io.gfile.isdir(path)
-                           and tf.io.gfile.exists(os.path.join(path, modeling.CONFIG_FILE))
-                           and tf.train.latest_checkpoint(path) is not None)
-
-
 @dataclasses.dataclass
 class ModelSource:
     """Where the weights come from: the config, the vocab, and the init checkpoint's kind and task."""
@@ -289,7 +281,7 @@ def resolve_model_source(args):
     init = args.init_checkpoint
     init_spec = None
     overrides = {} if args.do_lower_case is None else {"do_lower_case": bool(args.do_lower_case)}
-    if is_model_dir(init):
+    if modeling.is_model_dir(init):
         config = modeling.load_config(init)
         if overrides and overrides["do_lower_case"] != config.do_lower_case:
             raise io_utils.UsageError(
@@ -335,22 +327,13 @@ def resolve_model_source(args):
         raise io_utils.UsageError(f"--max_seq_length={args.max_seq_length} exceeds the model's "
                                   f"max_position_embeddings={config.max_position_embeddings}")
     existing = os.path.join(args.output_dir, modeling.CONFIG_FILE)
-    if is_model_dir(args.output_dir) and tf.io.gfile.exists(existing):
+    if modeling.is_model_dir(args.output_dir) and tf.io.gfile.exists(existing):
         previous = modeling.BertConfig.from_json_file(existing)
         if previous != config:
             raise io_utils.UsageError(f"--output_dir={args.output_dir} holds a run with another model config; "
                                       "use a new --output_dir")
     return ModelSource(config=config, vocab_file=vocab_file, init_checkpoint=init, init_is_model_dir=is_dir,
                        init_spec=init_spec)
-
-
-def checkpoint_root_children(prefix):
-    """The names of the root objects of a TF2 object checkpoint (encoder, model, optimizer, ...)."""
-    from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=import-outside-toplevel
-
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {child.local_name for child in graph.nodes[0].children}
 
 
 def same_head(a, b):
@@ -367,7 +350,7 @@ def load_initial_weights(source, encoder, model=None, spec=None):
     if source.init_is_model_dir:
         prefix = tf.train.latest_checkpoint(init)
         objects = {"encoder": encoder}
-        if model is not None and same_head(source.init_spec, spec) and "model" in checkpoint_root_children(prefix):
+        if model is not None and same_head(source.init_spec, spec) and "model" in modeling.checkpoint_root_children(prefix):
             objects["model"] = model
         elif source.init_spec is not None:
             logging.warning("%s was fine-tuned for another head (%s); only its encoder is used",
@@ -428,7 +411,7 @@ class Finetuner:
         self.source = source
         self.spec = spec
         self.num_train_steps = int(train_steps)
-        keras.mixed_precision.set_global_policy(MIXED_PRECISION_POLICIES[args.mixed_precision])
+        keras.mixed_precision.set_global_policy(training.MIXED_PRECISION_POLICIES[args.mixed_precision])
         keras.utils.set_random_seed(args.seed)
         warmup_steps = int(self.num_train_steps * args.warmup_proportion)
         with strategy.scope():
@@ -616,7 +599,7 @@ def define_common_flags(flags_module, defaults=None):
     f.DEFINE_string("tpu", d.tpu, "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
     f.DEFINE_integer("num_cpu_replicas", d.num_cpu_replicas,
                      "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
-    f.DEFINE_enum("mixed_precision", d.mixed_precision, list(MIXED_PRECISION_POLICIES),
+    f.DEFINE_enum("mixed_precision", d.mixed_precision, list(training.MIXED_PRECISION_POLICIES),
                   "Compute dtype; float16 adds dynamic loss scaling.")
     f.DEFINE_bool("jit_compile", d.jit_compile, "XLA-compile the forward and backward pass.")
     f.DEFINE_integer("seed", d.seed, "Seeds the head's weights, dropout and the input order.")

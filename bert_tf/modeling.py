@@ -318,6 +318,13 @@ def load_config(model_dir):
     return BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE))
 
 
+def is_model_dir(path):
+    """Whether `path` is one of our model directories (bert_config.json + a TF2 object checkpoint)."""
+    return bool(path) and (tf.io.gfile.isdir(path)
+                           and tf.io.gfile.exists(os.path.join(path, CONFIG_FILE))
+                           and tf.train.latest_checkpoint(path) is not None)
+
+
 def checkpoint_root_children(checkpoint_prefix):
     """The names of the root objects of a TF2 object checkpoint (e.g. encoder, pretraining_model).
 

@@ -25,7 +25,6 @@ from absl import flags, logging
 from bert_tf import checkpoints, cli, distribution, input_pipeline, io_utils, modeling, optimization, tokenization, training
 
 MODEL_INPUTS = ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions")
-MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 class PretrainingTask(training.Task):
@@ -127,9 +126,9 @@ def _validate(args):
         raise io_utils.UsageError("at least one of --do_train and --do_eval must be set")
     if not args.output_dir:
         raise io_utils.UsageError("--output_dir is required")
-    if args.mixed_precision not in MIXED_PRECISION_POLICIES:
+    if args.mixed_precision not in training.MIXED_PRECISION_POLICIES:
         raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
-                                  f"{', '.join(MIXED_PRECISION_POLICIES)}")
+                                  f"{', '.join(training.MIXED_PRECISION_POLICIES)}")
     if args.optimizer not in optimization.OPTIMIZERS:
         raise io_utils.UsageError(f"--optimizer={args.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}")
     if args.bert_config_file and args.model_size:
@@ -145,12 +144,6 @@ def _validate(args):
                                  init_checkpoint=args.init_checkpoint)
 
 
-def _is_model_dir(path):
-    """Whether `path` is one of our model directories (bert_config.json + a TF2 object checkpoint)."""
-    return (tf.io.gfile.isdir(path) and tf.io.gfile.exists(os.path.join(path, modeling.CONFIG_FILE))
-            and tf.train.latest_checkpoint(path) is not None)
-
-
 def _resolve_config(args):
     """(BertConfig, vocab file) from --bert_config_file, --model_size, --init_checkpoint or --output_dir."""
     vocab_file = args.vocab_file
@@ -162,7 +155,7 @@ def _resolve_config(args):
         config = modeling.BertConfig.from_size(args.model_size, len(_load_vocab(vocab_file)),
                                                do_lower_case=args.do_lower_case)
     else:
-        source = next((d for d in (args.output_dir, args.init_checkpoint) if d and _is_model_dir(d)), None)
+        source = next((d for d in (args.output_dir, args.init_checkpoint) if d and modeling.is_model_dir(d)), None)
         if source is None:
             raise io_utils.UsageError("give --bert_config_file or --model_size (or an --init_checkpoint model directory)")
         config = modeling.load_config(source)
@@ -204,7 +197,7 @@ def _write_model_dir_files(output_dir, config, vocab_file):
 
 def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers):
     """Weights only, from a model directory or an original Google checkpoint (prefix or directory)."""
-    if _is_model_dir(init_checkpoint):
+    if modeling.is_model_dir(init_checkpoint):
         prefix = tf.train.latest_checkpoint(init_checkpoint)
         objects = {"encoder": encoder}
         if "pretraining_model" in modeling.checkpoint_root_children(prefix):
@@ -243,7 +236,7 @@ def run(args):
             raise io_utils.UsageError(f"--{name}={batch} is not divisible by the {strategy.num_replicas_in_sync} replicas")
     config, vocab_file = _resolve_config(args)
 
-    keras.mixed_precision.set_global_policy(MIXED_PRECISION_POLICIES[args.mixed_precision])
+    keras.mixed_precision.set_global_policy(training.MIXED_PRECISION_POLICIES[args.mixed_precision])
     keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         pretraining_model, encoder = modeling.build_pretraining_model(config)
@@ -342,7 +335,7 @@ def define_flags():
     flags.DEFINE_string("tpu", "", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
     flags.DEFINE_integer("num_cpu_replicas", 0,
                          "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
-    flags.DEFINE_enum("mixed_precision", "none", list(MIXED_PRECISION_POLICIES),
+    flags.DEFINE_enum("mixed_precision", "none", list(training.MIXED_PRECISION_POLICIES),
                       "Compute dtype; float16 adds dynamic loss scaling.")
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the forward and backward pass.")
     flags.DEFINE_integer("seed", defaults.seed, "Seeds weights, dropout and the input order.")

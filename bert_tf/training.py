@@ -44,6 +44,8 @@ from bert_tf import io_utils
 from bert_tf.distribution import is_chief
 
 CHECKPOINT_NAME = "ckpt"
+# --mixed_precision values and the Keras dtype policies they set.
+MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 INITIAL_LOSS_SCALE = 2.0 ** 15
 LOSS_SCALE_GROWTH_INTERVAL = 2000
 
