@@ -37,3 +37,27 @@ def log_flags(output_dir, job_name):
     with atomic_path(path) as tmp:
         flags.FLAGS.append_flags_into_file(tmp)
     logging.info("flags written to %s", path)
+
+
+def define_loop_flags(defaults):
+    """Defines the training-loop flags that run_pretraining and the fine-tuning CLIs share.
+
+    `defaults` is the job's args dataclass instance; its fields of the same names give the defaults.
+    """
+    from bert_tf import distribution, training  # pylint: disable=import-outside-toplevel
+
+    d = defaults
+    flags.DEFINE_float("weight_decay", d.weight_decay, "Decoupled weight decay (LayerNorm and biases excluded).")
+    flags.DEFINE_float("clip_norm", d.clip_norm, "Clip the summed gradients to this global norm (0: off).")
+    flags.DEFINE_integer("steps_per_loop", d.steps_per_loop,
+                         "Training steps inside one tf.function call (one progress line and summary per loop).")
+    flags.DEFINE_integer("save_checkpoints_steps", d.save_checkpoints_steps, "How often to save a checkpoint.")
+    flags.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max, "How many checkpoints to keep.")
+    flags.DEFINE_enum("strategy", d.strategy, list(distribution.STRATEGIES), "The tf.distribute strategy.")
+    flags.DEFINE_string("tpu", d.tpu, "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
+    flags.DEFINE_integer("num_cpu_replicas", d.num_cpu_replicas,
+                         "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
+    flags.DEFINE_enum("mixed_precision", d.mixed_precision, list(training.MIXED_PRECISION_POLICIES),
+                      "Compute dtype; float16 adds dynamic loss scaling.")
+    flags.DEFINE_bool("jit_compile", d.jit_compile, "XLA-compile the forward and backward pass.")
+    flags.DEFINE_integer("seed", d.seed, "Seeds the weights, dropout and the input order.")

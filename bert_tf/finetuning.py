@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import checkpoints, distribution, io_utils, modeling, optimization, tasks, tokenization, training
+from bert_tf import checkpoints, cli, distribution, io_utils, modeling, optimization, tasks, tokenization, training
 from bert_tf.tasks import models, ner
 
 EXAMPLE_INDEX = "example_index"  # Added to eval/predict batches so outputs can be put back in order.
@@ -589,20 +589,7 @@ def define_common_flags(flags_module, defaults=None):
     f.DEFINE_float("num_train_epochs", d.num_train_epochs, "Total number of training epochs to perform.")
     f.DEFINE_float("warmup_proportion", d.warmup_proportion,
                    "Proportion of training to perform linear learning rate warmup for. E.g., 0.1 = 10% of training.")
-    f.DEFINE_float("weight_decay", d.weight_decay, "Decoupled weight decay (LayerNorm and biases excluded).")
-    f.DEFINE_float("clip_norm", d.clip_norm, "Clip the summed gradients to this global norm (0: off).")
-    f.DEFINE_integer("steps_per_loop", d.steps_per_loop,
-                     "Training steps inside one tf.function call (one progress line and summary per loop).")
-    f.DEFINE_integer("save_checkpoints_steps", d.save_checkpoints_steps, "How often to save the model checkpoint.")
-    f.DEFINE_integer("keep_checkpoint_max", d.keep_checkpoint_max, "How many checkpoints to keep.")
-    f.DEFINE_enum("strategy", d.strategy, list(distribution.STRATEGIES), "The tf.distribute strategy.")
-    f.DEFINE_string("tpu", d.tpu, "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
-    f.DEFINE_integer("num_cpu_replicas", d.num_cpu_replicas,
-                     "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
-    f.DEFINE_enum("mixed_precision", d.mixed_precision, list(training.MIXED_PRECISION_POLICIES),
-                  "Compute dtype; float16 adds dynamic loss scaling.")
-    f.DEFINE_bool("jit_compile", d.jit_compile, "XLA-compile the forward and backward pass.")
-    f.DEFINE_integer("seed", d.seed, "Seeds the head's weights, dropout and the input order.")
+    cli.define_loop_flags(d)
 
 
 def args_from_flags(args_class, flag_values):

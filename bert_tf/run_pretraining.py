@@ -322,23 +322,10 @@ def define_flags():
     flags.DEFINE_integer("num_train_steps", defaults.num_train_steps, "Number of training steps.")
     flags.DEFINE_integer("num_warmup_steps", defaults.num_warmup_steps, "Number of linear warmup steps.")
     flags.DEFINE_integer("max_eval_steps", defaults.max_eval_steps, "Maximum number of eval steps.")
-    flags.DEFINE_integer("save_checkpoints_steps", defaults.save_checkpoints_steps, "How often to save a checkpoint.")
-    flags.DEFINE_integer("steps_per_loop", defaults.steps_per_loop,
-                         "Training steps inside one tf.function call (one progress line and summary per loop).")
-    flags.DEFINE_integer("keep_checkpoint_max", defaults.keep_checkpoint_max, "How many checkpoints to keep.")
     flags.DEFINE_float("learning_rate", defaults.learning_rate, "The peak learning rate.")
     flags.DEFINE_enum("optimizer", defaults.optimizer, list(optimization.OPTIMIZERS),
                       "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.")
-    flags.DEFINE_float("weight_decay", defaults.weight_decay, "Decoupled weight decay (LayerNorm and biases excluded).")
-    flags.DEFINE_float("clip_norm", defaults.clip_norm, "Clip the summed gradients to this global norm (0: off).")
-    flags.DEFINE_enum("strategy", defaults.strategy, list(distribution.STRATEGIES), "The tf.distribute strategy.")
-    flags.DEFINE_string("tpu", "", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
-    flags.DEFINE_integer("num_cpu_replicas", 0,
-                         "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices.")
-    flags.DEFINE_enum("mixed_precision", "none", list(training.MIXED_PRECISION_POLICIES),
-                      "Compute dtype; float16 adds dynamic loss scaling.")
-    flags.DEFINE_bool("jit_compile", False, "XLA-compile the forward and backward pass.")
-    flags.DEFINE_integer("seed", defaults.seed, "Seeds weights, dropout and the input order.")
+    cli.define_loop_flags(defaults)
     flags.DEFINE_bool("dynamic_masking", False, "Re-mask every batch on the fly (RoBERTa-style) instead of "
                       "using the records' fixed masks.")
 
