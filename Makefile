@@ -37,7 +37,14 @@ demo: $(STAMP)
 	  --do_lower_case=true --do_train --do_eval --train_batch_size=32 --eval_batch_size=32 \
 	  --max_seq_length=128 --max_predictions_per_seq=20 --num_train_steps=300 \
 	  --num_warmup_steps=30 --steps_per_loop=50 --save_checkpoints_steps=100 \
-	  --max_eval_steps=20 --learning_rate=1e-3
+	  --max_eval_steps=20 --learning_rate=2e-4
+	$(PY) -c "from bert_tf.tasks.classification import write_demo_glue_dir; write_demo_glue_dir('$(DEMO_DIR)/glue')"
+	$(PY) -m bert_tf.run_classifier --task_name=sst2 --data_dir=$(DEMO_DIR)/glue \
+	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/classifier \
+	  --do_train --do_eval --do_predict --max_seq_length=24 --train_batch_size=32 \
+	  --learning_rate=1e-3 --num_train_epochs=10
+	cat $(DEMO_DIR)/classifier/eval_results.txt
+	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/classifier --export_dir=$(DEMO_DIR)/export/demo_sst2
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
