@@ -2,9 +2,15 @@
 
 Runs the real CLI (`python -m bert_tf.create_pretraining_data`, all cores by default) on the embedded
 corpus repeated to each size, at seq 128, dupe_factor=5, with the real uncased vocabulary, and
-prints a markdown table. The peer is the original BERT script, measured on this machine at
-0.13 MB of text per second (one core; 910 MB peak RSS on a 4 MB corpus): it is not installed, so its
-number is a constant here.
+prints a markdown table.
+
+The peer is the original BERT `create_pretraining_data.py`, run in the same invocation on the
+smallest corpus with the same flags (it holds everything in memory, so only there, under a time
+cap). Its source is not part of this repository: place google-research/bert's
+`create_pretraining_data.py` and `tokenization.py` in benchmarks/out/original/ (git-ignored). This
+script then writes a small runner beside them that maps TF1's `tf.flags`, `tf.gfile`,
+`tf.logging`, `tf.python_io` and `tf.app` onto `tensorflow.compat.v1`. Without those files the
+peer's figure is the one recorded earlier on this machine (0.13 MB/s, marked "recorded").
 
 Peak memory is sampled every 0.2 s over the whole process tree: "RSS" sums each process's RSS (so the
 TensorFlow libraries that the processes share are counted once per process), "PSS" shares them out
@@ -27,7 +33,17 @@ import psutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-ORIGINAL_MB_PER_SECOND = 0.13
+RECORDED_ORIGINAL_MB_PER_SECOND = 0.13
+ORIGINAL_DIR = os.path.join(REPO, "benchmarks", "out", "original")
+# The original only runs under TensorFlow 1 names; this maps them onto tf.compat.v1.
+ORIGINAL_RUNNER = """\
+import runpy, sys
+import tensorflow.compat.v1 as tf_v1
+sys.modules["tensorflow"] = tf_v1  # `import tensorflow as tf` in the original gets the TF1 API
+sys.path.insert(0, {directory!r})
+sys.argv[0] = "create_pretraining_data.py"
+runpy.run_path({script!r}, run_name="__main__")
+"""
 
 
 def vocab_file():
@@ -86,53 +102,105 @@ class TreeMemory:
         self._thread.join()
 
 
-def run_once(corpus_path, out_dir, num_workers):
-    """Runs the CLI once; returns (seconds, summary dict, peak RSS bytes, peak PSS bytes)."""
-    output_dir = os.path.join(out_dir, "records")
-    shutil.rmtree(output_dir, ignore_errors=True)
-    command = [sys.executable, "-m", "bert_tf.create_pretraining_data", f"--input_file={corpus_path}",
-               f"--vocab_file={vocab_file()}", f"--output_dir={output_dir}", "--num_shards=4",
-               "--max_seq_length=128", "--max_predictions_per_seq=20", "--dupe_factor=5",
-               f"--num_workers={num_workers}"]
+COMMON_FLAGS = ["--max_seq_length=128", "--max_predictions_per_seq=20", "--dupe_factor=5",
+                "--random_seed=12345", "--do_lower_case=true"]
+
+
+def measure(command, timeout=None):
+    """Runs `command`; returns (seconds, peak tree RSS, peak tree PSS, stderr), or None on timeout."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
     start = time.time()
     process = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     memory = TreeMemory(process.pid)
-    _, stderr = process.communicate()
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        memory.stop()
+        return None
     seconds = time.time() - start
     memory.stop()
     if process.returncode != 0:
-        raise SystemExit(f"create_pretraining_data failed:\n{stderr[-4000:]}")
+        raise SystemExit(f"{command[:3]} failed:\n{stderr[-4000:]}")
+    return seconds, memory.peak_rss, memory.peak_pss, stderr
+
+
+def run_ours(corpus_path, out_dir, num_workers):
+    """Runs our CLI once; returns (seconds, summary dict, peak RSS bytes, peak PSS bytes)."""
+    output_dir = os.path.join(out_dir, "records")
+    shutil.rmtree(output_dir, ignore_errors=True)
+    command = [sys.executable, "-m", "bert_tf.create_pretraining_data", f"--input_file={corpus_path}",
+               f"--vocab_file={vocab_file()}", f"--output_dir={output_dir}", "--num_shards=4",
+               f"--num_workers={num_workers}", *COMMON_FLAGS]
+    seconds, rss, pss, _ = measure(command)
     with open(os.path.join(output_dir, "summary.json")) as f:
         summary = json.load(f)
     shutil.rmtree(output_dir, ignore_errors=True)  # ~15 MB of records per MB of text
-    return seconds, summary, memory.peak_rss, memory.peak_pss
+    return seconds, summary, rss, pss
+
+
+def run_original(corpus_path, out_dir, timeout):
+    """Runs the original script once; returns (seconds, instances, peak RSS, peak PSS), or None
+    when its source is not in ORIGINAL_DIR or it ran past `timeout` seconds."""
+    script = os.path.join(ORIGINAL_DIR, "create_pretraining_data.py")
+    if not (os.path.exists(script) and os.path.exists(os.path.join(ORIGINAL_DIR, "tokenization.py"))):
+        return None
+    runner = os.path.join(ORIGINAL_DIR, "run_original.py")
+    with open(runner, "w") as f:
+        f.write(ORIGINAL_RUNNER.format(directory=ORIGINAL_DIR, script=script))
+    output = os.path.join(out_dir, "original.tfrecord")
+    command = [sys.executable, runner, f"--input_file={corpus_path}", f"--output_file={output}",
+               f"--vocab_file={vocab_file()}", *COMMON_FLAGS]
+    result = measure(command, timeout=timeout)
+    if result is None:
+        return None
+    seconds, rss, pss, stderr = result
+    instances = int(stderr.rsplit("Wrote ", 1)[1].split()[0])
+    os.remove(output)
+    return seconds, instances, rss, pss
 
 
 def main():
-    """Parses arguments, runs each size once, prints the table."""
+    """Parses arguments, runs the original on the smallest corpus and ours on each, prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100", help="corpus sizes in MB, comma-separated")
     parser.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--original_timeout", type=float, default=900,
+                        help="seconds before the original's run is abandoned")
+    parser.add_argument("--skip_original", action="store_true")
     parser.add_argument("--out_dir", default=os.path.join(REPO, "benchmarks", "out", "pretraining_data"))
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    load_before = os.getloadavg()
 
     rows = []
-    for megabytes in [int(s) for s in args.sizes.split(",") if s.strip()]:
+    original_rate, original_note = RECORDED_ORIGINAL_MB_PER_SECOND, "recorded earlier, not run"
+    corpus_path = build_corpus(args.out_dir, min(sizes))
+    mb = os.path.getsize(corpus_path) / 1e6
+    original = None if args.skip_original else run_original(corpus_path, args.out_dir, args.original_timeout)
+    if original is not None:
+        seconds, instances, rss, pss = original
+        original_rate, original_note = mb / seconds, "measured in this run"
+        rows.append((f"original BERT script, {mb:.1f}", 1, f"{seconds:.1f}", f"{original_rate:.3f}",
+                     f"{instances / seconds:,.0f}", f"{rss / 2**20:,.0f}", f"{pss / 2**20:,.0f}", "1.0x"))
+    for megabytes in sizes:
         corpus_path = build_corpus(args.out_dir, megabytes)
         mb = os.path.getsize(corpus_path) / 1e6
-        seconds, summary, rss, pss = run_once(corpus_path, args.out_dir, args.num_workers)
+        seconds, summary, rss, pss = run_ours(corpus_path, args.out_dir, args.num_workers)
         rate = mb / seconds
-        rows.append((f"{mb:.1f}", args.num_workers, f"{seconds:.1f}", f"{rate:.2f}",
+        rows.append((f"bert_tf, {mb:.1f}", args.num_workers, f"{seconds:.1f}", f"{rate:.3f}",
                      f"{summary['instances'] / seconds:,.0f}", f"{rss / 2**20:,.0f}", f"{pss / 2**20:,.0f}",
-                     f"{rate / ORIGINAL_MB_PER_SECOND:.1f}x"))
+                     f"{rate / original_rate:.1f}x"))
+    load_after = os.getloadavg()
 
-    print(f"create_pretraining_data, seq 128, dupe_factor=5, real uncased vocab, {os.cpu_count()} cores "
-          f"(original BERT script: {ORIGINAL_MB_PER_SECOND} MB/s, one core)\n")
-    print("| corpus MB | workers | wall s | MB/s of text | instances/s | peak RSS MiB (sum) "
-          "| peak PSS MiB | vs original |")
+    print(f"create_pretraining_data, seq 128, dupe_factor=5, real uncased vocab, {os.cpu_count()} cores; "
+          f"original: {original_rate:.3f} MB/s ({original_note}); load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after\n")
+    print("| run, corpus MB | processes building instances | wall s | MB/s of text | instances/s "
+          "| peak RSS MiB (sum over processes) | peak PSS MiB | vs original MB/s |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(str(x) for x in row) + " |")

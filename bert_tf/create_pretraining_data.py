@@ -9,15 +9,18 @@ module plans the work, runs it in parallel and keeps it resumable:
 
   * the input is cut into work units (about 1 MiB of input each; see pretraining_data); output file
     k of N holds the units of the k-th of N equal byte ranges of the input, in order;
-  * workers (spawned processes, plus a thread of this process) turn units into part files in
-    OUTPUT_DIR/.PREFIX.work/; when all units of an output file are done, their parts are
-    concatenated into the file (temp file, then rename) and the parts are deleted;
+  * this process reads each unit and tokenizes its blocks with GraphTokenizer in one thread, and
+    writes the part files in OUTPUT_DIR/.PREFIX.work/ in another (it is the only process that
+    imports TensorFlow, which costs ~0.8 GB of RSS); --num_workers TensorFlow-free spawned
+    processes, started before TensorFlow is imported, build the blocks' masked instances and
+    serialized records with NumPy (with --num_workers=1, this process does it all). When all units of an output file are done, their parts are concatenated into the file
+    (temp file, then rename) and the parts are deleted;
   * every part and every output file gets a small JSON manifest written after its rename, carrying
     a fingerprint of everything that decides the bytes (flags, vocabulary contents, input paths,
     sizes and mtimes, output paths, format version). A rerun with the same fingerprint skips output
     files and parts whose manifest matches and whose size is as recorded, so a killed run resumes;
-  * a unit's records depend only on the input, the flags and the unit's index, so the output is
-    byte-identical whatever --num_workers is;
+  * a block's records depend only on the input, the flags and the block's place (unit index, block
+    index), so the output is byte-identical whatever --num_workers is;
   * summary.json (counts, label balance, truncations, invalid UTF-8, elapsed time) is written
     atomically beside the output, and the first records are logged readably, as the original does.
 """
@@ -31,13 +34,15 @@ import json
 import math
 import multiprocessing
 import os
+import queue
 import re
 import sys
+import threading
 import time
 
 from absl import flags, logging
 
-from bert_tf import cli, io_utils, tokenization
+from bert_tf import cli, io_utils
 from bert_tf import pretraining_data as pd
 
 FLAGS = flags.FLAGS
@@ -70,7 +75,8 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
 flags.DEFINE_float("short_seq_prob", 0.1,
                    "Probability of creating sequences which are shorter than the maximum length.")
 flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
-                     "Worker processes (this process counts as one). The output does not depend on it.")
+                     "Processes that build the instances and records (this process reads, tokenizes and "
+                     "writes). 1 runs everything in this process. The output does not depend on it.")
 flags.DEFINE_enum("compression", "none", ["none", "gzip"],
                   "Compression of the output files (gzip files are named .tfrecord.gz in --output_dir).")
 
@@ -300,38 +306,108 @@ class Progress:
         self.bar.close()
 
 
-def run_units(config, pending, num_workers, on_done):
-    """Runs `pending` units on a thread of this process plus num_workers - 1 spawned processes.
+def start_workers(num_workers, config):
+    """The worker processes (None for --num_workers=1), started now so that their start-up overlaps
+    this process's TensorFlow import. spawn: they import NumPy and this package, never TensorFlow."""
+    if num_workers < 2:
+        return None
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=num_workers, mp_context=multiprocessing.get_context("spawn"))
+    for _ in range(num_workers):
+        pool.submit(pd.warm_up_worker, config)  # the pool starts a process per job while none is idle
+    return pool
 
-    `on_done(unit, stats)` runs in this thread as each unit finishes. Units are started in index
-    order, so output files complete roughly in order and a killed run loses little.
+
+def run_units(config, vocab, pending, pool, num_workers, on_done):
+    """Runs `pending` units: reads, tokenizes and writes here; builds the records in `pool`.
+
+    `on_done(unit, stats)` runs as each unit's part file is complete, in unit order. Blocks go to
+    the workers in order and their records are written in the same order, with two blocks in flight
+    per worker. With a pool, a thread reads and tokenizes (TensorFlow's kernels release the GIL)
+    while this thread writes, so that the two halves of this process's work overlap. Without a
+    pool, this process builds the records too, one block at a time.
     """
-    pending = collections.deque(pending)
-    local = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    pool = None
-    if num_workers > 1 and len(pending) > 1:
-        # spawn: TensorFlow is not fork-safe once imported.
-        pool = concurrent.futures.ProcessPoolExecutor(
-            max_workers=num_workers - 1, mp_context=multiprocessing.get_context("spawn"))
-    slots = {local: 1, pool: 2 * (num_workers - 1)} if pool else {local: 1}
-    in_flight = {}
+    tokenize = pd.cached_array_tokenizer(config.vocab_file, config.do_lower_case)
+    local = None if pool else pd.BlockRecordBuilder(config, vocab)
+
+    def items():
+        """(unit, records or their future) per block, then (unit, reading stats) to close the unit."""
+        for unit in pending:
+            stats = collections.Counter()
+            for block_index, block in enumerate(pd.iter_unit_blocks(unit, tokenize, stats)):
+                if pool:
+                    yield unit, pool.submit(pd.build_block_records, config, unit.index, block_index, block)
+                else:
+                    yield unit, local.build(unit.index, block_index, block)
+            yield unit, stats
+
+    source = _read_ahead(items(), 2 * num_workers) if pool else items()
+    writer, unit_stats = None, collections.Counter()
     try:
-        while pending or in_flight:
-            for executor, capacity in slots.items():
-                while pending and sum(e is executor for _, e in in_flight.values()) < capacity:
-                    unit = pending.popleft()
-                    future = executor.submit(pd.process_unit, config, unit)
-                    in_flight[future] = (unit, executor)
-            done, _ = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: in_flight[f][0].index):
-                unit, _ = in_flight.pop(future)
-                on_done(unit, future.result())
+        for unit, result in source:
+            if writer is None:
+                writer = pd.PartWriter(unit.output_path, config.compression)
+            if isinstance(result, collections.Counter):  # the unit's last item
+                unit_stats.update(result)
+                unit_stats["part_bytes"] = writer.close()
+                writer = None
+                on_done(unit, dict(unit_stats))
+                unit_stats = collections.Counter()
+                continue
+            blob, lengths, stats = result.result() if pool else result
+            writer.write(blob, lengths)
+            unit_stats.update(stats)
     finally:
-        for future in in_flight:
-            future.cancel()
-        local.shutdown(wait=True, cancel_futures=True)
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if writer is not None:
+            writer.abort()
+        source.close()
+
+
+def _read_ahead(items, capacity):
+    """Yields `items`, produced by a thread that stays up to `capacity` items ahead.
+
+    Closing the generator stops the thread and cancels the futures it had queued; an exception in
+    the thread is raised here.
+    """
+    buffer = queue.Queue(maxsize=capacity)
+    stop = threading.Event()
+    end = object()
+
+    def put(item):
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put((end, None))
+        except BaseException as error:  # handed to the consumer, which raises it
+            put((end, error))
+
+    thread = threading.Thread(target=produce, name="read-and-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item[0] is end:
+                if item[1] is not None:
+                    raise item[1]
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+        while not buffer.empty():
+            _, result = buffer.get()
+            if isinstance(result, concurrent.futures.Future):
+                result.cancel()
 
 
 def log_first_examples(outputs, compression, vocab_tokens, count=EXAMPLES_TO_LOG):
@@ -340,9 +416,8 @@ def log_first_examples(outputs, compression, vocab_tokens, count=EXAMPLES_TO_LOG
 
     logged = 0
     for path in outputs:
-        dataset = tf.data.TFRecordDataset(path, compression_type="GZIP" if compression == "gzip" else "")
-        for record in dataset.take(count - logged):
-            example = tf.train.Example.FromString(record.numpy())
+        for record in pd.iter_first_records(path, compression, count - logged):
+            example = tf.train.Example.FromString(record)
             values = {name: (list(feature.int64_list.value) or list(feature.float_list.value))
                       for name, feature in example.features.feature.items()}
             logging.info("*** Example ***")
@@ -412,6 +487,12 @@ def validate_flags():
         raise io_utils.UsageError(f"--short_seq_prob must be in [0, 1], got {FLAGS.short_seq_prob}")
     if FLAGS.num_workers < 1:
         raise io_utils.UsageError(f"--num_workers must be at least 1, got {FLAGS.num_workers}")
+    if bool(FLAGS.input_file) == bool(FLAGS.input_tfds):
+        raise io_utils.UsageError("give exactly one of --input_file and --input_tfds")
+    if FLAGS.input_file:
+        io_utils.expand_globs(FLAGS.input_file)  # a pattern that matches nothing is an error now
+    if not os.path.isfile(FLAGS.vocab_file):
+        raise io_utils.UsageError(f"--vocab_file: vocabulary file not found: {FLAGS.vocab_file}")
 
 
 def main(argv):
@@ -419,10 +500,6 @@ def main(argv):
     del argv
     start = time.time()
     validate_flags()
-    try:
-        vocab = pd.VocabInfo.from_file(FLAGS.vocab_file)
-    except tokenization.VocabError as e:
-        raise io_utils.UsageError(f"--vocab_file: {e}") from e
     config = pd.GenerationConfig(
         vocab_file=os.path.abspath(FLAGS.vocab_file),
         do_lower_case=FLAGS.do_lower_case,
@@ -435,6 +512,22 @@ def main(argv):
         short_seq_prob=FLAGS.short_seq_prob,
         compression=FLAGS.compression,
     )
+    pool = start_workers(FLAGS.num_workers, config)
+    try:
+        run(pool, config, start)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run(pool, config, start):
+    """main() once the workers are starting: vocabulary, plan, units, outputs, summary."""
+    from bert_tf import tokenization  # imports TensorFlow, which this process needs for tokenizing
+
+    try:
+        vocab = pd.VocabInfo.from_file(FLAGS.vocab_file)
+    except tokenization.VocabError as e:
+        raise io_utils.UsageError(f"--vocab_file: {e}") from e
     outputs = output_paths(FLAGS.output_file, FLAGS.output_dir, FLAGS.num_shards,
                            FLAGS.output_prefix, FLAGS.compression)
     plan = make_plan(config, outputs)
@@ -489,7 +582,7 @@ def main(argv):
     progress = Progress(len(plan.units), len(plan.units) - len(pending))
     try:
         finish_ready_outputs()  # outputs whose parts all survived a killed run
-        run_units(config, pending, FLAGS.num_workers, on_done)
+        run_units(config, vocab, pending, pool, FLAGS.num_workers, on_done)
     finally:
         progress.close()
 

@@ -7,7 +7,8 @@ import json
 import os
 import tempfile
 
-import tensorflow as tf
+# TensorFlow is imported inside the functions that use tf.io.gfile, so that importing this module
+# (every CLI does) does not cost a process TensorFlow's start-up time and memory.
 
 
 class UsageError(Exception):
@@ -21,6 +22,8 @@ def atomic_path(path):
     A kill at any moment therefore leaves either the old file or the complete new one, never a
     half-written file under the final name. Works for local paths and for `gs://` via tf.io.gfile.
     """
+    import tensorflow as tf
+
     directory = os.path.dirname(path) or "."
     tf.io.gfile.makedirs(directory)
     if "://" in path:
@@ -39,6 +42,8 @@ def atomic_path(path):
 
 def atomic_write_text(path, text):
     """Writes `text` to `path` atomically."""
+    import tensorflow as tf
+
     with atomic_path(path) as tmp:
         with tf.io.gfile.GFile(tmp, "w") as f:
             f.write(text)
@@ -58,8 +63,12 @@ def expand_globs(patterns, what="input"):
     files = []
     for pattern in patterns:
         pattern = pattern.strip()
-        matches = tf.io.gfile.glob(pattern) if "://" in pattern else glob.glob(os.path.expanduser(pattern))
-        matches = [m for m in matches if not tf.io.gfile.isdir(m)]
+        if "://" in pattern:
+            import tensorflow as tf
+
+            matches = [m for m in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(m)]
+        else:
+            matches = [m for m in glob.glob(os.path.expanduser(pattern)) if not os.path.isdir(m)]
         if not matches:
             raise UsageError(f"no {what} file matches {pattern!r}")
         files.extend(sorted(matches))
@@ -71,5 +80,7 @@ def open_text(path):
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if "://" in path:
+        import tensorflow as tf
+
         return tf.io.gfile.GFile(path, "rb")
     return open(path, "rb")

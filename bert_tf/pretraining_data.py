@@ -2,7 +2,7 @@
 
 The instance algorithm is the original BERT `create_pretraining_data.py`, rule for rule, on integer
 token ids (see `InstanceBuilder`). What differs is how the corpus is cut so that the work streams,
-runs in parallel and stays deterministic:
+runs in parallel and stays deterministic, and how the per-instance work is vectorized.
 
 Work units and blocks (the streaming design)
   The original reads the whole corpus, shuffles its documents, runs `dupe_factor` passes and
@@ -15,12 +15,45 @@ Work units and blocks (the streaming design)
   text (one per unit, except when a single document is huge), and the original algorithm runs on
   each block as if the block were the whole corpus: shuffle its documents, `dupe_factor` passes
   with fresh masks, "random next" segments from the block's other documents, shuffle the block's
-  instances. A block holds about 1 MiB of text and its instances, so memory does not grow with the
-  corpus. Every unit has its own `random.Random`, seeded from (random_seed, unit index), so a unit's
-  records depend on nothing but the input, the flags and the unit index: any number of worker
-  processes gives byte-identical files.
+  instances. A block holds about 1 MiB of text and its instances are masked and serialized
+  `INSTANCE_CHUNK` at a time, so memory does not grow with the corpus. Every block has its own
+  random generators, seeded from (random_seed, unit index, block index), so a block's records
+  depend on nothing but the input and the flags: any number of worker processes gives
+  byte-identical files.
 
-What this changes statistically, against the original's whole-corpus sampling
+Who does what (memory and speed)
+  A TensorFlow process costs ~0.8 GB of RSS, so exactly one process imports TensorFlow: the one that
+  reads the input, tokenizes each block with GraphTokenizer (`tokenize_block`: about one eager call
+  per block, see make_array_tokenizer; a `Block` is a flat int32 id array plus sentence and
+  document offsets) and writes the TFRecord files. Building the records (`BlockRecordBuilder`) needs only NumPy, so it runs in
+  TensorFlow-free worker processes that receive Blocks and return serialized records. Nothing in
+  this module imports TensorFlow at import time.
+
+The random generators, and why the distributions are the original's
+  Each block uses two generators seeded from the same per-block seed:
+  * a `random.Random` for the document-level decisions that are inherently sequential (the
+    document shuffle, the target length, where A ends, random next or actual next, the random
+    document and its start sentence). These run in a Python loop that handles only (start, end)
+    offsets into the flat id array. `randint(a, b)` is drawn as `a + int(random() * (b - a + 1))`:
+    the same uniform distribution at a fraction of the cost.
+  * a NumPy `Generator` for everything that is per token or per instance, vectorized over up to
+    `INSTANCE_CHUNK` instances at once:
+    - the instance shuffle is a uniform permutation (as `random.shuffle`);
+    - truncation: which side loses each trimmed token does not depend on the coin flips (always
+      the longer, B on ties), so each side's number of trims is computed directly, and how many of
+      them come off the front is Binomial(trims, 1/2): exactly the distribution of the original's
+      sequence of independent fair coin flips;
+    - masked positions: each candidate position (not [CLS]/[SEP]) gets an independent random
+      64-bit key and the `num_to_predict` smallest keys win: a uniformly random subset, as the
+      original's full shuffle followed by taking the first ones;
+    - with whole-word masking, each word group's key is its first piece's key, which orders the
+      groups uniformly at random (the original's shuffle), then the original's greedy walk runs;
+    - the 80/10/10 split uses one uniform per position ([MASK] below 0.8, kept below 0.9, else a
+      uniform random vocabulary id): the same probabilities as the original's two coin flips.
+  The order in which randomness is consumed differs from the original (so records differ for the
+  same seed), but every distribution is the original's.
+
+What the block design changes statistically, against the original's whole-corpus sampling
   * a "random next" B comes from another document of the same ~1 MiB block (hundreds to thousands
     of documents of ordinary text), not from the whole corpus; if the corpus is sorted by topic,
     random-next pairs are somewhat closer in topic (slightly harder negatives);
@@ -29,6 +62,12 @@ What this changes statistically, against the original's whole-corpus sampling
     interleave several files and shuffle (as `run_pretraining` does) mix them further;
   * every other rule (target lengths, segment choice, truncation, masking) is unchanged, and the
     per-instance distributions are the original's.
+
+Serialization
+  Records are tf.train.Example bytes built with NumPy for a whole chunk of instances: every field
+  of every record is laid out in a fixed-width byte matrix with a mask of the bytes that exist
+  (varints take 1-3 bytes), and `matrix[mask]` is the concatenation of the records. Tests parse
+  them with tf.train.Example and tf.io.parse_example.
 
 Bad or odd input
   * A line longer than `MAX_LINE_BYTES` (64 KiB) is read in pieces of at most that size, cut at
@@ -43,28 +82,31 @@ Bad or odd input
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import gzip
 import hashlib
 import os
 import random
-import struct
 
-from bert_tf import tokenization
+import numpy as np
 
 # The size of a work unit and of a block (see the module docstring). Part of the output's identity:
 # changing it changes which documents share a block.
 UNIT_BYTES = 1 << 20
 MAX_LINE_BYTES = 64 << 10
-# Lines per tokenizer call and bytes per call: big enough to amortize the TF call overhead, small
-# enough to bound the memory of one call.
-TOKENIZE_BATCH_LINES = 4096
+# Lines per tokenizer call and bytes per call: big enough to amortize the cost of running the
+# tokenizer's ops eagerly (about one call per block), small enough to bound the memory of one call.
+TOKENIZE_BATCH_LINES = 1 << 16
 TOKENIZE_BATCH_BYTES = 1 << 20
+# Instances masked and serialized together: big enough for NumPy to pay off, small enough that the
+# byte matrices of one chunk stay at a few tens of MB. Does not change the output.
+INSTANCE_CHUNK = 4096
 # How many times the original tries to draw a random document other than the current one.
 RANDOM_DOCUMENT_TRIES = 10
 REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]")
 # Bumped whenever a change here changes the records written for the same input and flags.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +132,8 @@ class VocabInfo:
     @classmethod
     def from_file(cls, vocab_file):
         """Loads vocab.txt; a vocabulary without [CLS], [SEP] or [MASK] is a VocabError."""
+        from bert_tf import tokenization  # imports TensorFlow: only the reading process needs it
+
         vocab = tokenization.load_vocab(vocab_file)
         missing = [t for t in REQUIRED_TOKENS if t not in vocab]
         if missing:
@@ -97,7 +141,19 @@ class VocabInfo:
                 f"{vocab_file}: the vocabulary has no {', '.join(missing)} token; pretraining data "
                 f"needs {', '.join(REQUIRED_TOKENS)}"
             )
-        tokens = tuple(vocab)
+        return cls.from_tokens(tuple(vocab))
+
+    @classmethod
+    def from_checked_file(cls, vocab_file):
+        """Loads a vocab.txt that from_file already accepted, without TensorFlow (for workers)."""
+        with open(vocab_file, "rb") as f:
+            # The tokens as tokenization.load_vocab reads them: one per line, stripped.
+            return cls.from_tokens(tuple(raw.decode("utf-8", errors="replace").strip() for raw in f))
+
+    @classmethod
+    def from_tokens(cls, tokens):
+        """VocabInfo of a vocabulary given as its tokens in id order."""
+        vocab = {token: index for index, token in enumerate(tokens)}
         return cls(
             tokens=tokens,
             cls_id=vocab["[CLS]"],
@@ -250,23 +306,103 @@ def iter_blocks(documents, block_bytes=UNIT_BYTES):
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenization
+# Tokenization: documents of line bytes -> a Block of flat id arrays
 # ---------------------------------------------------------------------------------------------
 
 
-def make_id_tokenizer(vocab_file, do_lower_case):
-    """Returns tokenize(list of line bytes) -> list of lists of int ids, with the in-graph tokenizer.
+def _offsets(lengths):
+    """[0, l0, l0 + l1, ...]: the start offsets of consecutive runs, with the total at the end."""
+    result = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=result[1:])
+    return result
+
+
+@dataclasses.dataclass(eq=False)
+class Block:
+    """Tokenized documents as flat arrays: what the instance algorithm and the workers work on.
+
+    Sentence s is `tokens[sentence_starts[s]:sentence_starts[s + 1]]`; document d is sentences
+    `document_starts[d]` to `document_starts[d + 1]`. No sentence and no document is empty.
+    """
+
+    tokens: np.ndarray  # int32 [num_tokens]
+    sentence_starts: np.ndarray  # int64 [num_sentences + 1]
+    document_starts: np.ndarray  # int64 [num_documents + 1]
+
+    @property
+    def num_documents(self):
+        """How many documents the block holds."""
+        return len(self.document_starts) - 1
+
+    @classmethod
+    def from_documents(cls, documents):
+        """A Block from documents given as lists of id lists; empty sentences and documents go."""
+        documents = [[s for s in document if len(s)] for document in documents]
+        documents = [document for document in documents if document]
+        sentences = [s for document in documents for s in document]
+        lengths = [len(s) for s in sentences]
+        tokens = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=sum(lengths))
+        return cls(tokens, _offsets(lengths), _offsets([len(d) for d in documents]))
+
+    def to_documents(self):
+        """The documents as lists of id lists."""
+        tokens = self.tokens.tolist()
+        starts = self.sentence_starts.tolist()
+        sentences = [tokens[a:b] for a, b in zip(starts, starts[1:])]
+        bounds = self.document_starts.tolist()
+        return [sentences[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def index(self, order=None):
+        """Python lists for the instance loop: sentence lengths and token starts, and each
+        document's (first, end) sentences, with the documents in `order` (default: as stored)."""
+        if order is None and getattr(self, "_index", None) is not None:
+            return self._index
+        starts = self.sentence_starts.tolist()
+        lengths = np.diff(self.sentence_starts).tolist()
+        first = self.document_starts[:-1]
+        end = self.document_starts[1:]
+        if order is not None:
+            first, end = first[order], end[order]
+        index = (lengths, starts, first.tolist(), end.tolist())
+        if order is None:
+            self._index = index  # create_instances_from_document calls this once per document
+        return index
+
+
+def make_array_tokenizer(vocab_file, do_lower_case):
+    """Returns tokenize(list of line bytes) -> (int32 ids of all lines, int64 row splits).
 
     GraphTokenizer gives exactly FullTokenizer's ids, several times faster, on whole batches.
     """
     import tensorflow as tf
 
+    from bert_tf import tokenization
+
     graph_tokenizer = tokenization.GraphTokenizer(vocab_file, do_lower_case)
+    # The same ops, run eagerly: tracing the tf.function costs 2-4 s per process, and on batches of
+    # ~1 MB of text eager execution is as fast as the traced graph (same kernels, same ids).
+    def tokenize(lines):
+        # (python_function holds the tokenizer weakly: this closure keeps it alive.)
+        ragged = graph_tokenizer.tokenize.python_function(tf.constant(lines, dtype=tf.string))
+        return (ragged.flat_values.numpy().astype(np.int32, copy=False),
+                ragged.row_splits.numpy().astype(np.int64, copy=False))
+
+    return tokenize
+
+
+@functools.lru_cache(maxsize=2)
+def cached_array_tokenizer(vocab_file, do_lower_case):
+    """make_array_tokenizer, built once per process (building and tracing it takes seconds)."""
+    return make_array_tokenizer(vocab_file, do_lower_case)
+
+
+def make_id_tokenizer(vocab_file, do_lower_case):
+    """Returns tokenize(list of line bytes) -> list of lists of int ids, with the in-graph tokenizer."""
+    tokenize_arrays = make_array_tokenizer(vocab_file, do_lower_case)
 
     def tokenize(lines):
-        ragged = graph_tokenizer.tokenize(tf.constant(lines, dtype=tf.string))
-        flat = ragged.flat_values.numpy().tolist()
-        splits = ragged.row_splits.numpy().tolist()
+        flat, splits = tokenize_arrays(lines)
+        flat, splits = flat.tolist(), splits.tolist()
         return [flat[a:b] for a, b in zip(splits, splits[1:])]
 
     return tokenize
@@ -274,53 +410,70 @@ def make_id_tokenizer(vocab_file, do_lower_case):
 
 def count_invalid_utf8(lines):
     """Returns how many invalid UTF-8 sequences `lines` hold (each becomes one U+FFFD)."""
+    try:
+        b"".join(lines).decode("utf-8")  # the usual case, at C speed
+        return 0
+    except UnicodeDecodeError:
+        pass
+    replacement = "\ufffd".encode("utf-8")
     invalid = 0
     for line in lines:
         try:
             line.decode("utf-8")
         except UnicodeDecodeError:
-            invalid += tokenization.count_invalid_utf8(line)
+            # U+FFFD characters that were in the text already are not invalid bytes.
+            invalid += line.decode("utf-8", errors="replace").count("\ufffd") - line.count(replacement)
     return invalid
 
 
-def tokenize_documents(documents, tokenize, stats=None):
-    """Tokenizes documents of line bytes into documents of id lists; empty lines and documents go.
+def tokenize_block(documents, tokenize, stats=None):
+    """Tokenizes documents of line bytes into a Block; lines without tokens and empty documents go.
 
-    As in the original, a line that yields no tokens is dropped and a document left without lines
-    is skipped.
+    `tokenize(lines)` returns (flat ids, row splits). As in the original, a line that yields no
+    tokens is dropped and a document left without lines is skipped.
     """
-    flat_lines = [line for document in documents for line in document]
-    ids = []
-    batch, batch_bytes = [], 0
-    for line in flat_lines:
-        batch.append(line)
-        batch_bytes += len(line)
-        if len(batch) >= TOKENIZE_BATCH_LINES or batch_bytes >= TOKENIZE_BATCH_BYTES:
-            ids.extend(tokenize(batch))
-            batch, batch_bytes = [], 0
-    if batch:
-        ids.extend(tokenize(batch))
+    lines = [line for document in documents for line in document]
+    flat_ids, line_lengths = [], []
+    start = 0
+    while start < len(lines):
+        end, size = start, 0
+        while end < len(lines) and end - start < TOKENIZE_BATCH_LINES and size < TOKENIZE_BATCH_BYTES:
+            size += len(lines[end])
+            end += 1
+        flat, splits = tokenize(lines[start:end])
+        flat_ids.append(flat)
+        line_lengths.append(np.diff(splits))
+        start = end
+    tokens = np.concatenate(flat_ids).astype(np.int32, copy=False) if flat_ids else np.zeros(0, np.int32)
+    line_lengths = np.concatenate(line_lengths) if line_lengths else np.zeros(0, np.int64)
+    line_document = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
+    has_tokens = line_lengths > 0
+    sentences_per_document = np.bincount(line_document[has_tokens], minlength=len(documents))
+    kept = sentences_per_document[sentences_per_document > 0]
+    block = Block(tokens, _offsets(line_lengths[has_tokens]), _offsets(kept))
     if stats is not None:
-        stats["invalid_utf8"] += count_invalid_utf8(flat_lines)
-        stats["text_bytes"] += sum(len(line) for line in flat_lines)
-    result = []
-    cursor = 0
-    for document in documents:
-        sentences = [s for s in ids[cursor:cursor + len(document)] if s]
-        cursor += len(document)
-        if sentences:
-            result.append(sentences)
-            if stats is not None:
-                stats["documents"] += 1
-                stats["sentences"] += len(sentences)
-                stats["tokens"] += sum(len(s) for s in sentences)
-        elif stats is not None:
-            stats["documents_skipped"] += 1
-    return result
+        stats["invalid_utf8"] += count_invalid_utf8(lines)
+        stats["text_bytes"] += sum(len(line) for line in lines)
+        stats["documents"] += len(kept)
+        stats["documents_skipped"] += len(documents) - len(kept)
+        stats["sentences"] += int(has_tokens.sum())
+        stats["tokens"] += len(tokens)
+    return block
+
+
+def tokenize_documents(documents, tokenize, stats=None):
+    """Like tokenize_block, for a tokenizer that returns id lists; returns documents of id lists."""
+
+    def as_arrays(lines):
+        ids = tokenize(lines)
+        flat = np.fromiter((t for s in ids for t in s), dtype=np.int32, count=sum(map(len, ids)))
+        return flat, _offsets([len(s) for s in ids])
+
+    return tokenize_block(documents, as_arrays, stats).to_documents()
 
 
 # ---------------------------------------------------------------------------------------------
-# Instances: the original algorithm on ids
+# Instances: the original algorithm, on offsets into a Block, vectorized per chunk
 # ---------------------------------------------------------------------------------------------
 
 
@@ -339,11 +492,79 @@ class TrainingInstance:
     num_truncated: int  # tokens trimmed by truncate_seq_pair
 
 
+@dataclasses.dataclass
+class InstanceBatch:
+    """Masked instances as padded arrays: what the serializer writes."""
+
+    input_ids: np.ndarray  # int32 [n, max_seq_length], after masking, 0-padded
+    lengths: np.ndarray  # [n] tokens of each instance
+    a_lengths: np.ndarray  # [n] tokens of `[CLS] A [SEP]`, the segment-0 part
+    masked_positions: np.ndarray  # [n, max_predictions_per_seq] ascending, 0-padded
+    masked_ids: np.ndarray  # [n, max_predictions_per_seq] the ids before masking, 0-padded
+    num_masked: np.ndarray  # [n]
+    is_random_next: np.ndarray  # bool [n]
+    document_index: np.ndarray  # [n]
+    random_document_index: np.ndarray  # [n], -1 for an actual next
+    target_seq_length: np.ndarray  # [n]
+    num_truncated: np.ndarray  # [n]
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def instances(self):
+        """The batch as TrainingInstance objects (for tests and logs)."""
+        result = []
+        for row in range(len(self)):
+            length, a_length, masked = (int(self.lengths[row]), int(self.a_lengths[row]),
+                                        int(self.num_masked[row]))
+            result.append(TrainingInstance(
+                input_ids=self.input_ids[row, :length].tolist(),
+                segment_ids=[0] * a_length + [1] * (length - a_length),
+                masked_lm_positions=self.masked_positions[row, :masked].tolist(),
+                masked_lm_ids=self.masked_ids[row, :masked].tolist(),
+                is_random_next=bool(self.is_random_next[row]),
+                document_index=int(self.document_index[row]),
+                random_document_index=int(self.random_document_index[row]),
+                target_seq_length=int(self.target_seq_length[row]),
+                num_truncated=int(self.num_truncated[row]),
+            ))
+        return result
+
+    @classmethod
+    def from_instances(cls, instances, max_seq_length, max_predictions_per_seq):
+        """Pads TrainingInstance objects into a batch; an instance that does not fit is a ValueError."""
+        n = len(instances)
+        input_ids = np.zeros((n, max_seq_length), np.int64)
+        positions = np.zeros((n, max_predictions_per_seq), np.int64)
+        labels = np.zeros((n, max_predictions_per_seq), np.int64)
+        for row, instance in enumerate(instances):
+            length, masked = len(instance.input_ids), len(instance.masked_lm_positions)
+            if length > max_seq_length or masked > max_predictions_per_seq:
+                raise ValueError(f"instance of {length} tokens / {masked} predictions does not fit")
+            input_ids[row, :length] = instance.input_ids
+            positions[row, :masked] = instance.masked_lm_positions
+            labels[row, :masked] = instance.masked_lm_ids
+        column = lambda name: np.array([getattr(i, name) for i in instances], np.int64)
+        return cls(
+            input_ids=input_ids,
+            lengths=np.array([len(i.input_ids) for i in instances], np.int64),
+            a_lengths=np.array([i.segment_ids.count(0) for i in instances], np.int64),
+            masked_positions=positions,
+            masked_ids=labels,
+            num_masked=np.array([len(i.masked_lm_positions) for i in instances], np.int64),
+            is_random_next=np.array([bool(i.is_random_next) for i in instances], bool),
+            document_index=column("document_index"),
+            random_document_index=column("random_document_index"),
+            target_seq_length=column("target_seq_length"),
+            num_truncated=column("num_truncated"),
+        )
+
+
 def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
     """Trims the longer list one token at a time, from the front or back at random; returns the count.
 
-    The original's rule. Works on (start, end) bounds rather than `del list[0]`, which is quadratic
-    for long segments; the coin flips are the same.
+    The original's rule, coin flip for coin flip, on lists (the pipeline uses the vectorized
+    `truncation_trims` plus binomial front counts, which has the same distribution).
     """
     a_start, a_end, b_start, b_end = 0, len(tokens_a), 0, len(tokens_b)
     trimmed = 0
@@ -365,8 +586,32 @@ def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
     return trimmed
 
 
+def truncation_trims(a_lengths, b_lengths, max_num_tokens):
+    """How many tokens the original's truncation takes from A and from B (arrays in, arrays out).
+
+    It always trims the longer side (B on ties), so the counts do not depend on the coin flips:
+    first the longer side down towards the other, then alternately, B first.
+    """
+    a_lengths, b_lengths = np.asarray(a_lengths), np.asarray(b_lengths)
+    excess = np.maximum(a_lengths + b_lengths - max_num_tokens, 0)
+    difference = a_lengths - b_lengths
+    trims_a = np.minimum(excess, np.maximum(difference, 0))
+    trims_b = np.minimum(excess, np.maximum(-difference, 0))
+    rest = excess - trims_a - trims_b
+    return trims_a + rest // 2, trims_b + (rest + 1) // 2
+
+
+# The columns of an instance plan, one row per instance, made by InstanceBuilder.plan_document_pass.
+PLAN_COLUMNS = ("a_start", "a_end", "b_start", "b_end", "is_random_next", "target_seq_length",
+                "document_index", "random_document_index")
+
+
 class InstanceBuilder:
-    """The original create_instances_from_document / create_masked_lm_predictions, on token ids."""
+    """The original create_instances_from_document / create_masked_lm_predictions, on token ids.
+
+    Instance *assembly* (chunks of sentences, A and B) runs in Python on (start, end) token offsets;
+    truncation, layout and masking then run in NumPy for many instances at once (`make_batch`).
+    """
 
     def __init__(self, vocab, max_seq_length=128, max_predictions_per_seq=20, masked_lm_prob=0.15,
                  short_seq_prob=0.1, do_whole_word_mask=False):
@@ -379,192 +624,233 @@ class InstanceBuilder:
             )
         self.vocab = vocab
         self.max_seq_length = max_seq_length
+        self.max_num_tokens = max_seq_length - 3
         self.max_predictions_per_seq = max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
         self.short_seq_prob = short_seq_prob
         self.do_whole_word_mask = do_whole_word_mask
+        self._is_continuation = np.asarray(vocab.is_continuation, dtype=bool)
         # How the masked positions were filled, for summary.json: [MASK], kept, random token.
         self.replacement_counts = collections.Counter()
 
-    def create_instances_from_document(self, all_documents, document_index, rng):
-        """All instances of one pass over `all_documents[document_index]` (a list of id lists)."""
-        document = all_documents[document_index]
-        max_num_tokens = self.max_seq_length - 3
+    def plan_document_pass(self, index, document_index, rng, plan):
+        """Appends one pass over a document to `plan`: a row of PLAN_COLUMNS per instance.
+
+        `index` is Block.index(). The original's rules, on sentence indices and token offsets.
+        """
+        sentence_lengths, sentence_starts, document_first, document_end = index
+        random_ = rng.random
+        max_num_tokens = self.max_num_tokens
         # As in the original, the target is drawn once per document pass: usually the full length,
         # sometimes shorter, to reduce the mismatch with fine-tuning's short sequences.
-        target_seq_length = max_num_tokens
-        if rng.random() < self.short_seq_prob:
-            target_seq_length = rng.randint(2, max_num_tokens)
-
-        instances = []
-        current_chunk = []
-        current_length = 0
-        i = 0
-        while i < len(document):
-            segment = document[i]
-            current_chunk.append(segment)
-            current_length += len(segment)
-            if i == len(document) - 1 or current_length >= target_seq_length:
-                if current_chunk:
-                    # How many chunk segments go to A.
-                    a_end = 1
-                    if len(current_chunk) >= 2:
-                        a_end = rng.randint(1, len(current_chunk) - 1)
-                    tokens_a = [t for j in range(a_end) for t in current_chunk[j]]
-
-                    tokens_b = []
-                    random_document_index = -1
-                    if len(current_chunk) == 1 or rng.random() < 0.5:
-                        is_random_next = True
-                        target_b_length = target_seq_length - len(tokens_a)
-                        # The original tries 10 times for another document; a corpus (here a
-                        # block) of one document falls back to itself.
-                        for _ in range(RANDOM_DOCUMENT_TRIES):
-                            random_document_index = rng.randint(0, len(all_documents) - 1)
-                            if random_document_index != document_index:
-                                break
-                        random_document = all_documents[random_document_index]
-                        random_start = rng.randint(0, len(random_document) - 1)
-                        for j in range(random_start, len(random_document)):
-                            tokens_b.extend(random_document[j])
-                            if len(tokens_b) >= target_b_length:
-                                break
-                        # The chunk's segments after A were not used: put them back.
-                        num_unused_segments = len(current_chunk) - a_end
-                        i -= num_unused_segments
-                    else:
-                        is_random_next = False
-                        for j in range(a_end, len(current_chunk)):
-                            tokens_b.extend(current_chunk[j])
-                    num_truncated = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-                    assert tokens_a and tokens_b
-
-                    input_ids = [self.vocab.cls_id, *tokens_a, self.vocab.sep_id, *tokens_b,
-                                 self.vocab.sep_id]
-                    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-                    input_ids, positions, labels = self.create_masked_lm_predictions(input_ids, rng)
-                    instances.append(TrainingInstance(
-                        input_ids=input_ids,
-                        segment_ids=segment_ids,
-                        masked_lm_positions=positions,
-                        masked_lm_ids=labels,
-                        is_random_next=is_random_next,
-                        document_index=document_index,
-                        random_document_index=random_document_index,
-                        target_seq_length=target_seq_length,
-                        num_truncated=num_truncated,
-                    ))
-                current_chunk = []
-                current_length = 0
+        target = max_num_tokens
+        if random_() < self.short_seq_prob:
+            target = 2 + int(random_() * (max_num_tokens - 1))  # randint(2, max_num_tokens)
+        num_documents = len(document_first)
+        end = document_end[document_index]
+        chunk_first = i = document_first[document_index]
+        chunk_length = 0
+        while i < end:
+            chunk_length += sentence_lengths[i]
+            if i == end - 1 or chunk_length >= target:
+                chunk_size = i + 1 - chunk_first
+                # A takes the chunk's first randint(1, chunk_size - 1) sentences.
+                a_end = chunk_first + 1
+                if chunk_size >= 2:
+                    a_end += int(random_() * (chunk_size - 1))
+                a_start_token, a_end_token = sentence_starts[chunk_first], sentence_starts[a_end]
+                if chunk_size == 1 or random_() < 0.5:
+                    target_b_length = target - (a_end_token - a_start_token)
+                    # The original tries 10 times for another document; a corpus (here a block)
+                    # of one document falls back to itself.
+                    for _ in range(RANDOM_DOCUMENT_TRIES):
+                        random_document = int(random_() * num_documents)
+                        if random_document != document_index:
+                            break
+                    j = document_first[random_document]
+                    random_end = document_end[random_document]
+                    j += int(random_() * (random_end - j))
+                    b_start_token = sentence_starts[j]
+                    b_length = 0
+                    while j < random_end:
+                        b_length += sentence_lengths[j]
+                        j += 1
+                        if b_length >= target_b_length:
+                            break
+                    plan.append((a_start_token, a_end_token, b_start_token, sentence_starts[j], 1,
+                                 target, document_index, random_document))
+                    # The chunk's sentences after A were not used: put them back.
+                    i = a_end - 1
+                else:
+                    plan.append((a_start_token, a_end_token, a_end_token, sentence_starts[i + 1], 0,
+                                 target, document_index, -1))
+                chunk_first = i + 1
+                chunk_length = 0
             i += 1
-        return instances
 
-    def create_masked_lm_predictions(self, input_ids, rng):
-        """Masks `input_ids` (a fresh list); returns (masked ids, sorted positions, original ids)."""
-        num_to_predict = min(self.max_predictions_per_seq,
-                             max(1, int(round(len(input_ids) * self.masked_lm_prob))))
-        output_ids = list(input_ids)
-        random_ = rng.random
-        mask_id = self.vocab.mask_id
-        last_id = self.vocab.size - 1
-        masked = []
-        # The original shuffles every candidate, then walks them in order until it has enough.
-        # Shuffling lazily (Fisher-Yates, one swap per candidate visited) gives the same
-        # distribution for the visited prefix, with a fraction of the random draws.
+    def make_batch(self, tokens, plan, rng):
+        """Truncates, lays out and masks the planned instances (int64 [n, 8] rows) with `rng`."""
+        n = len(plan)
+        seq = self.max_seq_length
+        a_start, a_end, b_start, b_end = plan[:, 0], plan[:, 1], plan[:, 2], plan[:, 3]
+        trims_a, trims_b = truncation_trims(a_end - a_start, b_end - b_start, self.max_num_tokens)
+        a_lengths = a_end - a_start - trims_a
+        b_lengths = b_end - b_start - trims_b
+        # Each trim is a fair coin flip between front and back: the front's share is binomial.
+        a_start = a_start + rng.binomial(trims_a, 0.5)
+        b_start = b_start + rng.binomial(trims_b, 0.5)
+        lengths = a_lengths + b_lengths + 3
+
+        # [CLS] A [SEP] B [SEP], then padding.
+        position = np.arange(seq)[None, :]
+        a_column, length_column = a_lengths[:, None], lengths[:, None]
+        in_a = (position >= 1) & (position <= a_column)
+        is_token = in_a | ((position >= a_column + 2) & (position < length_column - 1))
+        source = np.where(in_a, a_start[:, None] + position - 1, b_start[:, None] + position - a_column - 2)
+        input_ids = np.where(is_token, tokens[np.where(is_token, source, 0)], 0).astype(np.int32)
+        rows = np.arange(n)
+        input_ids[:, 0] = self.vocab.cls_id
+        input_ids[rows, a_lengths + 1] = self.vocab.sep_id
+        input_ids[rows, lengths - 1] = self.vocab.sep_id
+
+        # Masked positions: the candidates with the smallest random keys. The low bits of a key are
+        # its position, so keys never tie.
+        num_to_predict = np.minimum(self.max_predictions_per_seq,
+                                    np.maximum(1, np.round(lengths * self.masked_lm_prob).astype(np.int64)))
+        num_to_predict = np.minimum(num_to_predict, lengths - 3)  # the original stops when out of candidates
+        position_bits = max(int(seq - 1).bit_length(), 1)
+        keys = rng.integers(0, 1 << (62 - position_bits), size=(n, seq), dtype=np.int64)
+        keys = np.where(is_token, (keys << position_bits) | position, np.iinfo(np.int64).max)
         if self.do_whole_word_mask:
-            candidates = self._word_candidates(input_ids)
-            n = len(candidates)
-            for k in range(n):
-                if len(masked) >= num_to_predict:
-                    break
-                swap = k + int(random_() * (n - k))
-                group = candidates[swap]
-                candidates[swap] = candidates[k]
-                if len(masked) + len(group) > num_to_predict:
-                    continue  # the original skips a word that would overshoot, and goes on
-                masked.extend(group)
+            positions, chosen = self._whole_word_positions(input_ids, lengths, keys, num_to_predict)
         else:
-            candidates = self._token_candidates(input_ids)
-            n = len(candidates)
-            for k in range(min(num_to_predict, n)):
-                swap = k + int(random_() * (n - k))
-                masked.append(candidates[swap])
-                candidates[swap] = candidates[k]
-        kept = replaced = 0
-        for index in masked:
-            # 80% [MASK], 10% the original token, 10% a random token of the vocabulary.
-            if random_() < 0.8:
-                output_ids[index] = mask_id
-            elif random_() < 0.5:
-                kept += 1
-            else:
-                output_ids[index] = rng.randint(0, last_id)
-                replaced += 1
+            positions, chosen = self._token_positions(keys, num_to_predict, position_bits)
+
+        # 80% [MASK], 10% the original token, 10% a random vocabulary id: one uniform per position.
+        labels = np.where(chosen, input_ids[rows[:, None], positions], 0)
+        uniform = rng.random(positions.shape)
+        random_ids = rng.integers(0, self.vocab.size, size=positions.shape)
+        as_mask = chosen & (uniform < 0.8)
+        as_random = chosen & (uniform >= 0.9)
+        changed = as_mask | as_random
+        input_ids[np.nonzero(changed)[0], positions[changed]] = np.where(
+            as_mask, self.vocab.mask_id, random_ids)[changed]
         counts = self.replacement_counts
-        counts["masked_as_mask"] += len(masked) - kept - replaced
-        counts["masked_kept"] += kept
-        counts["masked_random"] += replaced
-        masked.sort()
-        return output_ids, masked, [input_ids[index] for index in masked]
+        counts["masked_as_mask"] += int(as_mask.sum())
+        counts["masked_random"] += int(as_random.sum())
+        counts["masked_kept"] += int(chosen.sum() - changed.sum())
 
-    def _token_candidates(self, input_ids):
-        """Positions that may be masked: every token but [CLS] and [SEP]."""
+        return InstanceBatch(
+            input_ids=input_ids,
+            lengths=lengths,
+            a_lengths=a_lengths + 2,
+            masked_positions=positions,
+            masked_ids=labels,
+            num_masked=chosen.sum(axis=1),
+            is_random_next=plan[:, 4].astype(bool),
+            document_index=plan[:, 6],
+            random_document_index=plan[:, 7],
+            target_seq_length=plan[:, 5],
+            num_truncated=trims_a + trims_b,
+        )
+
+    def _token_positions(self, keys, num_to_predict, position_bits):
+        """The num_to_predict candidates with the smallest keys, ascending, 0-padded; and the mask."""
+        predictions = self.max_predictions_per_seq
+        smallest = keys if predictions == keys.shape[1] else np.partition(keys, predictions - 1, axis=1)
+        smallest = np.sort(smallest[:, :predictions], axis=1)
+        chosen = np.arange(predictions)[None, :] < num_to_predict[:, None]
+        positions = np.where(chosen, smallest & ((1 << position_bits) - 1), keys.shape[1])
+        positions.sort(axis=1)
+        return np.where(chosen, positions, 0), chosen
+
+    def _whole_word_positions(self, input_ids, lengths, keys, num_to_predict):
+        """Whole-word masking: word groups in random order (their first piece's key), then the
+        original's greedy walk, which skips a word that would overshoot and goes on."""
+        n, predictions = len(lengths), self.max_predictions_per_seq
+        positions = np.zeros((n, predictions), np.int64)
+        chosen = np.zeros((n, predictions), bool)
         cls_id, sep_id = self.vocab.cls_id, self.vocab.sep_id
-        n = len(input_ids)
-        if (input_ids[0] == cls_id and input_ids[-1] == sep_id and input_ids.count(cls_id) == 1
-                and input_ids.count(sep_id) == 2):
-            # The usual layout, [CLS] A [SEP] B [SEP]: the same positions, found at C speed.
-            middle = input_ids.index(sep_id)
-            return [*range(1, middle), *range(middle + 1, n - 1)]
-        return [index for index, token in enumerate(input_ids) if token != cls_id and token != sep_id]
+        continuation = self._is_continuation[input_ids].tolist()
+        for row in range(n):
+            ids, is_piece, row_keys = input_ids[row].tolist(), continuation[row], keys[row].tolist()
+            groups = []
+            for index in range(int(lengths[row])):
+                token = ids[index]
+                if token == cls_id or token == sep_id:
+                    continue
+                # As in the original, a `##` piece right after [SEP] joins the group before it.
+                if groups and is_piece[index]:
+                    groups[-1].append(index)
+                else:
+                    groups.append([index])
+            groups.sort(key=lambda group: row_keys[group[0]])
+            limit = int(num_to_predict[row])
+            masked = []
+            for group in groups:
+                if len(masked) >= limit:
+                    break
+                if len(masked) + len(group) > limit:
+                    continue
+                masked.extend(group)
+            masked.sort()
+            positions[row, :len(masked)] = masked
+            chosen[row, :len(masked)] = True
+        return positions, chosen
 
-    def _word_candidates(self, input_ids):
-        """Whole-word groups of positions: the `##` pieces of a word join the word's group.
+    def create_instances_from_document(self, block, document_index, rng):
+        """All instances of one pass over `block`'s document `document_index` (TrainingInstances)."""
+        plan = []
+        self.plan_document_pass(block.index(), document_index, rng, plan)
+        batch = self.make_batch(block.tokens, np.array(plan, np.int64).reshape(-1, len(PLAN_COLUMNS)),
+                                np.random.default_rng(rng.getrandbits(64)))
+        return batch.instances()
 
-        As in the original, a `##` piece right after [SEP] joins the group before it.
-        """
-        cls_id, sep_id = self.vocab.cls_id, self.vocab.sep_id
-        is_continuation = self.vocab.is_continuation
-        candidates = []
-        for index, token in enumerate(input_ids):
-            if token == cls_id or token == sep_id:
-                continue
-            if candidates and is_continuation[token]:
-                candidates[-1].append(index)
-            else:
-                candidates.append([index])
-        return candidates
+
+def iter_block_batches(block, builder, dupe_factor, rng, chunk=INSTANCE_CHUNK):
+    """The original create_training_instances on one block, as InstanceBatches of up to `chunk`.
+
+    Shuffle the documents, plan dupe_factor passes over every document, shuffle the instances,
+    then truncate, lay out and mask them chunk by chunk. `rng` is a random.Random; the NumPy
+    generator for the vectorized steps is seeded from it.
+    """
+    order = list(range(block.num_documents))
+    rng.shuffle(order)
+    index = block.index(order)
+    plan = []
+    with paused_gc():
+        for _ in range(dupe_factor):
+            for document_index in range(len(order)):
+                builder.plan_document_pass(index, document_index, rng, plan)
+    plan = np.array(plan, np.int64).reshape(-1, len(PLAN_COLUMNS))
+    numpy_rng = np.random.default_rng(rng.getrandbits(64))
+    plan = plan[numpy_rng.permutation(len(plan))]
+    for start in range(0, len(plan), chunk):
+        yield builder.make_batch(block.tokens, plan[start:start + chunk], numpy_rng)
 
 
 def create_training_instances(documents, builder, dupe_factor, rng):
-    """The original create_training_instances on one block: shuffle, dupe_factor passes, shuffle."""
-    documents = list(documents)
-    rng.shuffle(documents)
-    instances = []
-    for _ in range(dupe_factor):
-        for document_index in range(len(documents)):
-            instances.extend(builder.create_instances_from_document(documents, document_index, rng))
-    rng.shuffle(instances)
-    return instances
+    """All instances of a block (a Block, or documents as lists of id lists), as TrainingInstances."""
+    block = documents if isinstance(documents, Block) else Block.from_documents(documents)
+    return [instance for batch in iter_block_batches(block, builder, dupe_factor, rng)
+            for instance in batch.instances()]
 
 
-def add_instance_stats(stats, instances, builder):
-    """Adds counts about `instances` to `stats` (a Counter) for summary.json."""
-    max_num_tokens = builder.max_seq_length - 3
-    stats["instances"] += len(instances)
-    stats["instance_tokens"] += sum(len(i.input_ids) for i in instances)
-    stats["masked_positions"] += sum(len(i.masked_lm_positions) for i in instances)
-    random_next = sum(i.is_random_next for i in instances)
+def add_batch_stats(stats, batch, builder):
+    """Adds counts about an InstanceBatch to `stats` (a Counter) for summary.json."""
+    stats["instances"] += len(batch)
+    stats["instance_tokens"] += int(batch.lengths.sum())
+    stats["masked_positions"] += int(batch.num_masked.sum())
+    random_next = int(batch.is_random_next.sum())
     stats["random_next"] += random_next
-    stats["actual_next"] += len(instances) - random_next
-    truncated = [i.num_truncated for i in instances if i.num_truncated]
-    stats["truncated_instances"] += len(truncated)
-    stats["truncated_tokens"] += sum(truncated)
-    stats["short_target_instances"] += sum(i.target_seq_length < max_num_tokens for i in instances)
+    stats["actual_next"] += len(batch) - random_next
+    stats["truncated_instances"] += int(np.count_nonzero(batch.num_truncated))
+    stats["truncated_tokens"] += int(batch.num_truncated.sum())
+    stats["short_target_instances"] += int((batch.target_seq_length < builder.max_num_tokens).sum())
 
 
 # ---------------------------------------------------------------------------------------------
-# Serialization: tf.train.Example in the original's schema, encoded directly
+# Serialization: tf.train.Example in the original's schema, encoded with NumPy
 # ---------------------------------------------------------------------------------------------
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -586,84 +872,156 @@ def feature_spec(max_seq_length, max_predictions_per_seq):
     }
 
 
-def _varint(value):
-    """Protocol-buffer base-128 varint of a non-negative int."""
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def _varint_width(max_value):
+    """Bytes of the longest protocol-buffer varint of values up to `max_value`."""
+    width = 1
+    while max_value >= 1 << (7 * width):
+        width += 1
+    return width
+
+
+def _varints(values, width):
+    """Varints of non-negative ints `values` [..]: (uint8 bytes [.., width], bool present [.., width]).
+
+    Byte j holds bits 7j..7j+6, with the high bit set when another byte follows; byte j is present
+    when the value has bits at or above 7j (byte 0 always).
+    """
+    shifted = np.asarray(values, np.int64)[..., None] >> (7 * np.arange(width))
+    present = shifted > 0
+    present[..., 0] = True
+    follows = np.zeros_like(present)
+    follows[..., :-1] = present[..., 1:]
+    return ((shifted & 0x7F) | (follows.astype(np.int64) << 7)).astype(np.uint8), present
 
 
 class ExampleSerializer:
-    """Serializes instances into tf.train.Example bytes, padded to the fixed lengths.
+    """Serializes InstanceBatches into tf.train.Example bytes, padded to the fixed lengths.
 
     The wire format is written directly: Example.features(1) -> Features.feature(1) map entries of
     key(1) and Feature(2); Feature.float_list(2) / int64_list(3); the lists pack their values(1).
-    Building a tf.train.Example in Python costs several times more per record; the records parse
-    identically (tests compare them with tf.train.Example and tf.io.parse_example).
+    Each field of every record is a block of columns of a byte matrix, with a mask of the bytes
+    that exist; the records are the masked bytes, row by row.
     """
 
+    _INT64_LIST, _FLOAT_LIST = 0x1A, 0x12
+
     def __init__(self, vocab_size, max_seq_length, max_predictions_per_seq):
+        self.vocab_size = vocab_size
         self.max_seq_length = max_seq_length
         self.max_predictions_per_seq = max_predictions_per_seq
-        # Varints of every id and every length a record can hold, looked up rather than computed.
-        self._varints = [_varint(i) for i in range(max(vocab_size, 8 * max_seq_length + 64) + 1)]
-        self._keys = {name: b"\x0a" + _varint(len(name)) + name.encode() for name in FEATURE_NAMES}
-        self._cache = {}
-
-    def _entry(self, name, list_field, packed):
-        """One Features.feature map entry: key, then Feature{int64_list(3)|float_list(2){packed}}."""
-        varints = self._varints
-        key = self._keys[name]
-        list_length = 1 + len(varints[len(packed)]) + len(packed)
-        feature_length = 1 + len(varints[list_length]) + list_length
-        entry_length = len(key) + 1 + len(varints[feature_length]) + feature_length
-        return b"".join((
-            b"\x0a", varints[entry_length], key,
-            b"\x12", varints[feature_length],
-            list_field, varints[list_length],
-            b"\x0a", varints[len(packed)], packed,
-        ))
-
-    def _cached(self, key, build):
-        """Entries that depend only on a few small ints (lengths, counts) are built once."""
-        value = self._cache.get(key)
-        if value is None:
-            value = self._cache[key] = build()
-        return value
+        # Varints looked up rather than computed: of every id and position, and of every length a
+        # part of a record can have (ids take at most 10 bytes each).
+        self._id_table = self._word_table(vocab_size)
+        self._position_table = self._word_table(max_seq_length)
+        self._length_table = self._word_table(10 * (3 * max_seq_length + 3 * max_predictions_per_seq) + 1024)
 
     def serialize(self, instance):
         """The tf.train.Example bytes of one TrainingInstance."""
-        seq = self.max_seq_length
-        preds = self.max_predictions_per_seq
-        varints = self._varints
-        length = len(instance.input_ids)
-        num_masked = len(instance.masked_lm_positions)
-        if length > seq or num_masked > preds:
-            raise ValueError(f"instance of {length} tokens / {num_masked} predictions does not fit")
-        a_length = instance.segment_ids.count(0)
-        pad = b"\x00" * (seq - length)
-        pad_preds = b"\x00" * (preds - num_masked)
-        int64 = b"\x1a"
-        features = b"".join((
-            self._entry("input_ids", int64, b"".join(map(varints.__getitem__, instance.input_ids)) + pad),
-            self._cached(("input_mask", length), lambda: self._entry(
-                "input_mask", int64, b"\x01" * length + pad)),
-            self._cached(("segment_ids", a_length, length), lambda: self._entry(
-                "segment_ids", int64, b"\x00" * a_length + b"\x01" * (length - a_length) + pad)),
-            self._entry("masked_lm_positions", int64,
-                        b"".join(map(varints.__getitem__, instance.masked_lm_positions)) + pad_preds),
-            self._entry("masked_lm_ids", int64,
-                        b"".join(map(varints.__getitem__, instance.masked_lm_ids)) + pad_preds),
-            self._cached(("masked_lm_weights", num_masked), lambda: self._entry(
-                "masked_lm_weights", b"\x12",
-                struct.pack(f"<{preds}f", *([1.0] * num_masked + [0.0] * (preds - num_masked))))),
-            self._cached(("next_sentence_labels", instance.is_random_next), lambda: self._entry(
-                "next_sentence_labels", int64, b"\x01" if instance.is_random_next else b"\x00")),
-        ))
-        return b"\x0a" + _varint(len(features)) + features
+        batch = InstanceBatch.from_instances([instance], self.max_seq_length, self.max_predictions_per_seq)
+        blob, _ = self.serialize_batch(batch)
+        return blob
+
+    def serialize_batch(self, batch):
+        """Returns (the records of `batch`, concatenated, as bytes; int64 [n] record lengths)."""
+        n = len(batch)
+        seq, predictions = self.max_seq_length, self.max_predictions_per_seq
+        position = np.arange(seq)[None, :]
+        chosen = np.arange(predictions)[None, :] < batch.num_masked[:, None]
+
+        def varints(values, table):
+            if int(values.max(initial=0)) >= len(table[0]):  # ids beyond the vocabulary: hand-made
+                table = self._word_table(int(values.max()) + 1)
+            return ("varints", values, table), np.take(table[3], values).sum(axis=1)
+
+        def fixed(values):
+            data = np.ascontiguousarray(values).view(np.uint8).reshape(n, -1)
+            return ("bytes", data, None), np.full(n, data.shape[1])
+
+        payloads = {
+            "input_ids": varints(batch.input_ids, self._id_table),
+            "input_mask": fixed((position < batch.lengths[:, None]).astype(np.uint8)),
+            "segment_ids": fixed(((position >= batch.a_lengths[:, None])
+                                  & (position < batch.lengths[:, None])).astype(np.uint8)),
+            "masked_lm_positions": varints(batch.masked_positions, self._position_table),
+            "masked_lm_ids": varints(batch.masked_ids, self._id_table),
+            "masked_lm_weights": fixed(np.where(chosen, 1.0, 0.0).astype("<f4")),
+            "next_sentence_labels": fixed(batch.is_random_next.astype(np.uint8)[:, None]),
+        }
+        # The record as a list of pieces, each a run of columns of one byte matrix; then the bytes.
+        pieces = []
+        features_length = np.zeros(n, np.int64)
+        for name in FEATURE_NAMES:
+            list_tag = self._FLOAT_LIST if name == "masked_lm_weights" else self._INT64_LIST
+            features_length += self._entry_pieces(pieces, name, list_tag, *payloads[name])
+        pieces[:0] = [("bytes", b"\x0a", None), self._length(features_length)]
+        return self._assemble(n, pieces)
+
+    def _assemble(self, n, pieces):
+        """Lays the pieces out in a byte matrix with a mask of the bytes that exist; returns the
+        masked bytes row by row (the records, concatenated) and each row's count."""
+        widths = []
+        for kind, values, table in pieces:
+            if kind == "varints":
+                widths.append(values[0].size * table[0].itemsize if values.ndim > 1 else table[2])
+            else:
+                widths.append(len(values) if isinstance(values, bytes) else values.shape[1])
+        data = np.empty((n, sum(widths)), np.uint8)
+        present = np.ones((n, sum(widths)), bool)
+        column = 0
+        for (kind, values, table), width in zip(pieces, widths):
+            columns = slice(column, column + width)
+            column += width
+            if kind == "bytes":
+                data[:, columns] = np.frombuffer(values, np.uint8) if isinstance(values, bytes) else values
+                continue
+            words, flags = np.take(table[0], values), np.take(table[1], values)
+            # Payloads copy whole words (contiguous, fast; the unused bytes are masked out), a
+            # length only its varint's bytes.
+            word_width = words.itemsize if values.ndim > 1 else table[2]
+            shape = (n, -1, word_width)
+            # Column slices of the matrices, viewed as [n, values, width]: filled in place.
+            data[:, columns].reshape(shape)[...] = (
+                words.view(np.uint8).reshape(n, -1, words.itemsize)[..., :word_width])
+            present[:, columns].reshape(shape)[...] = (
+                flags.view(bool).reshape(n, -1, flags.itemsize)[..., :word_width])
+        return data[present].tobytes(), present.sum(axis=1)
+
+    @staticmethod
+    def _word_table(size):
+        """Varints of 0..size-1, each packed in one machine word, so that a lookup is a 1-D
+        `np.take` (much faster than gathering rows of a byte matrix): (bytes, presence bytes,
+        width, byte counts)."""
+        width = _varint_width(max(size - 1, 0))
+        word = np.dtype(np.uint8 if width == 1 else np.uint32 if width <= 4 else np.uint64)
+        word = word.newbyteorder("<")
+        data = np.zeros((size, word.itemsize), np.uint8)
+        present = np.zeros((size, word.itemsize), bool)
+        data[:, :width], present[:, :width] = _varints(np.arange(size), width)
+        return (data.view(word).ravel(), present.view(np.uint8).view(word).ravel(), width,
+                present.sum(axis=1))
+
+    def _length(self, values):
+        """The piece holding the varint of a per-record length."""
+        return "varints", values, self._length_table
+
+    def _entry_pieces(self, pieces, name, list_tag, payload, payload_length):
+        """Appends the pieces of one Features.feature map entry; returns each record's entry bytes.
+
+        The entry: tag 0x0a, length, key (tag 0x0a, length, name), tag 0x12, Feature length,
+        list tag, list length, tag 0x0a (packed values), values length, values.
+        """
+        key = b"\x0a" + bytes([len(name)]) + name.encode()
+        varint_bytes = self._length_table[3].__getitem__
+        list_length = 1 + varint_bytes(payload_length) + payload_length
+        feature_length = 1 + varint_bytes(list_length) + list_length
+        entry_length = len(key) + 1 + varint_bytes(feature_length) + feature_length
+        pieces += [
+            ("bytes", b"\x0a", None), self._length(entry_length), ("bytes", key + b"\x12", None),
+            self._length(feature_length), ("bytes", bytes([list_tag]), None),
+            self._length(list_length), ("bytes", b"\x0a", None), self._length(payload_length),
+            payload,
+        ]
+        return 1 + varint_bytes(entry_length) + entry_length
 
 
 def example_to_text(example, tokens):
@@ -686,7 +1044,7 @@ def example_to_text(example, tokens):
 
 
 # ---------------------------------------------------------------------------------------------
-# One work unit: a byte range of the input -> one part file of records
+# Work units: a byte range of the input -> Blocks (reading process) -> records (workers) -> a part
 # ---------------------------------------------------------------------------------------------
 
 
@@ -716,70 +1074,132 @@ class WorkUnit:
     output_path: str = ""  # the part file this unit writes
 
 
-def unit_seed(random_seed, unit_index):
-    """The seed of one unit's random.Random: independent of how units are spread over workers."""
-    digest = hashlib.sha256(f"{random_seed}/{unit_index}".encode()).digest()
+def block_seed(random_seed, unit_index, block_index):
+    """The seed of one block's generators: independent of how blocks are spread over workers."""
+    digest = hashlib.sha256(f"{random_seed}/{unit_index}/{block_index}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
 
-class UnitProcessor:
-    """Holds the tokenizer, builder and serializer of one process and turns units into part files."""
+def iter_unit_blocks(unit, tokenize, stats):
+    """Yields the tokenized Blocks of a unit, in order: the reading process's half of the work.
 
-    def __init__(self, config, tokenize=None):
+    `tokenize` is a make_array_tokenizer function; `stats` (a Counter) gets the reading counts.
+    """
+    if unit.tfds is not None:
+        documents = iter_tfds_documents(*unit.tfds)
+    else:
+        documents = (document for path, start, end in unit.ranges
+                     for document in iter_file_documents(path, start, end, stats=stats))
+    for raw_block in iter_blocks(documents):
+        block = tokenize_block(raw_block, tokenize, stats)
+        if block.num_documents:
+            yield block
+
+
+class BlockRecordBuilder:
+    """Turns Blocks into serialized records with NumPy only: the half of the work done in workers."""
+
+    def __init__(self, config, vocab):
         self.config = config
-        self.vocab = VocabInfo.from_file(config.vocab_file)
-        self.tokenize = tokenize or make_id_tokenizer(config.vocab_file, config.do_lower_case)
         self.builder = InstanceBuilder(
-            self.vocab,
+            vocab,
             max_seq_length=config.max_seq_length,
             max_predictions_per_seq=config.max_predictions_per_seq,
             masked_lm_prob=config.masked_lm_prob,
             short_seq_prob=config.short_seq_prob,
             do_whole_word_mask=config.do_whole_word_mask,
         )
-        self.serializer = ExampleSerializer(
-            self.vocab.size, config.max_seq_length, config.max_predictions_per_seq)
+        self.serializer = ExampleSerializer(vocab.size, config.max_seq_length, config.max_predictions_per_seq)
 
-    def unit_documents(self, unit, stats):
-        """The raw documents of a unit, in input order."""
-        if unit.tfds is not None:
-            return iter_tfds_documents(*unit.tfds)
-        return (document for path, start, end in unit.ranges
-                for document in iter_file_documents(path, start, end, stats=stats))
+    def build(self, unit_index, block_index, block):
+        """Returns (the block's records concatenated, int64 record lengths, stats dict)."""
+        rng = random.Random(block_seed(self.config.random_seed, unit_index, block_index))
+        stats = collections.Counter(blocks=1, document_passes=block.num_documents * self.config.dupe_factor)
+        blobs, lengths = [], []
+        self.builder.replacement_counts.clear()
+        for batch in iter_block_batches(block, self.builder, self.config.dupe_factor, rng):
+            add_batch_stats(stats, batch, self.builder)
+            blob, record_lengths = self.serializer.serialize_batch(batch)
+            blobs.append(blob)
+            lengths.append(record_lengths)
+        stats.update(self.builder.replacement_counts)
+        self.builder.replacement_counts.clear()
+        return b"".join(blobs), (np.concatenate(lengths) if lengths else np.zeros(0, np.int64)), dict(stats)
 
-    def iter_unit_records(self, unit, stats):
-        """Yields the serialized records of a unit, block by block."""
-        rng = random.Random(unit_seed(self.config.random_seed, unit.index))
-        for block in iter_blocks(self.unit_documents(unit, stats)):
-            documents = tokenize_documents(block, self.tokenize, stats)
-            if not documents:
-                continue
-            stats["blocks"] += 1
-            stats["document_passes"] += len(documents) * self.config.dupe_factor
-            with paused_gc():
-                instances = create_training_instances(
-                    documents, self.builder, self.config.dupe_factor, rng)
-                add_instance_stats(stats, instances, self.builder)
-                stats.update(self.builder.replacement_counts)
-                self.builder.replacement_counts.clear()
-                records = [self.serializer.serialize(instance) for instance in instances]
-            del instances
-            yield from records
 
-    def write_unit(self, unit):
-        """Writes a unit's records to `unit.output_path` atomically; returns its stats (a dict)."""
+# Worker-process state: the BlockRecordBuilder of this process, built on first use.
+_BLOCK_RECORD_BUILDER = None
+
+
+def warm_up_worker(config):
+    """A job that starts a worker process and builds its BlockRecordBuilder before blocks arrive."""
+    try:
+        _block_record_builder(config)
+    except (OSError, KeyError):
+        pass  # a missing or bad vocabulary: the main process reports it
+    return os.getpid()
+
+
+def _block_record_builder(config):
+    """This process's BlockRecordBuilder for `config`, built on first use."""
+    global _BLOCK_RECORD_BUILDER
+    if _BLOCK_RECORD_BUILDER is None or _BLOCK_RECORD_BUILDER.config != config:
+        _BLOCK_RECORD_BUILDER = BlockRecordBuilder(config, VocabInfo.from_checked_file(config.vocab_file))
+    return _BLOCK_RECORD_BUILDER
+
+
+def build_block_records(config, unit_index, block_index, block):
+    """Worker entry point: BlockRecordBuilder.build, with this process's builder for `config`."""
+    return _block_record_builder(config).build(unit_index, block_index, block)
+
+
+class PartWriter:
+    """Writes one unit's records to its part file: a TFRecord file (or gzip member), atomically."""
+
+    def __init__(self, path, compression):
         import tensorflow as tf
 
         from bert_tf import io_utils
 
-        stats = collections.Counter()
-        with io_utils.atomic_path(unit.output_path) as tmp:
-            options = "GZIP" if self.config.compression == "gzip" else None
-            with tf.io.TFRecordWriter(tmp, options=options) as writer:
-                for record in self.iter_unit_records(unit, stats):
-                    writer.write(record)
-        stats["part_bytes"] = os.path.getsize(unit.output_path)
-        return dict(stats)
+        self.path = path
+        self._stack = contextlib.ExitStack()
+        tmp = self._stack.enter_context(io_utils.atomic_path(path))
+        options = "GZIP" if compression == "gzip" else None
+        self._writer = self._stack.enter_context(tf.io.TFRecordWriter(tmp, options=options))
+
+    def write(self, blob, lengths):
+        """Writes records given as their concatenation and their lengths."""
+        write = self._writer.write
+        start = 0
+        for end in np.cumsum(lengths).tolist():
+            write(blob[start:end])
+            start = end
+
+    def close(self):
+        """Finishes the file and renames it into place; returns its size in bytes."""
+        self._stack.close()
+        return os.path.getsize(self.path)
+
+    def abort(self):
+        """Drops the temp file; the part is not written."""
+        self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+
+def iter_first_records(path, compression, count):
+    """Yields the first `count` records of a TFRecord file written here (for logs; no CRC check).
+
+    A TFRecord is: uint64 length, uint32 masked CRC of the length, the data, uint32 masked CRC of
+    the data, all little-endian. Reading them directly spares a tf.data pipeline's start-up.
+    """
+    opener = gzip.open if compression == "gzip" else open
+    with opener(path, "rb") as f:
+        for _ in range(count):
+            header = f.read(12)
+            if len(header) < 12:
+                return
+            length = int.from_bytes(header[:8], "little")
+            yield f.read(length)
+            f.read(4)
 
 
 def iter_tfds_documents(name, split, feature, data_dir=None):
@@ -795,10 +1215,9 @@ def iter_tfds_documents(name, split, feature, data_dir=None):
 
 @contextlib.contextmanager
 def paused_gc():
-    """Pauses the cyclic garbage collector: a block allocates ~10^5 lists and no cycles.
+    """Pauses the cyclic garbage collector: planning a block allocates ~10^5 tuples and no cycles.
 
-    Otherwise its collections rescan the growing block again and again, which more than doubles the
-    time spent building instances.
+    Otherwise its collections rescan the growing plan again and again.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -807,23 +1226,3 @@ def paused_gc():
     finally:
         if was_enabled:
             gc.enable()
-
-
-# Worker-process state: one UnitProcessor per process, built on first use.
-_PROCESSOR = None
-
-
-def process_unit(config, unit):
-    """Worker entry point: builds this process's UnitProcessor once, then writes `unit`."""
-    global _PROCESSOR
-    if _PROCESSOR is None or _PROCESSOR.config != config:
-        import tensorflow as tf
-
-        # Parallelism comes from processes; one thread each keeps them from fighting for cores.
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(1)
-            tf.config.threading.set_inter_op_parallelism_threads(1)
-        except RuntimeError:
-            pass  # already initialized (the in-process worker shares the main process's runtime)
-        _PROCESSOR = UnitProcessor(config)
-    return _PROCESSOR.write_unit(unit)

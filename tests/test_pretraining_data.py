@@ -6,7 +6,10 @@ import gzip
 import json
 import logging as std_logging
 import os
+import pickle
 import random
+import subprocess
+import sys
 import tracemalloc
 import unittest.mock
 
@@ -224,6 +227,67 @@ def test_truncate_seq_pair_matches_the_original():
         assert trimmed == max(0, len(ref_a) + len(ref_b) - limit) or len(a) + len(b) <= limit
 
 
+def test_truncation_trims_match_the_original():
+    rng = random.Random(8)
+    a = np.array([rng.randint(1, 200) for _ in range(500)])
+    b = np.array([rng.randint(1, 200) for _ in range(500)])
+    limits = np.array([rng.randint(2, 250) for _ in range(500)])
+    trims_a, trims_b = pd.truncation_trims(a, b, limits)
+    for i in range(500):
+        ref_a, ref_b = list(range(a[i])), list(range(b[i]))
+        reference_truncate_seq_pair(ref_a, ref_b, limits[i], random.Random(i))
+        assert (len(ref_a), len(ref_b)) == (a[i] - trims_a[i], b[i] - trims_b[i])
+
+
+def test_truncation_takes_a_binomial_share_from_the_front(vocab):
+    # A of 300 tokens and B of 20 must lose 195 tokens of A (max_num_tokens 125): each trim is a
+    # fair coin between front and back, so the front's share is Binomial(195, 1/2).
+    builder = make_builder(vocab)
+    tokens = np.arange(1000, 1600, dtype=np.int32)
+    plan = np.array([[0, 300, 500, 520, 0, 125, 0, -1]] * 4000, np.int64)
+    batch = builder.make_batch(tokens, plan, np.random.default_rng(0))
+    assert (batch.num_truncated == 195).all() and (batch.a_lengths == 105 + 2).all()
+    fronts = []
+    for instance in batch.instances():
+        a, b = split_segments(instance, vocab)
+        assert a == list(range(a[0], a[0] + 105)) and b == list(range(1500, 1520))
+        fronts.append(a[0] - 1000)
+    assert np.mean(fronts) == pytest.approx(97.5, abs=0.5)
+    assert np.var(fronts) == pytest.approx(195 / 4, rel=0.1)
+
+
+def test_records_are_built_without_tensorflow(long_documents, vocab, tmp_path):
+    # Worker processes get Blocks and build records with NumPy only: check in a fresh process
+    # that neither the worker path nor importing the CLI imports TensorFlow, and that the bytes
+    # equal this process's.
+    config = pd.GenerationConfig(vocab_file=VOCAB_FILE, dupe_factor=2, max_seq_length=64,
+                                 max_predictions_per_seq=10)
+    block = pd.Block.from_documents(long_documents[:60])
+    job = tmp_path / "job.pkl"
+    job.write_bytes(pickle.dumps((config, block)))
+    script = (
+        "import pickle, sys\n"
+        "import bert_tf.create_pretraining_data\n"
+        "from bert_tf import pretraining_data as pd\n"
+        f"config, block = pickle.load(open({str(job)!r}, 'rb'))\n"
+        "blob, lengths, stats = pd.build_block_records(config, 3, 1, block)\n"
+        "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
+        f"pickle.dump((blob, lengths, stats), open({str(job)!r}, 'wb'))\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": repo}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    blob, lengths, stats = pickle.loads(job.read_bytes())
+    expected = pd.BlockRecordBuilder(config, vocab).build(3, 1, block)
+    assert blob == expected[0] and lengths.tolist() == expected[1].tolist() and stats == expected[2]
+    assert stats["instances"] == len(lengths) > 100
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    records = [blob[a:b] for a, b in zip(offsets, offsets[1:])]
+    parsed = tf.io.parse_example(tf.constant(records), original_feature_spec(64, 10))
+    assert int(parsed["masked_lm_weights"].numpy().sum()) == stats["masked_positions"]
+
+
 @pytest.fixture(scope="module")
 def instances(long_documents, vocab):
     builder = make_builder(vocab)
@@ -282,7 +346,8 @@ def test_next_sentence_balance(instances):
 def test_short_target_lengths(long_documents, vocab):
     builder = make_builder(vocab, max_seq_length=64)
     rng = random.Random(11)
-    targets = [builder.create_instances_from_document(long_documents, i % len(long_documents), rng)[0]
+    block = pd.Block.from_documents(long_documents)
+    targets = [builder.create_instances_from_document(block, i % block.num_documents, rng)[0]
                .target_seq_length for i in range(6000)]
     short = [t for t in targets if t < 61]
     assert len(short) / len(targets) == pytest.approx(0.1, abs=0.015)
