@@ -171,14 +171,16 @@ def test_rerun_skips_complete_outputs_and_cleans_leftovers(corpus_file, referenc
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_output(corpus_file, tmp_path):
     big = str(tmp_path / "big.txt")
-    corpus.repeat_corpus(corpus_file, big, 3 << 20)  # ~3 units per output at the default unit size
+    # ~12 units per output at the default unit size: seconds of work left after the first output,
+    # so the kill lands mid-run even on a fast, quiet machine.
+    corpus.repeat_corpus(corpus_file, big, 12 << 20)
     killed, clean = str(tmp_path / "killed"), str(tmp_path / "clean")
     args = [f"--{k}={v}" for k, v in common_flags(big, killed, num_workers=1).items()]
     process = run_cli(*args, background=True)
     first_manifest = os.path.join(killed, ".pretrain.work", "output-00000.json")
     deadline = time.time() + 300
     while not os.path.exists(first_manifest) and process.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     was_killed = process.poll() is None
     process.send_signal(signal.SIGKILL)
     process.wait()
