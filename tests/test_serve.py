@@ -1,0 +1,677 @@
+"""bert_tf.serve over real HTTP on 127.0.0.1: real SavedModels (GraphTokenizer + tiny BERT), no mocks.
+
+The reference for every model output is the same SavedModel called directly with
+tf.saved_model.load; the reference for the JSON shapes is TF Serving's REST API documentation
+and json_tensor.cc.
+"""
+
+import base64
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+
+from bert_tf import serve
+
+LABELS = ["negative", "positive", "neutral"]
+V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
+MAX_SEQ_LENGTH = 16
+TEXTS = ["a wonderful film", "the plot was dull and slow", "", "Überraschend gut! 😀"]
+_BUILT = {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Test SavedModels, built once per session and shared with test_serve_fuzz.py
+# ----------------------------------------------------------------------------------------------
+
+
+def _make_module(vocab_file):
+    """A tf.Module like the export will write: strings in, GraphTokenizer, tiny BERT, named outputs."""
+    import keras
+
+    from bert_tf import modeling, tokenization
+
+    keras.utils.set_random_seed(7)
+    config = modeling.BertConfig(vocab_size=30522, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=16, max_position_embeddings=MAX_SEQ_LENGTH)
+
+    class Classifier(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokenizer = tokenization.GraphTokenizer(vocab_file, do_lower_case=True)
+            self.encoder = modeling.build_encoder(config)
+            self.head = keras.layers.Dense(len(LABELS), name="head")
+            self.head.build((None, config.hidden_size))
+            self.labels = tf.Variable(LABELS, dtype=tf.string, trainable=False)
+
+        def _pack(self, ids_a, ids_b=None):
+            """[CLS] a [SEP] (b [SEP]), truncated to MAX_SEQ_LENGTH and padded."""
+            cls = tf.fill([ids_a.nrows(), 1], self.tokenizer.special_ids["[CLS]"])
+            sep = tf.fill([ids_a.nrows(), 1], self.tokenizer.special_ids["[SEP]"])
+            if ids_b is None:
+                ids = tf.concat([cls, ids_a[:, :MAX_SEQ_LENGTH - 2], sep], axis=1)
+                types = tf.zeros_like(ids)
+            else:
+                half = (MAX_SEQ_LENGTH - 3) // 2
+                a = tf.concat([cls, ids_a[:, :half], sep], axis=1)
+                b = tf.concat([ids_b[:, :half], sep], axis=1)
+                ids = tf.concat([a, b], axis=1)
+                types = tf.concat([tf.zeros_like(a), tf.ones_like(b)], axis=1)
+            word_ids = ids.to_tensor(shape=[None, MAX_SEQ_LENGTH])
+            return {"input_word_ids": word_ids,
+                    "input_mask": tf.cast(word_ids != 0, tf.int32),
+                    "input_type_ids": types.to_tensor(shape=[None, MAX_SEQ_LENGTH])}
+
+        def _probabilities(self, inputs):
+            pooled = self.encoder(inputs, training=False)["pooled_output"]
+            return tf.nn.softmax(self.head(pooled), axis=-1)
+
+        def _named(self, probabilities):
+            label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+            return {"probabilities": probabilities, "label_id": label_id,
+                    "label": tf.gather(self.labels, label_id)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def predict(self, text):
+            return self._named(self._probabilities(self._pack(self.tokenizer.tokenize(text))))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text_a"),
+                                      tf.TensorSpec([None], tf.string, name="text_b")])
+        def predict_pair(self, text_a, text_b):
+            packed = self._pack(self.tokenizer.tokenize(text_a), self.tokenizer.tokenize(text_b))
+            return self._named(self._probabilities(packed))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def classify(self, inputs):
+            features = tf.io.parse_example(inputs, {"text": tf.io.FixedLenFeature([], tf.string)})
+            probabilities = self._probabilities(self._pack(self.tokenizer.tokenize(features["text"])))
+            classes = tf.tile(self.labels[tf.newaxis, :], [tf.shape(inputs)[0], 1])
+            return {"classes": classes, "scores": probabilities}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def regress(self, inputs):
+            features = tf.io.parse_example(inputs, {"text": tf.io.FixedLenFeature([], tf.string)})
+            probabilities = self._probabilities(self._pack(self.tokenizer.tokenize(features["text"])))
+            return {"outputs": probabilities[:, 1]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def echo_bytes(self, text):
+            return {"text_bytes": text}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x"),
+                                      tf.TensorSpec([None], tf.int32, name="n")])
+        def scale(self, x, n):
+            checked = tf.debugging.assert_non_negative(n, message="n must be non-negative")
+            with tf.control_dependencies([checked]):
+                return {"y": x * tf.cast(n, tf.float32)[:, tf.newaxis]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def complex_out(self, x):
+            return {"z": tf.complex(x, x)}
+
+    return Classifier()
+
+
+def _signatures(module):
+    """Every signature the server is tested on."""
+    return {
+        "serving_default": module.predict.get_concrete_function(),
+        "pair": module.predict_pair.get_concrete_function(),
+        "classification": module.classify.get_concrete_function(),
+        "regression": module.regress.get_concrete_function(),
+        "echo": module.echo_bytes.get_concrete_function(),
+        "scale": module.scale.get_concrete_function(),
+        "complex": module.complex_out.get_concrete_function(),
+    }
+
+
+def _save(module, path, signatures):
+    """Saves a SavedModel, then marks the classify/regress signatures' methods."""
+    tf.saved_model.save(module, path, signatures=signatures)
+    # tf.saved_model.save writes every signature as "predict"; set the classify/regress methods as
+    # an exporter for TF Serving does, by editing the SavedModel proto.
+    proto = saved_model_pb2.SavedModel()
+    pb_path = os.path.join(path, "saved_model.pb")
+    with open(pb_path, "rb") as f:
+        proto.ParseFromString(f.read())
+    signature_defs = proto.meta_graphs[0].signature_def
+    signature_defs["classification"].method_name = serve.CLASSIFY_METHOD
+    signature_defs["regression"].method_name = serve.REGRESS_METHOD
+    with open(pb_path, "wb") as f:
+        f.write(proto.SerializeToString())
+
+
+def build_test_exports(tmp_path_factory, vocab_file):
+    """{"v1": dir, "v2": dir}: two versions of the test model (v2 has upper-case label names)."""
+    if not _BUILT:
+        root = tmp_path_factory.mktemp("serve_models")
+        module = _make_module(vocab_file)
+        _save(module, str(root / "v1"), _signatures(module))
+        # Version 2: the same graphs with other label names (re-saving the loaded model is fast).
+        loaded = tf.saved_model.load(str(root / "v1"))
+        loaded.labels.assign(V2_LABELS)
+        _save(loaded, str(root / "v2"), dict(loaded.signatures))
+        _BUILT.update(v1=str(root / "v1"), v2=str(root / "v2"))
+    return dict(_BUILT)
+
+
+def make_base(tmp_path, exports, versions=(1,)):
+    """A TF Serving model base path with the given versions of v1 (plus a non-numeric decoy dir)."""
+    base = tmp_path / "clf"
+    base.mkdir()
+    (base / "not_a_version").mkdir()
+    for version in versions:
+        shutil.copytree(exports["v1"], base / str(version))
+    return str(base)
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def http_request(port, method, path, body=None, headers=None, connection=None):
+    """One request; returns (status, parsed JSON body)."""
+    own = connection is None
+    connection = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        raw = response.read()
+        assert response.getheader("Content-Type") == "application/json", raw[:200]
+        return response.status, json.loads(raw)
+    finally:
+        if own:
+            connection.close()
+
+
+def post(port, path, body, **kwargs):
+    """POST a JSON body."""
+    return http_request(port, "POST", path, body, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixtures
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, real_vocab):
+    return build_test_exports(tmp_path_factory, real_vocab)
+
+
+@pytest.fixture(scope="module")
+def direct(exports):
+    """The v1 SavedModel loaded directly: the reference every server reply is checked against."""
+    return tf.saved_model.load(exports["v1"])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, exports):
+    base = make_base(tmp_path_factory.mktemp("server"), exports)
+    # No warm-up: each signature's first request pays its graph instantiation instead, which only
+    # the tests that use it need (test_new_version_... covers warm-up).
+    with serve.ModelServer({"clf": base}, port=0, poll_seconds=0, max_request_bytes=4 << 20,
+                           warmup=False) as running:
+        yield running
+
+
+# ----------------------------------------------------------------------------------------------
+# Status and metadata
+# ----------------------------------------------------------------------------------------------
+
+
+def test_status_is_tf_serving_json(server):
+    expected = {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+    assert http_request(server.port, "GET", "/v1/models/clf") == (200, expected)
+    assert http_request(server.port, "GET", "/v1/models/clf/versions/1") == (200, expected)
+    status, reply = http_request(server.port, "GET", "/v1/models/clf/versions/7")
+    assert status == 404 and "7" in reply["error"]
+    status, reply = http_request(server.port, "GET", "/v1/models/nope")
+    assert status == 404 and "nope" in reply["error"]
+
+
+def test_metadata_matches_the_savedmodel(server, direct):
+    status, reply = http_request(server.port, "GET", "/v1/models/clf/metadata")
+    assert status == 200
+    assert reply["model_spec"] == {"name": "clf", "signature_name": "", "version": "1"}
+    assert http_request(server.port, "GET", "/v1/models/clf/versions/1/metadata") == (200, reply)
+    defs = reply["metadata"]["signature_def"]["signature_def"]
+    assert set(direct.signatures) <= set(defs)
+    default = defs["serving_default"]
+    assert default["method_name"] == "tensorflow/serving/predict"
+    assert default["inputs"]["text"]["dtype"] == "DT_STRING"
+    assert default["inputs"]["text"]["tensor_shape"] == {"dim": [{"size": "-1", "name": ""}], "unknown_rank": False}
+    assert defs["classification"]["method_name"] == "tensorflow/serving/classify"
+    assert defs["regression"]["method_name"] == "tensorflow/serving/regress"
+    # Every signature's inputs and outputs agree with the loaded model's own specs.
+    for name, function in direct.signatures.items():
+        for specs, key in ((function.structured_input_signature[1], "inputs"),
+                           (function.structured_outputs, "outputs")):
+            assert set(defs[name][key]) == set(specs)
+            for tensor, spec in specs.items():
+                info = defs[name][key][tensor]
+                assert info["dtype"] == types_pb2.DataType.Name(spec.dtype.as_datatype_enum)
+                dims = [int(d["size"]) for d in info["tensor_shape"].get("dim", [])]
+                assert dims == [-1 if d is None else d for d in spec.shape.as_list()]
+    assert defs["classification"]["outputs"]["scores"]["tensor_shape"]["dim"][1]["size"] == "3"
+
+
+# ----------------------------------------------------------------------------------------------
+# Predict
+# ----------------------------------------------------------------------------------------------
+
+
+def _direct_predict(direct, texts, signature="serving_default"):
+    outputs = direct.signatures[signature](text=tf.constant(texts))
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def test_predict_row_format_equals_direct_call(server, direct):
+    status, reply = post(server.port, "/v1/models/clf:predict", {"instances": TEXTS})
+    assert status == 200
+    expected = _direct_predict(direct, TEXTS)
+    assert len(reply["predictions"]) == len(TEXTS)
+    for row, prediction in enumerate(reply["predictions"]):
+        assert set(prediction) == {"probabilities", "label_id", "label"}
+        np.testing.assert_allclose(prediction["probabilities"], expected["probabilities"][row], rtol=1e-6)
+        assert prediction["label_id"] == int(expected["label_id"][row])
+        assert prediction["label"] == expected["label"][row].decode() == LABELS[prediction["label_id"]]
+    # The same rows written as objects, and through the explicit version URL.
+    status, named = post(server.port, "/v1/models/clf/versions/1:predict",
+                         {"instances": [{"text": t} for t in TEXTS], "signature_name": "serving_default"})
+    assert status == 200 and named == reply
+
+
+def test_predict_columnar_format(server, direct):
+    status, reply = post(server.port, "/v1/models/clf:predict", {"inputs": {"text": TEXTS}})
+    assert status == 200
+    expected = _direct_predict(direct, TEXTS)
+    outputs = reply["outputs"]
+    assert set(outputs) == {"probabilities", "label_id", "label"}
+    np.testing.assert_allclose(outputs["probabilities"], expected["probabilities"], rtol=1e-6)
+    assert outputs["label_id"] == expected["label_id"].tolist()
+    assert outputs["label"] == [b.decode() for b in expected["label"]]
+    # A single-input signature also takes the bare tensor.
+    assert post(server.port, "/v1/models/clf:predict", {"inputs": TEXTS}) == (200, reply)
+
+
+def test_predict_b64_strings_and_bytes_outputs(server):
+    raw = [b"\xff\xfe not utf-8 \x00", "caf\u00e9".encode(), b""]
+    b64 = [{"b64": base64.b64encode(value).decode()} for value in raw]
+    # Single output: the row reply is the list of values itself; `_bytes` outputs come back as b64.
+    status, reply = post(server.port, "/v1/models/clf:predict", {"signature_name": "echo", "instances": b64})
+    assert status == 200
+    assert reply == {"predictions": b64}
+    status, reply = post(server.port, "/v1/models/clf:predict", {"signature_name": "echo", "inputs": b64})
+    assert status == 200 and reply == {"outputs": b64}
+    # b64 and plain strings mean the same to the model.
+    plain = post(server.port, "/v1/models/clf:predict", {"instances": ["a wonderful film"]})
+    encoded = post(server.port, "/v1/models/clf:predict",
+                   {"instances": [{"b64": base64.b64encode(b"a wonderful film").decode()}]})
+    assert plain == encoded
+
+
+def test_predict_pair_and_numeric_signatures(server, direct):
+    pairs = [{"text_a": "is it good?", "text_b": "yes it is"}, {"text_a": "", "text_b": "no"}]
+    status, reply = post(server.port, "/v1/models/clf:predict", {"signature_name": "pair", "instances": pairs})
+    assert status == 200
+    expected = direct.signatures["pair"](text_a=tf.constant([p["text_a"] for p in pairs]),
+                                         text_b=tf.constant([p["text_b"] for p in pairs]))
+    np.testing.assert_allclose([p["probabilities"] for p in reply["predictions"]],
+                               expected["probabilities"].numpy(), rtol=1e-6)
+    status, reply = post(server.port, "/v1/models/clf:predict",
+                         {"signature_name": "scale", "inputs": {"x": [[1.5, -2], [0.25, 4]], "n": [2, 3]}})
+    assert status == 200
+    assert reply == {"outputs": [[3.0, -4.0], [0.75, 12.0]]}
+    status, reply = post(server.port, "/v1/models/clf:predict",
+                         {"signature_name": "scale", "instances": [{"x": [1, 2], "n": 1}]})
+    assert (status, reply) == (200, {"predictions": [[1.0, 2.0]]})
+
+
+def test_empty_and_one_megabyte_strings(server, direct):
+    long_text = "the quick brown fox jumps over the lazy dog " * 23000  # about 1 MB
+    assert len(long_text) > 1_000_000
+    status, reply = post(server.port, "/v1/models/clf:predict", {"instances": ["", long_text]})
+    assert status == 200
+    expected = _direct_predict(direct, ["", long_text[:2000]])  # Truncation keeps the first tokens.
+    np.testing.assert_allclose([p["probabilities"] for p in reply["predictions"]],
+                               expected["probabilities"], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Classify and regress
+# ----------------------------------------------------------------------------------------------
+
+
+def test_classify_and_regress(server, direct):
+    texts = TEXTS[:3]
+    expected = _direct_predict(direct, texts)["probabilities"]
+    request = {"signature_name": "classification", "examples": [{"text": t} for t in texts]}
+    status, reply = post(server.port, "/v1/models/clf:classify", request)
+    assert status == 200
+    assert [[label for label, _ in row] for row in reply["results"]] == [LABELS] * len(texts)
+    np.testing.assert_allclose([[score for _, score in row] for row in reply["results"]], expected, rtol=1e-6)
+    # Context features are merged into every example.
+    status, with_context = post(server.port, "/v1/models/clf:classify", {
+        "signature_name": "classification", "context": {"text": texts[0]}, "examples": [{}, {}]})
+    assert status == 200 and with_context["results"] == [reply["results"][0]] * 2
+    status, reply = post(server.port, "/v1/models/clf:regress",
+                         {"signature_name": "regression", "examples": [{"text": [t]} for t in texts]})
+    assert status == 200
+    np.testing.assert_allclose(reply["results"], expected[:, 1], rtol=1e-6)
+    # The default signature is serving_default, which is a predict signature: a 400, as in TF Serving.
+    status, reply = post(server.port, "/v1/models/clf:classify", {"examples": [{"text": "x"}]})
+    assert status == 400 and "tensorflow/serving/classify" in reply["error"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+ERROR_CASES = [
+    # (method, path, body, expected status, a word the message must contain)
+    ("POST", "/v1/models/clf:predict", b"{not json", 400, "JSON"),
+    ("POST", "/v1/models/clf:predict", b"[1, 2]", 400, "object"),
+    ("POST", "/v1/models/clf:predict", b'{"instances": ["\xff\xfe"]}', 400, "UTF-8"),
+    ("POST", "/v1/models/clf:predict", {"instances": ["a"], "inputs": ["a"]}, 400, "both"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "serving_default"}, 400, "instances"),
+    ("POST", "/v1/models/clf:predict", {"instances": "a"}, 400, "list"),
+    ("POST", "/v1/models/clf:predict", {"instances": []}, 400, "empty"),
+    ("POST", "/v1/models/clf:predict", {"instances": [1, 2]}, 400, "DT_STRING"),
+    ("POST", "/v1/models/clf:predict", {"instances": [["a"], ["b"]]}, 400, "rank"),
+    ("POST", "/v1/models/clf:predict", {"instances": [{"txt": "a"}]}, 400, "text"),
+    ("POST", "/v1/models/clf:predict", {"inputs": {"txt": ["a"]}}, 400, "txt"),
+    ("POST", "/v1/models/clf:predict", {"instances": [{"b64": "***"}]}, 400, "base64"),
+    ("POST", "/v1/models/clf:predict", '{"instances": ["\\ud800"]}', 400, "surrogate"),
+    ("POST", "/v1/models/clf:predict", {"instances": ["a"], "signature_name": 3}, 400, "string"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "pair", "instances": ["a"]}, 400, "object"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "scale", "inputs": {"x": [[1, 2]], "n": [1.5]}},
+     400, "integer"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "scale", "inputs": {"x": [[1, 2], [3]], "n": [1]}},
+     400, "rectangular"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "scale", "inputs": {"x": [[1, 2, 3]], "n": [1]}},
+     400, "shape"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "scale", "inputs": {"x": [[1, 2]], "n": [1 << 40]}},
+     400, "range"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "scale", "inputs": {"x": [[1, 2]], "n": [-1]}},
+     400, "non-negative"),
+    ("POST", "/v1/models/clf:predict", "[" * 10000 + "]" * 10000, 400, "deeply"),
+    ("POST", "/v1/models/clf:predict", '{"instances": [' + "[" * 10000 + "]" * 10000 + "]}", 400, "deeply"),
+    ("POST", "/v1/models/clf:predict", '{"instances": [' + "1" * 5000 + "]}", 400, "JSON"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "nope", "instances": ["a"]}, 404, "nope"),
+    ("POST", "/v1/models/nope:predict", {"instances": ["a"]}, 404, "nope"),
+    ("POST", "/v1/models/clf/versions/9:predict", {"instances": ["a"]}, 404, "9"),
+    ("POST", "/v1/models/clf:explain", {"instances": ["a"]}, 404, "explain"),
+    ("GET", "/", None, 404, "Malformed"),
+    ("GET", "/etc/passwd", None, 404, "Malformed"),
+    ("GET", "/v1/models/clf/../../etc/passwd", None, 404, "Malformed"),
+    ("GET", "/v1/models/clf/versions/x", None, 404, "version"),
+    ("GET", "/v1/models/clf:predict", None, 405, "POST"),
+    ("POST", "/v1/models/clf", {"instances": ["a"]}, 405, "GET"),
+    ("PUT", "/v1/models/clf:predict", b"{}", 405, "PUT"),
+    ("DELETE", "/v1/models/clf", None, 405, "DELETE"),
+    ("POST", "/v1/models/clf:classify", {"signature_name": "classification"}, 400, "examples"),
+    ("POST", "/v1/models/clf:classify", {"signature_name": "classification", "examples": {}}, 400, "list"),
+    ("POST", "/v1/models/clf:classify", {"signature_name": "classification", "examples": [{"text": None}]},
+     400, "unexpected JSON type"),
+    ("POST", "/v1/models/clf:classify", {"signature_name": "classification", "examples": [{"text": [1, "a"]}]},
+     400, "expecting type"),
+    ("POST", "/v1/models/clf:classify",
+     {"signature_name": "classification", "context": {"text": "a"}, "examples": [{"text": "b"}]}, 400, "context"),
+    ("POST", "/v1/models/clf:classify", {"signature_name": "classification", "examples": [{"txt": "a"}]},
+     400, "text"),  # The graph's parse_example reports the missing feature.
+    ("POST", "/v1/models/clf:regress", {"signature_name": "classification", "examples": [{"text": "a"}]},
+     400, "regress"),
+    ("POST", "/v1/models/clf:predict", {"signature_name": "complex", "inputs": [1.0]}, 500, "JSON"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,expected,word", ERROR_CASES,
+                         ids=[f"{c[0]}-{c[3]}-{i}" for i, c in enumerate(ERROR_CASES)])
+def test_errors_are_json_with_tf_serving_codes(server, method, path, body, expected, word):
+    status, reply = http_request(server.port, method, path, body)
+    assert status == expected, reply
+    assert set(reply) == {"error"} and word.lower() in reply["error"].lower(), reply
+    assert "Traceback" not in reply["error"] and 'File "' not in reply["error"]
+
+
+def test_body_over_the_limit_is_413_before_it_is_read(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.putrequest("POST", "/v1/models/clf:predict")
+    connection.putheader("Content-Length", str(1 << 30))  # Announce 1 GiB and send none of it.
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413 and "limit" in json.loads(response.read())["error"]
+    connection.close()
+    # A body just over the limit that is actually sent also gets its 413.
+    status, reply = post(server.port, "/v1/models/clf:predict", b" " * ((4 << 20) + 1))
+    assert status == 413
+    # Missing Content-Length on a POST.
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.putrequest("POST", "/v1/models/clf:predict")
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 411 and "error" in json.loads(response.read())
+    connection.close()
+
+
+def test_tf_error_codes_map_like_tf_serving():
+    assert serve._tf_error_to_request_error(tf.errors.ResourceExhaustedError(None, None, "OOM")).status == 429
+    assert serve._tf_error_to_request_error(tf.errors.InvalidArgumentError(None, None, "bad")).status == 400
+    assert serve._tf_error_to_request_error(tf.errors.NotFoundError(None, None, "x")).status == 404
+    assert serve._tf_error_to_request_error(tf.errors.InternalError(None, None, "x")).status == 500
+    assert serve._tf_error_to_request_error(tf.errors.UnavailableError(None, None, "x")).status == 503
+
+
+# ----------------------------------------------------------------------------------------------
+# Concurrency, batching, version switching
+# ----------------------------------------------------------------------------------------------
+
+
+def _run_clients(port, clients, requests_each, body_for):
+    """Runs `clients` keep-alive clients in threads; returns the list of (status, reply) and errors."""
+    results, errors = [], []
+
+    def client(index):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            for i in range(requests_each):
+                results.append((index, i, *post(port, "/v1/models/clf:predict", body_for(index, i),
+                                                connection=connection)))
+        except Exception as e:  # Recorded, and the test fails on it below.
+            errors.append(repr(e))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, errors
+
+
+def test_32_concurrent_clients(server, direct):
+    texts = [f"review number {i} was {'good' if i % 2 else 'bad'}" for i in range(32)]
+    expected = _direct_predict(direct, texts)["probabilities"]
+    results, errors = _run_clients(server.port, 32, 3, lambda c, i: {"instances": [texts[c]]})
+    assert not errors
+    assert len(results) == 96
+    for client, _, status, reply in results:
+        assert status == 200, reply
+        np.testing.assert_allclose(reply["predictions"][0]["probabilities"], expected[client], rtol=1e-5)
+
+
+def test_batching_gives_the_same_answers(tmp_path, exports, direct):
+    texts = [f"sentence {i} " * (i % 5 + 1) for i in range(16)]
+    expected = _direct_predict(direct, texts)["probabilities"]
+    base = make_base(tmp_path, exports)
+    with serve.ModelServer({"clf": base}, port=0, poll_seconds=0, enable_batching=True,
+                           batch_timeout_micros=20000, max_batch_size=8, warmup=False) as server:
+        results, errors = _run_clients(
+            server.port, 16, 2, lambda c, i: {"instances": [texts[c], texts[(c + 1) % 16]]})
+        assert not errors
+        for client, _, status, reply in results:
+            assert status == 200, reply
+            np.testing.assert_allclose([p["probabilities"] for p in reply["predictions"]],
+                                       expected[[client, (client + 1) % 16]], rtol=1e-5)
+        status, reply = post(server.port, "/v1/models/clf:predict", {"instances": [1]})
+        assert status == 400
+
+
+@pytest.mark.slow
+def test_new_version_is_picked_up_without_dropping_requests(tmp_path, exports):
+    base = make_base(tmp_path, exports)
+    loaded = []
+    server = serve.ModelServer({"clf": base}, port=0, poll_seconds=0.2,
+                               on_loaded=lambda name, version: loaded.append((name, version)))
+    server.start()
+    try:
+        assert loaded == [("clf", 1)]
+        stop, replies, failures = threading.Event(), [], []
+
+        def client():
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            while not stop.is_set():
+                try:
+                    status, reply = post(server.port, "/v1/models/clf:predict", {"instances": TEXTS},
+                                         connection=connection)
+                    (replies if status == 200 else failures).append(reply)
+                    time.sleep(0.01)  # Leave the CPU to the loading version too.
+                except Exception as e:  # A dropped connection is a failure too.
+                    failures.append(repr(e))
+                    connection.close()
+                    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            connection.close()
+
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        # A broken version 3 first: it is logged and skipped, version 1 keeps serving.
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "saved_model.pb").write_bytes(b"not a protobuf")
+        os.rename(tmp_path / "broken", os.path.join(base, "3"))
+        # Version 2 is copied in file by file (not atomically) while the clients run.
+        shutil.copytree(exports["v2"], os.path.join(base, "2"))
+        deadline = time.monotonic() + 60
+        while ("clf", 2) not in loaded and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # Some requests on the new version.
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert loaded == [("clf", 1), ("clf", 2)]
+        assert not failures, failures[:3]
+        labels = [{p["label"] for p in reply["predictions"]} for reply in replies]
+        assert labels[0] <= set(LABELS) and labels[-1] <= set(V2_LABELS)
+        status, reply = http_request(server.port, "GET", "/v1/models/clf")
+        states = {s["version"]: (s["state"], s["status"]["error_code"]) for s in reply["model_version_status"]}
+        assert states == {"3": ("END", "UNKNOWN"), "2": ("AVAILABLE", "OK"), "1": ("END", "OK")}
+        assert http_request(server.port, "GET", "/v1/models/clf/versions/2")[0] == 200
+        assert post(server.port, "/v1/models/clf/versions/1:predict", {"instances": ["a"]})[0] == 404
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# Model config file and the CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def test_parse_model_config():
+    text = """
+    # Two models, as TF Serving's --model_config_file takes them.
+    model_config_list {
+      config { name: "clf" base_path: "/models/clf" model_platform: "tensorflow" }
+      config: {
+        name: 'squad', base_path: "/models/" "squad"
+        model_version_policy { latest { num_versions: 1 } }
+      }
+    }
+    """
+    assert serve.parse_model_config(text) == {"clf": "/models/clf", "squad": "/models/squad"}
+    bad = {
+        "model_config_list { config { name: \"a\" } }": "no base_path",
+        "model_config_list { config { name: \"a\" base_path: \"/p\" }": "end of file",
+        "model_config_list { config { name: a base_path: \"/p\" } }": "quoted string",
+        "model_config_list { config { name: \"a\" base_path: \"/p\" model_platform: \"onnx\" } }": "onnx",
+        "model_config_list { config { name: \"a\" base_path: \"/p\" colour: \"red\" } }": "colour",
+        "custom_model_config { }": "model_config_list",
+        "model_config_list {\n config { name: \"a\" base_path: \"/p\" }\n config { name: \"a\" base_path: \"/q\" } }":
+            "twice",
+        "model_config_list { config { name: \"a\" base_path: \"/p\" ! } }": "unexpected character",
+        "": "empty",
+    }
+    for text, message in bad.items():
+        with pytest.raises(serve.ModelConfigError, match=message):
+            serve.parse_model_config(text, "models.config")
+    with pytest.raises(serve.ModelConfigError, match=r"models.config:3:"):
+        serve.parse_model_config("model_config_list {\n config {\n  nme: \"a\" } }", "models.config")
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(serve.__file__)),
+                                         env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.slow
+def test_cli_serves_a_model_config_file_in_a_subprocess(tmp_path, exports):
+    base = make_base(tmp_path, exports)
+    config = tmp_path / "models.config"
+    config.write_text(f'model_config_list {{\n  config {{ name: "clf" base_path: "{base}" '
+                      f'model_platform: "tensorflow" }}\n  config {{ name: "again" base_path: "{base}" }}\n}}\n')
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr_file:  # A file, so a chatty child can never block on a full pipe.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bert_tf.serve", f"--model_config_file={config}", "--rest_api_port=0",
+             "--port=8500", "--file_system_poll_wait_seconds=0.5"],
+            stdout=subprocess.PIPE, stderr=stderr_file, text=True, env=_env())
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        found = []
+        for _ in range(2):
+            line = lines.get(timeout=300)
+            found.append(re.fullmatch(r"serving (\w+) version (\d+) at http://127\.0\.0\.1:(\d+)\n", line))
+            assert found[-1], line
+        assert sorted(m.group(1) for m in found) == ["again", "clf"]
+        port = int(found[0].group(3))
+        for name in ("clf", "again"):
+            status, reply = post(port, f"/v1/models/{name}:predict", {"instances": ["hello"]})
+            assert status == 200 and reply["predictions"][0]["label"] in LABELS
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    stderr = stderr_path.read_text()
+    assert process.returncode == 0, stderr[-2000:]
+    assert "gRPC is not served" in stderr
+
+
+def test_cli_usage_error_exits_2(tmp_path):
+    config = tmp_path / "models.config"
+    config.write_text('model_config_list {\n  config { name: "clf" base_path: /no/quotes }\n}\n')
+    result = subprocess.run([sys.executable, "-m", "bert_tf.serve", f"--model_config_file={config}"],
+                            capture_output=True, text=True, env=_env(), timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"{config}:2:" in result.stderr
