@@ -6,6 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR := build/demo
+DEMO_REQUEST := {"instances": ["the film was delightful and the music felt lovely .", "the ending seemed awful to me ."]}
 # Keep TensorFlow's C++ logging to warnings and errors.
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 
@@ -45,6 +46,15 @@ demo: $(STAMP)
 	  --learning_rate=1e-3 --num_train_epochs=10
 	cat $(DEMO_DIR)/classifier/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/classifier --export_dir=$(DEMO_DIR)/export/demo_sst2
+	@# Serve the export over TF Serving's REST API on a free port, send one request, stop.
+	$(PY) -m bert_tf.serve --model_base_path=$(DEMO_DIR)/export/demo_sst2 --model_name=demo_sst2 \
+	  --rest_api_port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
+	  for i in $$(seq 300); do \
+	    url=$$(grep -o 'http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log | head -n 1); \
+	    [ -n "$$url" ] && break; kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
+	  done; \
+	  echo "curl -X POST $$url/v1/models/demo_sst2:predict -d '$(DEMO_REQUEST)'"; \
+	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d '$(DEMO_REQUEST)'; echo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
