@@ -53,8 +53,9 @@ demo: $(STAMP)
 	    url=$$(grep -o 'http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log | head -n 1); \
 	    [ -n "$$url" ] && break; kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
 	  done; \
-	  echo "curl -X POST $$url/v1/models/demo_sst2:predict -d '$(DEMO_REQUEST)'"; \
-	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d '$(DEMO_REQUEST)'; echo
+	  printf '%s\n' '$(DEMO_REQUEST)' > $(DEMO_DIR)/request.json; cat $(DEMO_DIR)/request.json; \
+	  echo "curl -X POST $$url/v1/models/demo_sst2:predict -d @$(DEMO_DIR)/request.json"; \
+	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d @$(DEMO_DIR)/request.json; echo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
