@@ -14,7 +14,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from bert_tf import io_utils, tokenization
+from bert_tf import io_utils, pretraining_data, tokenization
 
 SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -34,16 +34,6 @@ MAX_PARALLEL_FILES = 8
 
 class RecordFormatError(io_utils.UsageError):
     """Records that do not fit the flags (lengths) or the schema (a missing feature)."""
-
-
-def feature_spec(max_seq_length, max_predictions_per_seq):
-    """The tf.io.parse_example spec of the original schema."""
-    spec = {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in SEQUENCE_FEATURES}
-    spec["masked_lm_positions"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-    spec["masked_lm_ids"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-    spec["masked_lm_weights"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32)
-    spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
-    return spec
 
 
 def check_record_lengths(input_file, max_seq_length, max_predictions_per_seq):
@@ -174,7 +164,7 @@ def pretraining_dataset(files, batch_size, max_seq_length, max_predictions_per_s
         dataset = dataset.shuffle(SHUFFLE_BUFFER_RECORDS, seed=seed, reshuffle_each_iteration=True)
     # Parsing whole batches is several times faster than parsing records one by one.
     dataset = dataset.batch(batch_size, drop_remainder=True)
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    spec = pretraining_data.feature_spec(max_seq_length, max_predictions_per_seq)
     dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec),
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if dynamic_masking is not None:
