@@ -18,9 +18,13 @@ The original pipeline, which both follow:
 
 import collections
 import functools
+import hashlib
+import inspect
 import os
+import sys
 import unicodedata
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -48,10 +52,11 @@ class VocabError(ValueError):
 
 def load_vocab(vocab_file):
     """Reads a vocab.txt (one token per line, id = line number) into an ordered token->id dict."""
-    if not os.path.isfile(vocab_file):
+    # tf.io.gfile so that a vocab on gs:// (next to a TPU's data) loads like a local one.
+    if not tf.io.gfile.exists(vocab_file) or tf.io.gfile.isdir(vocab_file):
         raise VocabError(f"vocabulary file not found: {vocab_file}")
     vocab = collections.OrderedDict()
-    with open(vocab_file, "rb") as f:
+    with tf.io.gfile.GFile(vocab_file, "rb") as f:
         for line_number, raw in enumerate(f, start=1):
             token = raw.decode("utf-8", errors="replace").strip()
             if not token:
@@ -80,8 +85,7 @@ def to_text(text):
 
 def count_invalid_utf8(data):
     """Returns how many U+FFFD replacements decoding `data` as UTF-8 introduces."""
-    decoded = bytes(data).decode("utf-8", errors="replace")
-    return decoded.count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
+    return to_text(data).count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
 
 
 # Character classes. They are cached because text repeats a small set of characters, and
@@ -215,7 +219,9 @@ class FullTokenizer:
     def tokenize(self, text):
         """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes)."""
         if isinstance(text, (bytes, bytearray)):
-            self.invalid_utf8_count += count_invalid_utf8(text)
+            decoded = to_text(text)
+            self.invalid_utf8_count += decoded.count("\ufffd") - bytes(text).count("\ufffd".encode("utf-8"))
+            text = decoded
         pieces = []
         for word in self.basic_tokenizer.tokenize(text):
             pieces.extend(self.wordpiece_tokenizer.tokenize_word(word))
@@ -287,10 +293,6 @@ def _code_point_properties(char):
 
 def _tables_cache_path():
     """Where code_point_tables() keeps its result, keyed by everything that determines it."""
-    import hashlib
-    import inspect
-    import sys
-
     builders = (_code_point_properties, _compute_code_point_tables, is_whitespace, is_control,
                 is_punctuation, is_cjk)
     source = "".join(inspect.getsource(f) for f in builders) + repr(CJK_RANGES)
@@ -311,8 +313,6 @@ def code_point_tables():
     job needs them, so the result is kept in ~/.cache/bert_tf (or $BERT_TF_CACHE_DIR), keyed by
     the Unicode version, the Python version and the source of the functions that compute them.
     """
-    import numpy as np
-
     path = _tables_cache_path()
     try:
         with np.load(path) as data:
@@ -351,14 +351,12 @@ def _compute_code_point_tables():
     """Lookup tables for GraphTokenizer, computed from this Python's `unicodedata`.
 
     Only code points below `main_end` and in [tail_start, tail_end) have non-default entries (the
-    rest are unassigned or private use); `table_index` maps a code point to its row. Returns a dict:
+    rest are unassigned or private use); GraphTokenizer._table_rows maps a code point to its row. Returns a dict:
       props: packed properties; lower_delta: for a character whose lower+NFD+strip is one
       character, that character minus the code point; expansion_rows: bits 0-15 are 1 + the row
       of NFD(lower(c)) in `full`, bits 16-31 are 1 + the row of its accent-stripped form in
       `stripped` (for two or more characters); full/stripped: (values, row_splits).
     """
-    import numpy as np
-
     props = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
     lower_delta = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
     expansion_rows = np.zeros(NUM_CODE_POINTS, dtype=np.int64)
