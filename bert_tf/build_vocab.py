@@ -26,7 +26,8 @@ from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_li
 from tqdm import tqdm
 
 from bert_tf import io_utils
-from bert_tf.tokenization import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, BasicTokenizer
+from bert_tf.tokenization import (MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, BasicTokenizer,
+                                   count_invalid_utf8)
 
 JOINER = "##"
 # The learner's own limits: longer words are not learned from, rarer characters are left out.
@@ -48,9 +49,8 @@ def _count_chunk(args):
     for raw in lines:
         num_bytes += len(raw)
         text = raw.decode("utf-8", errors="replace")
-        if "\ufffd" in text:
-            # Only replacements count, not U+FFFD characters that were in the input as valid UTF-8.
-            invalid += text.count("\ufffd") - raw.count("\ufffd".encode("utf-8"))
+        if "\ufffd" in text:  # rare: only then is the line decoded a second time
+            invalid += count_invalid_utf8(raw)
         counts.update(tokenizer.tokenize(text))
     return counts, invalid, len(lines), num_bytes
 
@@ -136,11 +136,6 @@ def learn_vocab(word_counts, vocab_size, reserved_tokens=SPECIAL_TOKENS,
     characters were left out of the alphabet and how many learned pieces were cut to fit.
     """
     reserved_tokens = list(reserved_tokens)
-    # A fixed order makes the learner's tie-breaking, and so the vocabulary, deterministic.
-    learnable = sorted(((w, c) for w, c in word_counts.items() if len(w) <= MAX_TOKEN_LENGTH
-                        and w not in reserved_tokens), key=lambda wc: (-wc[1], wc[0]))
-    if not learnable:
-        raise ValueError("no words to learn a vocabulary from: the input has no text")
     char_freqs = collections.Counter()
     for word, count in word_counts.items():
         if len(word) <= MAX_INPUT_CHARS_PER_WORD:
@@ -148,6 +143,16 @@ def learn_vocab(word_counts, vocab_size, reserved_tokens=SPECIAL_TOKENS,
                 char_freqs[char] += count
     alphabet = [c for c, _ in sorted(char_freqs.items(), key=lambda cf: (-cf[1], cf[0]))]
     kept_chars = alphabet[:max_unique_chars]
+    # The learner would pick its own alphabet from the shorter words only; words with a character
+    # outside ours are dropped here instead, so that its characters are exactly `kept_chars` and
+    # the reserved tokens plus both forms of each character fill exactly `fixed` slots below.
+    kept_set = set(kept_chars)
+    # A fixed order makes the learner's tie-breaking, and so the vocabulary, deterministic.
+    learnable = sorted(((w, c) for w, c in word_counts.items() if len(w) <= MAX_TOKEN_LENGTH
+                        and w not in reserved_tokens and kept_set.issuperset(w)),
+                       key=lambda wc: (-wc[1], wc[0]))
+    if not learnable:
+        raise ValueError("no words to learn a vocabulary from: the input has no text")
     fixed = len(reserved_tokens) + 2 * len(kept_chars)
     if fixed > vocab_size:
         raise ValueError(

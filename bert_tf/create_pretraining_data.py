@@ -184,26 +184,24 @@ def fingerprint(config, inputs, outputs):
 
 
 def make_plan(config, outputs):
-    """Reads the input flags into a Plan."""
-    if bool(FLAGS.input_file) == bool(FLAGS.input_tfds):
-        raise io_utils.UsageError("give exactly one of --input_file and --input_tfds")
+    """Reads the input flags (checked by validate_flags) into a Plan."""
     if FLAGS.input_file:
-        files = io_utils.expand_globs(FLAGS.input_file)
+        files = io_utils.expand_globs(FLAGS.input_file, what="--input_file")
         unit_specs, units_of_output = file_units(files, len(outputs))
         inputs = [(os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in files]
         input_bytes = sum(size for _, size, _ in inputs)
-        as_unit = lambda i, spec: dict(ranges=spec)
+        as_unit = lambda spec: dict(ranges=spec)
     else:
         name, split, feature = parse_tfds_spec(FLAGS.input_tfds)
         unit_specs, units_of_output = tfds_units(name, split, feature, FLAGS.tfds_data_dir, len(outputs))
         inputs = [FLAGS.input_tfds, FLAGS.tfds_data_dir]
         input_bytes = 0
-        as_unit = lambda i, spec: dict(tfds=spec)
+        as_unit = lambda spec: dict(tfds=spec)
     first = outputs[0]
     work_dir = os.path.join(os.path.dirname(os.path.abspath(first)),
                             f".{FLAGS.output_prefix if not FLAGS.output_file else os.path.basename(first)}.work")
     units = [pd.WorkUnit(index=i, output_path=os.path.join(work_dir, f"unit-{i:06d}.tfrecord"),
-                         **as_unit(i, spec))
+                         **as_unit(spec))
              for i, spec in enumerate(unit_specs)]
     return Plan(outputs=outputs, units=units, units_of_output=units_of_output,
                 fingerprint=fingerprint(config, inputs, outputs), work_dir=work_dir,
@@ -490,7 +488,7 @@ def validate_flags():
     if bool(FLAGS.input_file) == bool(FLAGS.input_tfds):
         raise io_utils.UsageError("give exactly one of --input_file and --input_tfds")
     if FLAGS.input_file:
-        io_utils.expand_globs(FLAGS.input_file)  # a pattern that matches nothing is an error now
+        io_utils.expand_globs(FLAGS.input_file, what="--input_file")  # fail before any work
     if not os.path.isfile(FLAGS.vocab_file):
         raise io_utils.UsageError(f"--vocab_file: vocabulary file not found: {FLAGS.vocab_file}")
 

@@ -10,6 +10,11 @@ import tempfile
 # TensorFlow is imported inside the functions that use tf.io.gfile, so that importing this module
 # (every CLI does) does not cost a process TensorFlow's start-up time and memory.
 
+# mkstemp creates files readable by their owner only; a finished file gets the mode that `open`
+# would have given it. The umask can only be read by setting it, so it is read once, at import.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 
 class UsageError(Exception):
     """A bad flag or a missing input: the CLIs report it and exit with code 2."""
@@ -30,6 +35,7 @@ def atomic_path(path):
         tmp = f"{path}.tmp-{os.getpid()}"
     else:
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+        os.fchmod(fd, 0o666 & ~_UMASK)
         os.close(fd)
     try:
         yield tmp

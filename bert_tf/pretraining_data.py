@@ -392,7 +392,7 @@ def make_array_tokenizer(vocab_file, do_lower_case):
 
 @functools.lru_cache(maxsize=2)
 def cached_array_tokenizer(vocab_file, do_lower_case):
-    """make_array_tokenizer, built once per process (building and tracing it takes seconds)."""
+    """make_array_tokenizer, built once per process (building it takes seconds)."""
     return make_array_tokenizer(vocab_file, do_lower_case)
 
 
@@ -415,15 +415,9 @@ def count_invalid_utf8(lines):
         return 0
     except UnicodeDecodeError:
         pass
-    replacement = "\ufffd".encode("utf-8")
-    invalid = 0
-    for line in lines:
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            # U+FFFD characters that were in the text already are not invalid bytes.
-            invalid += line.decode("utf-8", errors="replace").count("\ufffd") - line.count(replacement)
-    return invalid
+    from bert_tf import tokenization  # only the reading process, which has TensorFlow, gets here
+
+    return sum(tokenization.count_invalid_utf8(line) for line in lines)
 
 
 def tokenize_block(documents, tokenize, stats=None):

@@ -138,6 +138,26 @@ def test_rare_characters_beyond_the_alphabet_limit_are_reported():
     assert "q" not in tokens and all(c in tokens for c in "abcd")
 
 
+def test_alphabet_limit_holds_when_long_words_rank_characters_differently():
+    # 'd' is frequent only in a word too long for the learner, so the learner alone would rank
+    # a, b, c as the top 3; the vocabulary must still keep d, leave out c, and not exceed the size.
+    counts = collections.Counter({"ab": 10, "abab": 8, "c": 5, "cc": 5, "d" * 60: 1})
+    for vocab_size in (11, 12, 14):
+        tokens, info = build_vocab.learn_vocab(counts, vocab_size, max_unique_chars=3)
+        assert len(tokens) <= vocab_size and len(set(tokens)) == len(tokens)
+        assert {"a", "##a", "b", "##b", "d", "##d"} <= set(tokens)
+        assert info["chars_left_out"] == 1 and not [t for t in tokens if "c" in t]
+
+
+def test_vocab_file_gets_the_usual_file_mode(tmp_path):
+    # Atomic writes go through a mkstemp file (mode 0600); the renamed file must not stay private.
+    umask = os.umask(0o022)
+    os.umask(umask)
+    path = tmp_path / "vocab.txt"
+    build_vocab.write_vocab(["[PAD]", "a"], str(path))
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_too_small_vocab_and_empty_input_are_value_errors():
     with pytest.raises(ValueError, match="too small"):
         build_vocab.learn_vocab(collections.Counter({"abcdef": 3}), 10)
