@@ -83,9 +83,15 @@ def to_text(text):
     raise TypeError(f"expected str or bytes, got {type(text).__name__}")
 
 
+def decode_counting_invalid(data):
+    """Decodes UTF-8 bytes with replacement; returns (text, number of U+FFFD the decoding added)."""
+    text = to_text(data)
+    return text, text.count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
+
+
 def count_invalid_utf8(data):
     """Returns how many U+FFFD replacements decoding `data` as UTF-8 introduces."""
-    return to_text(data).count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
+    return decode_counting_invalid(data)[1]
 
 
 # Character classes. They are cached because text repeats a small set of characters, and
@@ -219,9 +225,8 @@ class FullTokenizer:
     def tokenize(self, text):
         """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes)."""
         if isinstance(text, (bytes, bytearray)):
-            decoded = to_text(text)
-            self.invalid_utf8_count += decoded.count("\ufffd") - bytes(text).count("\ufffd".encode("utf-8"))
-            text = decoded
+            text, invalid = decode_counting_invalid(text)
+            self.invalid_utf8_count += invalid
         pieces = []
         for word in self.basic_tokenizer.tokenize(text):
             pieces.extend(self.wordpiece_tokenizer.tokenize_word(word))
