@@ -349,12 +349,23 @@ def read_huggingface_weights(hf_dir):
 FORMATS = ("google", "huggingface")
 
 
-def _read_do_lower_case(path):
-    """do_lower_case from a JSON file (bert_config.json or tokenizer_config.json), or None."""
+def _read_json_object(path):
+    """The JSON object in `path`; a malformed file is a ValueError naming it."""
     if not tf.io.gfile.exists(path):
-        return None
+        raise FileNotFoundError(f"config file {path} does not exist")
     with tf.io.gfile.GFile(path) as f:
-        value = json.load(f).get("do_lower_case")
+        try:
+            values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return values
+
+
+def _lower_case_setting(values):
+    """do_lower_case from a config dict (bert_config.json, tokenizer_config.json), or None if unset."""
+    value = values.get("do_lower_case")
     return value if isinstance(value, bool) else None
 
 
@@ -370,26 +381,28 @@ def convert(format, checkpoint, output_dir, bert_config_file=None, vocab_file=No
         prefix = resolve_google_checkpoint(checkpoint)
         source_dir = os.path.dirname(prefix)
         bert_config_file = bert_config_file or os.path.join(source_dir, "bert_config.json")
+        values = _read_json_object(bert_config_file)
         if do_lower_case is None:
-            do_lower_case = _read_do_lower_case(bert_config_file)
+            do_lower_case = _lower_case_setting(values)
         if do_lower_case is None:
             raise ValueError(f"{bert_config_file} has no do_lower_case: pass --do_lower_case=true|false "
                              "(uncased models lower-case, cased and most multilingual ones do not)")
-        config = modeling.BertConfig.from_json_file(bert_config_file, do_lower_case=do_lower_case)
+        config = modeling.BertConfig.from_dict(dict(values, do_lower_case=do_lower_case), source=bert_config_file)
         shapes, reader = read_google_checkpoint_shapes(prefix)
         read, source = reader.get_tensor, prefix
     else:
         source_dir = checkpoint
         bert_config_file = bert_config_file or os.path.join(source_dir, "config.json")
+        hf_config = _read_json_object(bert_config_file)
+        tokenizer_config = os.path.join(source_dir, "tokenizer_config.json")
         if do_lower_case is None:
-            do_lower_case = _read_do_lower_case(bert_config_file)
-        if do_lower_case is None:
-            do_lower_case = _read_do_lower_case(os.path.join(source_dir, "tokenizer_config.json"))
+            do_lower_case = _lower_case_setting(hf_config)
+        if do_lower_case is None and tf.io.gfile.exists(tokenizer_config):
+            do_lower_case = _lower_case_setting(_read_json_object(tokenizer_config))
         if do_lower_case is None:
             raise ValueError(f"neither {bert_config_file} nor tokenizer_config.json sets do_lower_case: "
                              "pass --do_lower_case=true|false")
-        with tf.io.gfile.GFile(bert_config_file) as f:
-            config = huggingface_config(json.load(f), do_lower_case, source=bert_config_file)
+        config = huggingface_config(hf_config, do_lower_case, source=bert_config_file)
         weights, source = read_huggingface_weights(checkpoint)
         shapes = {name: array.shape for name, array in weights.items()}
         read = weights.__getitem__

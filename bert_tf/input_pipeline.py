@@ -13,6 +13,7 @@ int32 (TPUs have no int64 kernels) with static shapes (drop_remainder), as TPUs 
 import dataclasses
 
 import tensorflow as tf
+from google.protobuf import message
 
 from bert_tf import io_utils, pretraining_data, tokenization
 
@@ -42,10 +43,15 @@ def check_record_lengths(input_file, max_seq_length, max_predictions_per_seq):
     Checked in Python before training, because a FixedLenFeature mismatch inside the graph only
     says "Can't parse serialized Example" after the model is built.
     """
-    first = next(iter(tf.data.TFRecordDataset(input_file).take(1)), None)
-    if first is None:
-        raise RecordFormatError(f"{input_file}: contains no records")
-    example = tf.train.Example.FromString(first.numpy())
+    try:
+        first = next(iter(tf.data.TFRecordDataset(input_file).take(1)), None)
+        if first is None:
+            raise RecordFormatError(f"{input_file}: contains no records")
+        example = tf.train.Example.FromString(first.numpy())
+    except tf.errors.DataLossError as e:
+        raise RecordFormatError(f"{input_file}: not a TFRecord file (its first record is corrupted)") from e
+    except message.DecodeError as e:
+        raise RecordFormatError(f"{input_file}: its first record is not a tf.train.Example ({e})") from e
     features = example.features.feature
     expected = {name: ("--max_seq_length", max_seq_length) for name in SEQUENCE_FEATURES}
     expected.update({name: ("--max_predictions_per_seq", max_predictions_per_seq) for name in PREDICTION_FEATURES})

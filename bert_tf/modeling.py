@@ -128,6 +128,8 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path, **overrides):
         """Reads a bert_config.json; `overrides` (e.g. do_lower_case) replace fields from the file."""
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(f"config file {path} does not exist")
         with tf.io.gfile.GFile(path, "r") as f:
             try:
                 values = json.load(f)
@@ -307,11 +309,6 @@ def check_model_dir(model_dir):
     return latest
 
 
-def latest_checkpoint(model_dir):
-    """The prefix of the newest checkpoint in a complete model directory."""
-    return check_model_dir(model_dir)
-
-
 def load_config(model_dir):
     """Reads MODEL_DIR/bert_config.json (after checking the directory is complete)."""
     check_model_dir(model_dir)
@@ -335,11 +332,6 @@ def checkpoint_root_children(checkpoint_prefix):
     reader = tf.train.load_checkpoint(checkpoint_prefix)
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return {child.local_name for child in graph.nodes[0].children}
-
-
-def _checkpoint_has(checkpoint_prefix, attribute):
-    """Whether a TF2 object checkpoint has the root attribute `attribute`."""
-    return attribute in checkpoint_root_children(checkpoint_prefix)
 
 
 def restore_checkpoint(checkpoint_prefix, **objects):
@@ -368,7 +360,7 @@ def restore_checkpoint(checkpoint_prefix, **objects):
 def load_encoder(model_dir):
     """Rebuilds the encoder from MODEL_DIR alone and restores its weights from the latest checkpoint."""
     prefix = check_model_dir(model_dir)
-    encoder = build_encoder(load_config(model_dir))
+    encoder = build_encoder(BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE)))
     restore_checkpoint(prefix, encoder=encoder)
     return encoder
 
@@ -380,8 +372,8 @@ def load_pretraining_model(model_dir):
     pretraining heads: they keep their fresh initialization, and a warning says so.
     """
     prefix = check_model_dir(model_dir)
-    model, encoder = build_pretraining_model(load_config(model_dir))
-    if _checkpoint_has(prefix, "pretraining_model"):
+    model, encoder = build_pretraining_model(BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE)))
+    if "pretraining_model" in checkpoint_root_children(prefix):
         restore_checkpoint(prefix, encoder=encoder, pretraining_model=model)
     else:
         logging.warning("%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix)

@@ -24,7 +24,7 @@ from absl import flags, logging
 
 from bert_tf import checkpoints, cli, distribution, input_pipeline, io_utils, modeling, optimization, tokenization, training
 
-MODEL_INPUTS = ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions")
+MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
 
 
 class PretrainingTask(training.Task):
@@ -148,7 +148,10 @@ def _resolve_config(args):
     """(BertConfig, vocab file) from --bert_config_file, --model_size, --init_checkpoint or --output_dir."""
     vocab_file = args.vocab_file
     if args.bert_config_file:
-        config = modeling.BertConfig.from_json_file(args.bert_config_file)
+        try:
+            config = modeling.BertConfig.from_json_file(args.bert_config_file)
+        except (FileNotFoundError, ValueError) as e:
+            raise io_utils.UsageError(f"--bert_config_file: {e}") from e
     elif args.model_size:
         if not vocab_file:
             raise io_utils.UsageError("--model_size needs --vocab_file (its size sets vocab_size)")
@@ -166,11 +169,14 @@ def _resolve_config(args):
     if vocab_size > config.vocab_size:
         raise io_utils.UsageError(f"--vocab_file={vocab_file} has {vocab_size} tokens but the config's "
                                   f"vocab_size is {config.vocab_size}")
-    existing = os.path.join(args.output_dir, modeling.CONFIG_FILE)
-    if tf.train.latest_checkpoint(args.output_dir) and tf.io.gfile.exists(existing):
-        previous = modeling.BertConfig.from_json_file(existing)
+    if args.max_seq_length > config.max_position_embeddings:
+        raise io_utils.UsageError(f"--max_seq_length={args.max_seq_length} exceeds the model's "
+                                  f"max_position_embeddings={config.max_position_embeddings}")
+    if modeling.is_model_dir(args.output_dir):
+        previous = modeling.BertConfig.from_json_file(os.path.join(args.output_dir, modeling.CONFIG_FILE))
         if previous != config:
-            differences = {k: (v, config.to_dict()[k]) for k, v in previous.to_dict().items() if config.to_dict()[k] != v}
+            requested = config.to_dict()
+            differences = {k: (v, requested[k]) for k, v in previous.to_dict().items() if requested[k] != v}
             raise io_utils.UsageError(
                 f"--output_dir={args.output_dir} holds a run with a different model config "
                 f"(field: (in output_dir, requested) = {differences}); use a new --output_dir")
@@ -187,12 +193,10 @@ def _load_vocab(vocab_file):
 
 def _write_model_dir_files(output_dir, config, vocab_file):
     """bert_config.json and vocab.txt beside the checkpoints, so output_dir is a model directory."""
-    tf.io.gfile.makedirs(output_dir)
     config.to_json_file(os.path.join(output_dir, modeling.CONFIG_FILE))
     destination = os.path.join(output_dir, modeling.VOCAB_FILE)
     if os.path.abspath(vocab_file) != os.path.abspath(destination):
-        with io_utils.atomic_path(destination) as tmp:
-            tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
+        modeling.copy_vocab(vocab_file, config, destination)
 
 
 def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers):
@@ -204,7 +208,10 @@ def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers
             objects["pretraining_model"] = pretraining_model
         else:
             logging.warning("%s has no pretraining heads: MLM and NSP heads start fresh", init_checkpoint)
-        tf.train.Checkpoint(**objects).restore(prefix).expect_partial().assert_existing_objects_matched()
+        try:
+            modeling.restore_checkpoint(prefix, **objects)
+        except modeling.ModelDirError as e:
+            raise io_utils.UsageError(f"--init_checkpoint={init_checkpoint} does not fit the model config: {e}") from e
         logging.info("initialized %s from %s", " and ".join(objects), prefix)
         return
     try:
@@ -215,8 +222,11 @@ def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers
     with_heads = checkpoints.has_heads(shapes)
     if not with_heads:
         logging.warning("%s has no cls/ variables: MLM and NSP heads start fresh", prefix)
-    checkpoints.assign_original_weights(prefix, shapes, reader.get_tensor,
-                                        pretraining_model if with_heads else encoder, num_layers, with_heads)
+    try:
+        checkpoints.assign_original_weights(prefix, shapes, reader.get_tensor,
+                                            pretraining_model if with_heads else encoder, num_layers, with_heads)
+    except checkpoints.CheckpointMismatchError as e:
+        raise io_utils.UsageError(f"--init_checkpoint: {e}") from e
 
 
 def run(args):

@@ -334,11 +334,13 @@ class Trainer:
         if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             # A Python iterator would be consumed once, while tracing, and replay that batch forever.
             raise TypeError(f"train() needs a tf.data or tf.distribute iterator, got {type(iterator).__name__}")
+        if self._manager is None:
+            raise RuntimeError("call restore_or_initialize() before train(): it sets up the checkpoints")
         config = self.config
         writer = (tf.summary.create_file_writer(os.path.join(self.output_dir, "train")) if self.is_chief
                   else tf.summary.create_noop_writer())
         step = int(self.step.numpy())
-        last_checkpoint = self._manager.latest_checkpoint if self._manager else None
+        last_checkpoint = self._manager.latest_checkpoint
         metrics = {}
         steady_rate = None
         while step < config.num_train_steps:

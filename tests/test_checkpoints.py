@@ -233,6 +233,20 @@ def test_google_without_do_lower_case_is_an_error(tmp_path):
         checkpoints.convert("google", prefix, str(tmp_path / "model"))
 
 
+def test_missing_or_malformed_config_is_named(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
+    missing = str(tmp_path / "nowhere.json")
+    with pytest.raises(FileNotFoundError, match="nowhere.json does not exist"):
+        checkpoints.convert("google", prefix, str(tmp_path / "model"), bert_config_file=missing)
+    with pytest.raises(FileNotFoundError, match="nowhere.json does not exist"):
+        checkpoints.convert("google", prefix, str(tmp_path / "model"), bert_config_file=missing, do_lower_case=True)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\"vocab_size\": 23,")
+    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+        checkpoints.convert("huggingface", TINY_HF_DIR, str(tmp_path / "model"), bert_config_file=str(broken))
+    assert not os.path.exists(tmp_path / "model")
+
+
 def test_huggingface_name_map():
     assert checkpoints.huggingface_to_original_name("bert.encoder.layer.11.attention.self.query.weight") == (
         "bert/encoder/layer_11/attention/self/query/kernel", True)

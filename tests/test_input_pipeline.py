@@ -228,6 +228,15 @@ def test_missing_feature_and_empty_file_are_named(tmp_path):
         pass
     with pytest.raises(input_pipeline.RecordFormatError, match="contains no records"):
         input_pipeline.check_record_lengths(empty, 2, 3)
+    text = tmp_path / "notes.txt"
+    text.write_text("plain text, not records\n" * 4)
+    with pytest.raises(input_pipeline.RecordFormatError, match="notes.txt: not a TFRecord file"):
+        input_pipeline.check_record_lengths(str(text), 2, 3)
+    garbage = str(tmp_path / "garbage.tfrecord")
+    with tf.io.TFRecordWriter(garbage) as writer:
+        writer.write(b"\xff\xfe not a proto")
+    with pytest.raises(input_pipeline.RecordFormatError, match="garbage.tfrecord: its first record is not a tf.train.Example"):
+        input_pipeline.check_record_lengths(garbage, 2, 3)
 
 
 def test_dynamic_masking_remasks_real_records(tmp_path):

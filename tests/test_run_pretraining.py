@@ -219,6 +219,8 @@ def test_cli_usage_errors_exit_2_naming_the_problem(data, tmp_path):
     assert "nothing-*.tfrecord" in missing.stderr
     for overrides, message in [(dict(do_train=False), "--do_train and --do_eval"),
                                (dict(model_size="base"), "--bert_config_file or --model_size, not both"),
+                               (dict(bert_config_file=str(tmp_path / "no_config.json")),
+                                "--bert_config_file: config file .*no_config.json does not exist"),
                                (dict(strategy="tpu", tpu="my-tpu"), "gs://")]:
         with pytest.raises(io_utils.UsageError, match=message):
             run_pretraining.run(args_for(data, tmp_path, **overrides))
