@@ -393,21 +393,30 @@ def copy_vocab(vocab_file, config, destination):
         tf.io.gfile.copy(vocab_file, tmp, overwrite=True)
 
 
-def write_model_dir(model_dir, config, vocab_file, encoder, pretraining_model=None, max_to_keep=3):
-    """Writes config, vocab and a checkpoint of `encoder` (and `pretraining_model`) into model_dir.
-
-    Config and vocab are renamed into place; the checkpoint counts as written only once
-    CheckpointManager has updated the `checkpoint` state file, so a kill leaves no half model dir
-    that loads. Returns the checkpoint path.
-    """
+def write_model_dir_files(model_dir, config, vocab_file):
+    """Writes bert_config.json and vocab.txt into model_dir (each renamed into place)."""
     tf.io.gfile.makedirs(model_dir)
     config.to_json_file(os.path.join(model_dir, CONFIG_FILE))
     vocab_destination = os.path.join(model_dir, VOCAB_FILE)
     if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
         copy_vocab(vocab_file, config, vocab_destination)
-    objects = {"encoder": encoder}
-    if pretraining_model is not None:
-        objects["pretraining_model"] = pretraining_model
+
+
+def save_checkpoint(model_dir, max_to_keep=3, **objects):
+    """Saves `objects` (root attributes such as encoder=...) as the next ckpt-N; returns its path.
+
+    The checkpoint counts as written only once CheckpointManager has updated the `checkpoint`
+    state file, so a kill leaves no half model directory that loads.
+    """
     manager = tf.train.CheckpointManager(
         tf.train.Checkpoint(**objects), model_dir, max_to_keep=max_to_keep, checkpoint_name=CHECKPOINT_NAME)
     return manager.save()
+
+
+def write_model_dir(model_dir, config, vocab_file, encoder, pretraining_model=None, max_to_keep=3):
+    """Writes config, vocab and a checkpoint of `encoder` (and `pretraining_model`); returns its path."""
+    write_model_dir_files(model_dir, config, vocab_file)
+    objects = {"encoder": encoder}
+    if pretraining_model is not None:
+        objects["pretraining_model"] = pretraining_model
+    return save_checkpoint(model_dir, max_to_keep, **objects)

@@ -191,14 +191,6 @@ def _load_vocab(vocab_file):
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
 
 
-def _write_model_dir_files(output_dir, config, vocab_file):
-    """bert_config.json and vocab.txt beside the checkpoints, so output_dir is a model directory."""
-    config.to_json_file(os.path.join(output_dir, modeling.CONFIG_FILE))
-    destination = os.path.join(output_dir, modeling.VOCAB_FILE)
-    if os.path.abspath(vocab_file) != os.path.abspath(destination):
-        modeling.copy_vocab(vocab_file, config, destination)
-
-
 def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers):
     """Weights only, from a model directory or an original Google checkpoint (prefix or directory)."""
     if modeling.is_model_dir(init_checkpoint):
@@ -281,7 +273,7 @@ def run(args):
         with strategy.scope():
             load_initial_weights(args.init_checkpoint, pretraining_model, encoder, config.num_hidden_layers)
     if trainer.is_chief:
-        _write_model_dir_files(args.output_dir, config, vocab_file)
+        modeling.write_model_dir_files(args.output_dir, config, vocab_file)
 
     train_metrics = {}
     if args.do_train:
