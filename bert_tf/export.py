@@ -594,7 +594,8 @@ def numeric_versions(export_dir):
     if not tf.io.gfile.isdir(export_dir):
         return []
     names = [name.rstrip("/") for name in tf.io.gfile.listdir(export_dir)]
-    return sorted(int(name) for name in names if name.isdigit())
+    # isascii: str.isdigit() also accepts digits such as "²" that int() refuses.
+    return sorted(int(name) for name in names if name.isascii() and name.isdigit())
 
 
 def next_version(export_dir):

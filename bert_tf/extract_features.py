@@ -22,7 +22,6 @@ from absl import flags
 from bert_tf import cli, finetuning, io_utils, modeling, tasks
 
 
-
 @dataclasses.dataclass
 class ExtractArgs:
     """An extract_features run."""
@@ -102,8 +101,10 @@ def run(args):
     """Writes the JSON lines of --output_file; returns the number of lines."""
     if not args.input_file or not args.output_file:
         raise io_utils.UsageError("--input_file and --output_file are required")
-    if args.batch_size <= 0 or args.max_seq_length < 3:
-        raise io_utils.UsageError("--batch_size must be positive and --max_seq_length at least 3")
+    if args.batch_size <= 0:
+        raise io_utils.UsageError(f"--batch_size must be positive, got {args.batch_size}")
+    if args.max_seq_length < 3:
+        raise io_utils.UsageError(f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {args.max_seq_length}")
     inputs = read_inputs(args.input_file)
     encoder, source = load_encoder(args)
     layers = parse_layers(args.layers, source.config.num_hidden_layers)

@@ -237,7 +237,7 @@ def validate_args(args):
     if args.mixed_precision not in training.MIXED_PRECISION_POLICIES:
         raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
                                   f"{', '.join(training.MIXED_PRECISION_POLICIES)}")
-    for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "predict_batch_size",
+    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size",
                  "steps_per_loop", "save_checkpoints_steps"):
         if getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -334,6 +334,15 @@ def resolve_model_source(args):
                                       "use a new --output_dir")
     return ModelSource(config=config, vocab_file=vocab_file, init_checkpoint=init, init_is_model_dir=is_dir,
                        init_spec=init_spec)
+
+
+def finetuned_labels(kind, source, output_dir):
+    """The labels of a `kind` model fine-tuned before: --output_dir's (a rerun), else --init_checkpoint's; or None."""
+    previous = models.read_task_spec(output_dir) if tf.io.gfile.isdir(output_dir) else None
+    for spec in (previous, source.init_spec):
+        if spec is not None and spec.kind == kind:
+            return list(spec.labels)
+    return None
 
 
 def same_head(a, b):
@@ -596,6 +605,17 @@ def args_from_flags(args_class, flag_values):
     """An `args_class` dataclass filled from the parsed flags of the same names."""
     return args_class(**{field.name: flag_values[field.name].value for field in dataclasses.fields(args_class)
                          if field.name in flag_values})
+
+
+def cli_main(argv, args_class, run_fn, job, flag_values):
+    """A fine-tuning CLI's main: refuses stray arguments, logs the flags into --output_dir, runs guarded."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    args = args_from_flags(args_class, flag_values)
+    if args.output_dir:
+        tf.io.gfile.makedirs(args.output_dir)
+        cli.log_flags(args.output_dir, job)
+    return run_guarded(run_fn, args)
 
 
 def run_guarded(run_fn, args):

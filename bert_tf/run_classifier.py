@@ -88,9 +88,9 @@ def resolve_labels(task, train, source, output_dir):
         return list(task.labels)
     if train is not None:
         return classification.label_list(task, train.examples)
-    for spec in (models.read_task_spec(output_dir) if tf.io.gfile.isdir(output_dir) else None, source.init_spec):
-        if spec is not None and spec.kind == "classifier":
-            return list(spec.labels)
+    labels = finetuning.finetuned_labels("classifier", source, output_dir)
+    if labels is not None:
+        return labels
     raise io_utils.UsageError("the labels are unknown without --do_train: give --labels, or an --init_checkpoint "
                               "or --output_dir fine-tuned for this task")
 
@@ -203,13 +203,7 @@ def define_flags():
 
 def main(argv):
     """Reads the flags into ClassifierArgs and runs."""
-    if len(argv) > 1:
-        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    args = finetuning.args_from_flags(ClassifierArgs, FLAGS)
-    if args.output_dir:
-        tf.io.gfile.makedirs(args.output_dir)
-        cli.log_flags(args.output_dir, "run_classifier")
-    finetuning.run_guarded(run, args)
+    finetuning.cli_main(argv, ClassifierArgs, run, "run_classifier", FLAGS)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ TensorBoard logs and the fine-tuned model directory with task.json.
 import dataclasses
 import os
 
-import tensorflow as tf
 from absl import flags
 
 from bert_tf import cli, finetuning, io_utils, tasks
@@ -58,9 +57,9 @@ def resolve_labels(train, source, output_dir):
     """The tags of the training data, or (without training) those of the fine-tuned model."""
     if train is not None:
         return ner.label_list(train)
-    for spec in (models.read_task_spec(output_dir) if tf.io.gfile.isdir(output_dir) else None, source.init_spec):
-        if spec is not None and spec.kind == "ner":
-            return list(spec.labels)
+    labels = finetuning.finetuned_labels("ner", source, output_dir)
+    if labels is not None:
+        return labels
     raise io_utils.UsageError("the tags are unknown without --do_train: give an --init_checkpoint or "
                               "--output_dir fine-tuned for NER")
 
@@ -153,13 +152,7 @@ def define_flags():
 
 def main(argv):
     """Reads the flags into NerArgs and runs."""
-    if len(argv) > 1:
-        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    args = finetuning.args_from_flags(NerArgs, FLAGS)
-    if args.output_dir:
-        tf.io.gfile.makedirs(args.output_dir)
-        cli.log_flags(args.output_dir, "run_ner")
-    finetuning.run_guarded(run, args)
+    finetuning.cli_main(argv, NerArgs, run, "run_ner", FLAGS)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ model directory with task.json (doc_stride and max_query_length included, for ex
 import dataclasses
 import os
 
-import tensorflow as tf
 from absl import flags
 
 from bert_tf import cli, finetuning, io_utils, tasks
@@ -175,13 +174,7 @@ def define_flags():
 
 def main(argv):
     """Reads the flags into SquadArgs and runs."""
-    if len(argv) > 1:
-        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    args = finetuning.args_from_flags(SquadArgs, FLAGS)
-    if args.output_dir:
-        tf.io.gfile.makedirs(args.output_dir)
-        cli.log_flags(args.output_dir, "run_squad")
-    finetuning.run_guarded(run, args)
+    finetuning.cli_main(argv, SquadArgs, run, "run_squad", FLAGS)
 
 
 if __name__ == "__main__":

@@ -990,10 +990,10 @@ class _Batcher:
             key = tuple((name, a.shape[1:]) for name, a in sorted(item[0].items()))
             groups.setdefault(key, []).append(item)
         for items in groups.values():
+            if len(items) == 1:
+                self._run_alone(items[0])
+                continue
             try:
-                if len(items) == 1:
-                    items[0][2].set_result(call_signature(self.signature, items[0][0]))
-                    continue
                 merged = {name: np.concatenate([item[0][name] for item in items]) for name in items[0][0]}
                 outputs = call_signature(self.signature, merged)
                 total = sum(item[1] for item in items)
@@ -1004,13 +1004,17 @@ class _Batcher:
                     future.set_result({name: v[start:start + rows] for name, v in outputs.items()})
                     start += rows
             except Exception:  # One bad request must not fail the others: run each on its own.
-                for arrays, _, future in items:
-                    if future.done():
-                        continue
-                    try:
-                        future.set_result(call_signature(self.signature, arrays))
-                    except Exception as e:
-                        future.set_exception(e)
+                for item in items:
+                    if not item[2].done():
+                        self._run_alone(item)
+
+    def _run_alone(self, item):
+        """Runs one queued request by itself and resolves its future with the outputs or the error."""
+        arrays, _, future = item
+        try:
+            future.set_result(call_signature(self.signature, arrays))
+        except Exception as e:  # The request's own error goes back to its handler thread.
+            future.set_exception(e)
 
 
 # ----------------------------------------------------------------------------------------------
