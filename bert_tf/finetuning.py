@@ -478,14 +478,8 @@ class Finetuner:
 
     def write_model_dir_files(self):
         """bert_config.json, vocab.txt and task.json beside the checkpoints: OUTPUT_DIR is a model directory."""
-        output_dir = self.args.output_dir
-        tf.io.gfile.makedirs(output_dir)
-        self.source.config.to_json_file(os.path.join(output_dir, modeling.CONFIG_FILE))
-        destination = os.path.join(output_dir, modeling.VOCAB_FILE)
-        if os.path.abspath(self.source.vocab_file) != os.path.abspath(destination):
-            with io_utils.atomic_path(destination) as tmp:
-                tf.io.gfile.copy(self.source.vocab_file, tmp, overwrite=True)
-        self.spec.to_json_file(os.path.join(output_dir, models.TASK_FILE))
+        modeling.write_model_dir_files(self.args.output_dir, self.source.config, self.source.vocab_file)
+        self.spec.to_json_file(os.path.join(self.args.output_dir, models.TASK_FILE))
 
     @property
     def step(self):

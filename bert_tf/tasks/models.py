@@ -188,16 +188,9 @@ def write_task_model_dir(model_dir, config, vocab_file, spec, encoder, model, ma
     The checkpoint is written last and counts only once CheckpointManager has swapped the
     `checkpoint` state file, so a kill never leaves a directory that loads half. Returns its path.
     """
-    tf.io.gfile.makedirs(model_dir)
-    config.to_json_file(os.path.join(model_dir, modeling.CONFIG_FILE))
-    vocab_destination = os.path.join(model_dir, modeling.VOCAB_FILE)
-    if os.path.abspath(vocab_file) != os.path.abspath(vocab_destination):
-        modeling.copy_vocab(vocab_file, config, vocab_destination)
+    modeling.write_model_dir_files(model_dir, config, vocab_file)
     spec.to_json_file(os.path.join(model_dir, TASK_FILE))
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(encoder=encoder, model=model), model_dir, max_to_keep=max_to_keep,
-        checkpoint_name=modeling.CHECKPOINT_NAME)
-    return manager.save()
+    return modeling.save_checkpoint(model_dir, max_to_keep, encoder=encoder, model=model)
 
 
 def load_task_model(model_dir):
