@@ -42,7 +42,7 @@ def log_flags(output_dir, job_name):
 def define_loop_flags(defaults):
     """Defines the training-loop flags that run_pretraining and the fine-tuning CLIs share.
 
-    `defaults` is the job's args dataclass instance; its fields of the same names give the defaults.
+    `defaults` is the job's args (a training.LoopArgs); its fields give the defaults.
     """
     from bert_tf import distribution, training  # pylint: disable=import-outside-toplevel
 

@@ -197,7 +197,7 @@ HEAD_TASKS = {"classifier": ClassificationTask, "regressor": RegressionTask, "sq
 
 
 @dataclasses.dataclass
-class FinetuneArgs:
+class FinetuneArgs(training.LoopArgs):
     """What every fine-tuning run needs; each CLI's own args dataclass extends it."""
 
     output_dir: str = ""
@@ -215,17 +215,6 @@ class FinetuneArgs:
     learning_rate: float = 5e-5
     num_train_epochs: float = 3.0
     warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    steps_per_loop: int = 100
-    save_checkpoints_steps: int = 1000
-    keep_checkpoint_max: int = 5
-    strategy: str = "default"
-    tpu: str = ""
-    num_cpu_replicas: int = 0
-    mixed_precision: str = "none"
-    jit_compile: bool = False
-    seed: int = 12345
 
 
 def validate_args(args):

@@ -72,8 +72,9 @@ class PretrainingTask(training.Task):
                 "next_sentence_accuracy": ratio("nsp_correct", "examples")}
 
 
-@dataclasses.dataclass
-class PretrainingArgs:
+# kw_only: the required input_file/output_dir may then follow LoopArgs' defaulted fields.
+@dataclasses.dataclass(kw_only=True)
+class PretrainingArgs(training.LoopArgs):
     """Everything a pretraining run needs; the CLI fills it from flags, tests construct it directly."""
 
     input_file: str
@@ -93,20 +94,9 @@ class PretrainingArgs:
     num_train_steps: int = 100000
     num_warmup_steps: int = 10000
     max_eval_steps: int = 100
-    save_checkpoints_steps: int = 1000
-    steps_per_loop: int = 100
     learning_rate: float = 5e-5
     optimizer: str = "adamw"
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
-    strategy: str = "default"
-    tpu: str = ""
-    num_cpu_replicas: int = 0
-    mixed_precision: str = "none"
-    jit_compile: bool = False
-    seed: int = 12345
     dynamic_masking: bool = False
-    keep_checkpoint_max: int = 5
 
 
 @dataclasses.dataclass

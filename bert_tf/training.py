@@ -62,6 +62,23 @@ class NonFiniteLossError(RuntimeError):
 
 
 @dataclasses.dataclass
+class LoopArgs:
+    """The training-loop settings every training CLI takes (see cli.define_loop_flags)."""
+
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    steps_per_loop: int = 100
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    strategy: str = "default"
+    tpu: str = ""
+    num_cpu_replicas: int = 0
+    mixed_precision: str = "none"
+    jit_compile: bool = False
+    seed: int = 12345
+
+
+@dataclasses.dataclass
 class LoopConfig:
     """How the loop runs: lengths, cadence, clipping, precision and compilation."""
 
