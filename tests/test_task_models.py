@@ -10,9 +10,7 @@ import tensorflow as tf
 
 from bert_tf import io_utils, modeling
 from bert_tf.tasks import models
-
-TINY = modeling.BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=16, max_position_embeddings=16)
+from test_modeling import TINY, inputs
 SPECS = {
     "classifier": models.TaskSpec("classifier", labels=["neg", "neutral", "pos"], max_seq_length=16, task_name="t"),
     "regressor": models.TaskSpec("regressor", is_pair=True, max_seq_length=16, task_name="sts"),
@@ -20,17 +18,6 @@ SPECS = {
                              version_2_with_negative=True),
     "ner": models.TaskSpec("ner", labels=["O", "B-PER", "I-PER"], max_seq_length=16),
 }
-
-
-def inputs(batch=2, seq=7, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, TINY.vocab_size, size=(batch, seq)).astype(np.int32)
-    mask = np.ones_like(ids)
-    mask[-1, seq - 2:] = 0
-    ids[-1, seq - 2:] = 0
-    types = np.zeros_like(ids)
-    types[:, seq // 2:] = 1
-    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
 
 
 def write_vocab(path):
