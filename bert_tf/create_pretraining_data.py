@@ -9,12 +9,14 @@ module plans the work, runs it in parallel and keeps it resumable:
 
   * the input is cut into work units (about 1 MiB of input each; see pretraining_data); output file
     k of N holds the units of the k-th of N equal byte ranges of the input, in order;
-  * this process reads each unit and tokenizes its blocks with GraphTokenizer in one thread, and
-    writes the part files in OUTPUT_DIR/.PREFIX.work/ in another (it is the only process that
-    imports TensorFlow, which costs ~0.8 GB of RSS); --num_workers TensorFlow-free spawned
-    processes, started before TensorFlow is imported, build the blocks' masked instances and
-    serialized records with NumPy (with --num_workers=1, this process does it all). When all units of an output file are done, their parts are concatenated into the file
-    (temp file, then rename) and the parts are deleted;
+  * --num_workers spawned processes run the units: each reads its unit's byte range, tokenizes it
+    with CachedTokenizer (FullTokenizer's ids, in plain Python with a cache of words), builds the
+    masked instances and serialized records with NumPy, and writes the unit's part file in
+    OUTPUT_DIR/.PREFIX.work/ (temp file, then rename). No process imports TensorFlow, which would
+    cost ~3 s of start-up and ~0.8 GB of RSS per process (except with --input_tfds, where this
+    process reads the split and hands each unit's documents to a worker). With --num_workers=1
+    this process runs the units itself. When all units of an output file are done, their parts are
+    concatenated into the file (temp file, then rename) and the parts are deleted;
   * every part and every output file gets a small JSON manifest written after its rename, carrying
     a fingerprint of everything that decides the bytes (flags, vocabulary contents, input paths,
     sizes and mtimes, output paths, format version). A rerun with the same fingerprint skips output
@@ -34,15 +36,13 @@ import json
 import math
 import multiprocessing
 import os
-import queue
 import re
 import sys
-import threading
 import time
 
 from absl import flags, logging
 
-from bert_tf import cli, io_utils
+from bert_tf import cli, io_utils, wordpiece
 from bert_tf import pretraining_data as pd
 
 FLAGS = flags.FLAGS
@@ -305,8 +305,8 @@ class Progress:
 
 
 def start_workers(num_workers, config):
-    """The worker processes (None for --num_workers=1), started now so that their start-up overlaps
-    this process's TensorFlow import. spawn: they import NumPy and this package, never TensorFlow."""
+    """The worker processes (None for --num_workers=1), started at once, so that their start-up
+    overlaps this process's planning. spawn: a clean interpreter, which never imports TensorFlow."""
     if num_workers < 2:
         return None
     pool = concurrent.futures.ProcessPoolExecutor(
@@ -316,110 +316,51 @@ def start_workers(num_workers, config):
     return pool
 
 
-def run_units(config, vocab, pending, pool, num_workers, on_done):
-    """Runs `pending` units: reads, tokenizes and writes here; builds the records in `pool`.
+def unit_documents(unit):
+    """The documents of a tfds unit, read here (tensorflow-datasets needs TensorFlow, which workers
+    do not import); None for a file unit, which its worker reads itself."""
+    return list(pd.iter_tfds_documents(*unit.tfds)) if unit.tfds is not None else None
 
-    `on_done(unit, stats)` runs as each unit's part file is complete, in unit order. Blocks go to
-    the workers in order and their records are written in the same order, with two blocks in flight
-    per worker. With a pool, a thread reads and tokenizes (TensorFlow's kernels release the GIL)
-    while this thread writes, so that the two halves of this process's work overlap. Without a
-    pool, this process builds the records too, one block at a time.
+
+def run_units(config, pending, pool, num_workers, on_done):
+    """Runs the `pending` units: each is read, tokenized, built and written by one worker.
+
+    `on_done(unit, stats)` runs here as each unit's part file is complete, in completion order.
+    At most two units per worker are queued, so that a tfds unit's documents, read here, wait in
+    memory for a short while only. Without a pool, this process runs the units one by one.
     """
-    tokenize = pd.cached_array_tokenizer(config.vocab_file, config.do_lower_case)
-    local = None if pool else pd.BlockRecordBuilder(config, vocab)
-
-    def items():
-        """(unit, records or their future) per block, then (unit, reading stats) to close the unit."""
+    if pool is None:
         for unit in pending:
-            stats = collections.Counter()
-            for block_index, block in enumerate(pd.iter_unit_blocks(unit, tokenize, stats)):
-                if pool:
-                    yield unit, pool.submit(pd.build_block_records, config, unit.index, block_index, block)
-                else:
-                    yield unit, local.build(unit.index, block_index, block)
-            yield unit, stats
+            on_done(unit, pd.build_unit_part(config, unit, unit_documents(unit)))
+        return
+    units = iter(pending)
+    in_flight = {}
 
-    source = _read_ahead(items(), 2 * num_workers) if pool else items()
-    writer, unit_stats = None, collections.Counter()
+    def submit_next():
+        unit = next(units, None)
+        if unit is not None:
+            in_flight[pool.submit(pd.build_unit_part, config, unit, unit_documents(unit))] = unit
+
+    for _ in range(2 * num_workers):
+        submit_next()
     try:
-        for unit, result in source:
-            if writer is None:
-                writer = pd.PartWriter(unit.output_path, config.compression)
-            if isinstance(result, collections.Counter):  # the unit's last item
-                unit_stats.update(result)
-                unit_stats["part_bytes"] = writer.close()
-                writer = None
-                on_done(unit, dict(unit_stats))
-                unit_stats = collections.Counter()
-                continue
-            blob, lengths, stats = result.result() if pool else result
-            writer.write(blob, lengths)
-            unit_stats.update(stats)
+        while in_flight:
+            done, _ = concurrent.futures.wait(in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in sorted(done, key=lambda f: in_flight[f].index):
+                on_done(in_flight.pop(future), future.result())
+                submit_next()
     finally:
-        if writer is not None:
-            writer.abort()
-        source.close()
-
-
-def _read_ahead(items, capacity):
-    """Yields `items`, produced by a thread that stays up to `capacity` items ahead.
-
-    Closing the generator stops the thread and cancels the futures it had queued; an exception in
-    the thread is raised here.
-    """
-    buffer = queue.Queue(maxsize=capacity)
-    stop = threading.Event()
-    end = object()
-
-    def put(item):
-        while not stop.is_set():
-            try:
-                buffer.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce():
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put((end, None))
-        except BaseException as error:  # handed to the consumer, which raises it
-            put((end, error))
-
-    thread = threading.Thread(target=produce, name="read-and-tokenize", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = buffer.get()
-            if item[0] is end:
-                if item[1] is not None:
-                    raise item[1]
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-        while not buffer.empty():
-            _, result = buffer.get()
-            if isinstance(result, concurrent.futures.Future):
-                result.cancel()
+        for future in in_flight:
+            future.cancel()
 
 
 def log_first_examples(outputs, compression, vocab_tokens, count=EXAMPLES_TO_LOG):
     """Logs the first records of the output readably, as the original logs its first instances."""
-    import tensorflow as tf
-
     logged = 0
     for path in outputs:
         for record in pd.iter_first_records(path, compression, count - logged):
-            example = tf.train.Example.FromString(record)
-            values = {name: (list(feature.int64_list.value) or list(feature.float_list.value))
-                      for name, feature in example.features.feature.items()}
             logging.info("*** Example ***")
-            for line in pd.example_to_text(values, vocab_tokens):
+            for line in pd.example_to_text(pd.parse_example(record), vocab_tokens):
                 logging.info("%s", line)
             logged += 1
         if logged >= count:
@@ -520,11 +461,9 @@ def main(argv):
 
 def run(pool, config, start):
     """main() once the workers are starting: vocabulary, plan, units, outputs, summary."""
-    from bert_tf import tokenization  # imports TensorFlow, which this process needs for tokenizing
-
     try:
         vocab = pd.VocabInfo.from_file(FLAGS.vocab_file)
-    except tokenization.VocabError as e:
+    except wordpiece.VocabError as e:
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
     outputs = output_paths(FLAGS.output_file, FLAGS.output_dir, FLAGS.num_shards,
                            FLAGS.output_prefix, FLAGS.compression)
@@ -580,7 +519,7 @@ def run(pool, config, start):
     progress = Progress(len(plan.units), len(plan.units) - len(pending))
     try:
         finish_ready_outputs()  # outputs whose parts all survived a killed run
-        run_units(config, vocab, pending, pool, FLAGS.num_workers, on_done)
+        run_units(config, pending, pool, FLAGS.num_workers, on_done)
     finally:
         progress.close()
 

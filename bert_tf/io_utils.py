@@ -7,8 +7,8 @@ import json
 import os
 import tempfile
 
-# TensorFlow is imported inside the functions that use tf.io.gfile, so that importing this module
-# (every CLI does) does not cost a process TensorFlow's start-up time and memory.
+# TensorFlow is imported only for remote paths (gs://...), which need tf.io.gfile: local work (and
+# importing this module, which every CLI does) costs no process TensorFlow's start-up and memory.
 
 # mkstemp creates files readable by their owner only; a finished file gets the mode that `open`
 # would have given it. The umask can only be read by setting it, so it is read once, at import.
@@ -20,38 +20,50 @@ class UsageError(Exception):
     """A bad flag or a missing input: the CLIs report it and exit with code 2."""
 
 
+def is_remote(path):
+    """True for a path on a TensorFlow file system such as gs://, which needs tf.io.gfile."""
+    return "://" in path
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
 @contextlib.contextmanager
 def atomic_path(path):
     """Yields a temporary path beside `path`; renames it onto `path` only if the block succeeds.
 
     A kill at any moment therefore leaves either the old file or the complete new one, never a
-    half-written file under the final name. Works for local paths and for `gs://` via tf.io.gfile.
+    half-written file under the final name. Works for local paths and for `gs://` via tf.io.gfile
+    (TensorFlow is imported only for the latter).
     """
-    import tensorflow as tf
-
     directory = os.path.dirname(path) or "."
-    tf.io.gfile.makedirs(directory)
-    if "://" in path:
+    if is_remote(path):
+        gfile = _gfile()
+        gfile.makedirs(directory)
         tmp = f"{path}.tmp-{os.getpid()}"
+        exists, rename, remove = gfile.exists, lambda a, b: gfile.rename(a, b, overwrite=True), gfile.remove
     else:
+        os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
         os.fchmod(fd, 0o666 & ~_UMASK)
         os.close(fd)
+        exists, rename, remove = os.path.exists, os.replace, os.remove
     try:
         yield tmp
-        tf.io.gfile.rename(tmp, path, overwrite=True)
+        rename(tmp, path)
     except BaseException:
-        if tf.io.gfile.exists(tmp):
-            tf.io.gfile.remove(tmp)
+        if exists(tmp):
+            remove(tmp)
         raise
 
 
 def atomic_write_text(path, text):
     """Writes `text` to `path` atomically."""
-    import tensorflow as tf
-
     with atomic_path(path) as tmp:
-        with tf.io.gfile.GFile(tmp, "w") as f:
+        with (_gfile().GFile(tmp, "w") if is_remote(tmp) else open(tmp, "w", encoding="utf-8")) as f:
             f.write(text)
 
 
@@ -69,10 +81,9 @@ def expand_globs(patterns, what="input"):
     files = []
     for pattern in patterns:
         pattern = pattern.strip()
-        if "://" in pattern:
-            import tensorflow as tf
-
-            matches = [m for m in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(m)]
+        if is_remote(pattern):
+            gfile = _gfile()
+            matches = [m for m in gfile.glob(pattern) if not gfile.isdir(m)]
         else:
             matches = [m for m in glob.glob(os.path.expanduser(pattern)) if not os.path.isdir(m)]
         if not matches:
@@ -85,8 +96,6 @@ def open_text(path):
     """Opens a text file for reading as bytes lines; `.gz` files are decompressed."""
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
-    if "://" in path:
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, "rb")
+    if is_remote(path):
+        return _gfile().GFile(path, "rb")
     return open(path, "rb")

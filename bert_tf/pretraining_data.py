@@ -22,12 +22,12 @@ Work units and blocks (the streaming design)
   byte-identical files.
 
 Who does what (memory and speed)
-  A TensorFlow process costs ~0.8 GB of RSS, so exactly one process imports TensorFlow: the one that
-  reads the input, tokenizes each block with GraphTokenizer (`tokenize_block`: about one eager call
-  per block, see make_array_tokenizer; a `Block` is a flat int32 id array plus sentence and
-  document offsets) and writes the TFRecord files. Building the records (`BlockRecordBuilder`) needs only NumPy, so it runs in
-  TensorFlow-free worker processes that receive Blocks and return serialized records. Nothing in
-  this module imports TensorFlow at import time.
+  A unit's whole path runs in one process without TensorFlow (`build_unit_part`): read its byte
+  range, tokenize each block with CachedTokenizer (`tokenize_block`; a `Block` is a flat int32 id
+  array plus sentence and document offsets), build the records with NumPy (`BlockRecordBuilder`),
+  and write them with their TFRecord framing (`PartWriter`, CRC-32C from google-crc32c). Importing
+  TensorFlow would cost a process ~3 s of start-up and ~0.8 GB of RSS, more than tokenizing and
+  writing 10 MB takes. Nothing in this module imports TensorFlow, except the tfds reader.
 
 The random generators, and why the distributions are the original's
   Each block uses two generators seeded from the same per-block seed:
@@ -88,8 +88,12 @@ import gzip
 import hashlib
 import os
 import random
+import struct
 
+import google_crc32c
 import numpy as np
+
+from bert_tf import io_utils, wordpiece
 
 # The size of a work unit and of a block (see the module docstring). Part of the output's identity:
 # changing it changes which documents share a block.
@@ -132,23 +136,14 @@ class VocabInfo:
     @classmethod
     def from_file(cls, vocab_file):
         """Loads vocab.txt; a vocabulary without [CLS], [SEP] or [MASK] is a VocabError."""
-        from bert_tf import tokenization  # imports TensorFlow: only the reading process needs it
-
-        vocab = tokenization.load_vocab(vocab_file)
+        vocab = wordpiece.load_vocab(vocab_file)
         missing = [t for t in REQUIRED_TOKENS if t not in vocab]
         if missing:
-            raise tokenization.VocabError(
+            raise wordpiece.VocabError(
                 f"{vocab_file}: the vocabulary has no {', '.join(missing)} token; pretraining data "
                 f"needs {', '.join(REQUIRED_TOKENS)}"
             )
         return cls.from_tokens(tuple(vocab))
-
-    @classmethod
-    def from_checked_file(cls, vocab_file):
-        """Loads a vocab.txt that from_file already accepted, without TensorFlow (for workers)."""
-        with open(vocab_file, "rb") as f:
-            # The tokens as tokenization.load_vocab reads them: one per line, stripped.
-            return cls.from_tokens(tuple(raw.decode("utf-8", errors="replace").strip() for raw in f))
 
     @classmethod
     def from_tokens(cls, tokens):
@@ -372,40 +367,16 @@ class Block:
 def make_array_tokenizer(vocab_file, do_lower_case):
     """Returns tokenize(list of line bytes) -> (int32 ids of all lines, int64 row splits).
 
-    GraphTokenizer gives exactly FullTokenizer's ids, several times faster, on whole batches.
+    CachedTokenizer gives exactly FullTokenizer's ids, without TensorFlow, at tens of MB/s once its
+    cache of words is warm (which it stays for the life of a worker process).
     """
-    import tensorflow as tf
-
-    from bert_tf import tokenization
-
-    graph_tokenizer = tokenization.GraphTokenizer(vocab_file, do_lower_case)
-    # The same ops, run eagerly: tracing the tf.function costs 2-4 s per process, and on batches of
-    # ~1 MB of text eager execution is as fast as the traced graph (same kernels, same ids).
-    def tokenize(lines):
-        # (python_function holds the tokenizer weakly: this closure keeps it alive.)
-        ragged = graph_tokenizer.tokenize.python_function(tf.constant(lines, dtype=tf.string))
-        return (ragged.flat_values.numpy().astype(np.int32, copy=False),
-                ragged.row_splits.numpy().astype(np.int64, copy=False))
-
-    return tokenize
+    return wordpiece.CachedTokenizer.from_file(vocab_file, do_lower_case).encode_lines
 
 
 @functools.lru_cache(maxsize=2)
 def cached_array_tokenizer(vocab_file, do_lower_case):
-    """make_array_tokenizer, built once per process (building it takes seconds)."""
+    """make_array_tokenizer, built once per process, so that its word cache lives on."""
     return make_array_tokenizer(vocab_file, do_lower_case)
-
-
-def make_id_tokenizer(vocab_file, do_lower_case):
-    """Returns tokenize(list of line bytes) -> list of lists of int ids, with the in-graph tokenizer."""
-    tokenize_arrays = make_array_tokenizer(vocab_file, do_lower_case)
-
-    def tokenize(lines):
-        flat, splits = tokenize_arrays(lines)
-        flat, splits = flat.tolist(), splits.tolist()
-        return [flat[a:b] for a, b in zip(splits, splits[1:])]
-
-    return tokenize
 
 
 def count_invalid_utf8(lines):
@@ -414,10 +385,7 @@ def count_invalid_utf8(lines):
         b"".join(lines).decode("utf-8")  # the usual case, at C speed
         return 0
     except UnicodeDecodeError:
-        pass
-    from bert_tf import tokenization  # only the reading process, which has TensorFlow, gets here
-
-    return sum(tokenization.count_invalid_utf8(line) for line in lines)
+        return sum(wordpiece.count_invalid_utf8(line) for line in lines)
 
 
 def tokenize_block(documents, tokenize, stats=None):
@@ -1074,14 +1042,14 @@ def block_seed(random_seed, unit_index, block_index):
     return int.from_bytes(digest[:8], "big")
 
 
-def iter_unit_blocks(unit, tokenize, stats):
-    """Yields the tokenized Blocks of a unit, in order: the reading process's half of the work.
+def iter_unit_blocks(unit, tokenize, stats, documents=None):
+    """Yields the tokenized Blocks of a unit, in order.
 
     `tokenize` is a make_array_tokenizer function; `stats` (a Counter) gets the reading counts.
+    `documents` are the unit's documents when the caller read them (tfds units); else the unit's
+    file ranges are read here.
     """
-    if unit.tfds is not None:
-        documents = iter_tfds_documents(*unit.tfds)
-    else:
+    if documents is None:
         documents = (document for path, start, end in unit.ranges
                      for document in iter_file_documents(path, start, end, stats=stats))
     for raw_block in iter_blocks(documents):
@@ -1091,7 +1059,7 @@ def iter_unit_blocks(unit, tokenize, stats):
 
 
 class BlockRecordBuilder:
-    """Turns Blocks into serialized records with NumPy only: the half of the work done in workers."""
+    """Turns Blocks into serialized records with NumPy only."""
 
     def __init__(self, config, vocab):
         self.config = config
@@ -1121,15 +1089,35 @@ class BlockRecordBuilder:
         return b"".join(blobs), (np.concatenate(lengths) if lengths else np.zeros(0, np.int64)), dict(stats)
 
 
-# Worker-process state: the BlockRecordBuilder of this process, built on first use.
+def build_unit_part(config, unit, documents=None):
+    """Reads, tokenizes and builds one unit, and writes its records to its part file (atomically).
+
+    The job of a worker process (or of the main one with --num_workers=1). Returns the unit's
+    stats, with the part's size as `part_bytes`. The tokenizer and record builder are built once
+    per process and kept, so the tokenizer's word cache stays warm from unit to unit.
+    """
+    builder = _block_record_builder(config)
+    tokenize = cached_array_tokenizer(config.vocab_file, config.do_lower_case)
+    stats = collections.Counter()
+    with PartWriter(unit.output_path, config.compression) as writer:
+        for block_index, block in enumerate(iter_unit_blocks(unit, tokenize, stats, documents)):
+            blob, lengths, block_stats = builder.build(unit.index, block_index, block)
+            writer.write(blob, lengths)
+            stats.update(block_stats)
+    stats["part_bytes"] = os.path.getsize(unit.output_path)
+    return dict(stats)
+
+
+# Per-process state: the BlockRecordBuilder of this process, built on first use.
 _BLOCK_RECORD_BUILDER = None
 
 
 def warm_up_worker(config):
-    """A job that starts a worker process and builds its BlockRecordBuilder before blocks arrive."""
+    """A job that starts a worker process and builds its tokenizer and builder before units arrive."""
     try:
         _block_record_builder(config)
-    except (OSError, KeyError):
+        cached_array_tokenizer(config.vocab_file, config.do_lower_case)
+    except (OSError, wordpiece.VocabError):
         pass  # a missing or bad vocabulary: the main process reports it
     return os.getpid()
 
@@ -1138,62 +1126,144 @@ def _block_record_builder(config):
     """This process's BlockRecordBuilder for `config`, built on first use."""
     global _BLOCK_RECORD_BUILDER
     if _BLOCK_RECORD_BUILDER is None or _BLOCK_RECORD_BUILDER.config != config:
-        _BLOCK_RECORD_BUILDER = BlockRecordBuilder(config, VocabInfo.from_checked_file(config.vocab_file))
+        _BLOCK_RECORD_BUILDER = BlockRecordBuilder(config, VocabInfo.from_file(config.vocab_file))
     return _BLOCK_RECORD_BUILDER
 
 
-def build_block_records(config, unit_index, block_index, block):
-    """Worker entry point: BlockRecordBuilder.build, with this process's builder for `config`."""
-    return _block_record_builder(config).build(unit_index, block_index, block)
+# ---------------------------------------------------------------------------------------------
+# TFRecord files, without TensorFlow
+#
+# A TFRecord is: uint64 length, uint32 masked CRC-32C of those 8 bytes, the data, uint32 masked
+# CRC-32C of the data, all little-endian (tensorflow/core/lib/io/record_writer.cc). A gzip TFRecord
+# file is such a stream, gzip-compressed. Writing them here spares the worker processes TensorFlow.
+# ---------------------------------------------------------------------------------------------
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def masked_crc32c(data):
+    """The CRC-32C of `data`, masked as TFRecord files store it."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_header(length):
+    encoded = _LENGTH.pack(length)
+    return encoded + _CRC.pack(masked_crc32c(encoded))
+
+
+def tfrecord_frames(blob, lengths):
+    """The TFRecord file bytes of records given as their concatenation and their lengths."""
+    pieces = []
+    start = 0
+    for length in np.asarray(lengths).tolist():
+        data = blob[start:start + length]
+        pieces += (_record_header(length), data, _CRC.pack(masked_crc32c(data)))
+        start += length
+    return b"".join(pieces)
 
 
 class PartWriter:
-    """Writes one unit's records to its part file: a TFRecord file (or gzip member), atomically."""
+    """A context manager that writes one unit's part file: TFRecords (or one gzip member).
+
+    The file appears under its name only when the block exits without an error.
+    """
 
     def __init__(self, path, compression):
-        import tensorflow as tf
-
-        from bert_tf import io_utils
-
         self.path = path
+        self.compression = compression
         self._stack = contextlib.ExitStack()
-        tmp = self._stack.enter_context(io_utils.atomic_path(path))
-        options = "GZIP" if compression == "gzip" else None
-        self._writer = self._stack.enter_context(tf.io.TFRecordWriter(tmp, options=options))
+        self._file = None
+
+    def __enter__(self):
+        tmp = self._stack.enter_context(io_utils.atomic_path(self.path))
+        self._file = self._stack.enter_context(open(tmp, "wb"))
+        if self.compression == "gzip":
+            # Level 6 (zlib's default, as TensorFlow's GZIP writer uses); no file name or time in
+            # the header, which would make the bytes differ from run to run.
+            self._file = self._stack.enter_context(
+                gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=self._file, mtime=0))
+        return self
 
     def write(self, blob, lengths):
         """Writes records given as their concatenation and their lengths."""
-        write = self._writer.write
-        start = 0
-        for end in np.cumsum(lengths).tolist():
-            write(blob[start:end])
-            start = end
+        self._file.write(tfrecord_frames(blob, lengths))
 
-    def close(self):
-        """Finishes the file and renames it into place; returns its size in bytes."""
-        self._stack.close()
-        return os.path.getsize(self.path)
-
-    def abort(self):
-        """Drops the temp file; the part is not written."""
-        self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
+    def __exit__(self, *exc_info):
+        return self._stack.__exit__(*exc_info)
 
 
 def iter_first_records(path, compression, count):
-    """Yields the first `count` records of a TFRecord file written here (for logs; no CRC check).
-
-    A TFRecord is: uint64 length, uint32 masked CRC of the length, the data, uint32 masked CRC of
-    the data, all little-endian. Reading them directly spares a tf.data pipeline's start-up.
-    """
+    """Yields the first `count` records of a TFRecord file written here (for logs; no CRC check)."""
     opener = gzip.open if compression == "gzip" else open
     with opener(path, "rb") as f:
         for _ in range(count):
             header = f.read(12)
             if len(header) < 12:
                 return
-            length = int.from_bytes(header[:8], "little")
+            length = _LENGTH.unpack(header[:8])[0]
             yield f.read(length)
             f.read(4)
+
+
+def _varint(data, position):
+    """Decodes the protobuf varint at `position`; returns (value, next position)."""
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def _fields(data):
+    """Yields (field number, wire type, value) of a protobuf message: ints for varints, bytes else."""
+    position = 0
+    while position < len(data):
+        key, position = _varint(data, position)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, position = _varint(data, position)
+        elif wire_type == 2:
+            length, position = _varint(data, position)
+            value, position = data[position:position + length], position + length
+        elif wire_type in (1, 5):
+            size = 8 if wire_type == 1 else 4
+            value, position = data[position:position + size], position + size
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire_type}")
+        yield number, wire_type, value
+
+
+def parse_example(record):
+    """Decodes a serialized tf.train.Example of int64 and float lists into {name: list of numbers}.
+
+    Enough protobuf for logging records without TensorFlow: Example.features (1) -> Features.feature
+    (1, map entries of key 1, value 2) -> Feature.float_list (2) or int64_list (3) -> value (1), packed
+    or not. int64 values are read as unsigned varints, which is right for the non-negative ids here.
+    """
+    values = {}
+    for _, _, features in _fields(record):
+        for _, _, entry in _fields(features):
+            fields = {number: value for number, _, value in _fields(entry)}
+            name, numbers = fields[1].decode("utf-8"), []
+            for kind, _, number_list in _fields(fields.get(2, b"")):
+                for _, wire_type, value in _fields(number_list):
+                    if kind == 2:  # float_list: packed little-endian floats, or one fixed32
+                        numbers += struct.unpack(f"<{len(value) // 4}f", value)
+                    elif wire_type == 2:  # packed int64 varints
+                        position = 0
+                        while position < len(value):
+                            number, position = _varint(value, position)
+                            numbers.append(number)
+                    else:
+                        numbers.append(value)
+            values[name] = numbers
+    return values
 
 
 def iter_tfds_documents(name, split, feature, data_dir=None):

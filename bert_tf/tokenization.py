@@ -1,22 +1,13 @@
-"""WordPiece tokenization with the original BERT semantics, in Python and in the TensorFlow graph.
+"""WordPiece tokenization with the original BERT semantics, in the TensorFlow graph.
 
-`FullTokenizer` is the reference: it follows Google's original `tokenization.py` rule for rule.
-`GraphTokenizer` produces the same ids with TensorFlow core and tensorflow_text ops only, so it runs
-inside `tf.data`, `tf.function` and exported SavedModels (and so in stock TF Serving).
-
-The original pipeline, which both follow:
-  1. decode UTF-8 (bad bytes become U+FFFD);
-  2. clean: drop NUL, U+FFFD and control characters (Cc, Cf; but tab, newline and CR are
-     whitespace), and turn whitespace (space, tab, newline, CR, Zs) into a space;
-  3. put spaces around every CJK ideograph;
-  4. split on whitespace (Python's `str.split()`);
-  5. uncased only: lower-case each word (`str.lower()`, with Greek final sigma), NFD, drop Mn;
-  6. split each word on punctuation (Unicode P* and the ASCII symbol ranges);
-  7. greedy longest-match-first WordPiece with `##` continuations; a word over 100 characters,
-     or one that cannot be covered by the vocabulary, becomes `[UNK]`.
+`GraphTokenizer` produces FullTokenizer's ids with TensorFlow core and tensorflow_text ops only, so
+it runs inside `tf.data`, `tf.function` and exported SavedModels (and so in stock TF Serving).
+`FullTokenizer`, the reference that follows Google's original `tokenization.py` rule for rule, and
+`CachedTokenizer` (the same ids, fast, for bulk text) live in `bert_tf.wordpiece`, which needs no
+TensorFlow; their names are importable from here too. `bert_tf.wordpiece` lists the original's
+pipeline, step by step.
 """
 
-import collections
 import functools
 import hashlib
 import inspect
@@ -28,222 +19,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-UNK_TOKEN = "[UNK]"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_INPUT_CHARS_PER_WORD = 100
-
-# The CJK Unified Ideographs blocks the original treats as "Chinese characters". Hangul, kana and
-# Thai are not in them, so those scripts are split on whitespace like any other.
-CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
-
-
-class VocabError(ValueError):
-    """A vocabulary file that is missing, empty or unusable."""
-
-
-def load_vocab(vocab_file):
-    """Reads a vocab.txt (one token per line, id = line number) into an ordered token->id dict."""
-    # tf.io.gfile so that a vocab on gs:// (next to a TPU's data) loads like a local one.
-    if not tf.io.gfile.exists(vocab_file) or tf.io.gfile.isdir(vocab_file):
-        raise VocabError(f"vocabulary file not found: {vocab_file}")
-    vocab = collections.OrderedDict()
-    with tf.io.gfile.GFile(vocab_file, "rb") as f:
-        for line_number, raw in enumerate(f, start=1):
-            token = raw.decode("utf-8", errors="replace").strip()
-            if not token:
-                raise VocabError(f"{vocab_file}:{line_number}: empty token")
-            if token in vocab:
-                raise VocabError(
-                    f"{vocab_file}:{line_number}: duplicate token {token!r} "
-                    f"(first on line {vocab[token] + 1})"
-                )
-            vocab[token] = line_number - 1
-    if not vocab:
-        raise VocabError(f"vocabulary file is empty: {vocab_file}")
-    if UNK_TOKEN not in vocab:
-        raise VocabError(f"vocabulary file has no {UNK_TOKEN} token: {vocab_file}")
-    return vocab
-
-
-def to_text(text):
-    """Returns `text` as str; bytes are decoded as UTF-8 with bad bytes replaced by U+FFFD."""
-    if isinstance(text, str):
-        return text
-    if isinstance(text, (bytes, bytearray)):
-        return bytes(text).decode("utf-8", errors="replace")
-    raise TypeError(f"expected str or bytes, got {type(text).__name__}")
-
-
-def decode_counting_invalid(data):
-    """Decodes UTF-8 bytes with replacement; returns (text, number of U+FFFD the decoding added)."""
-    text = to_text(data)
-    return text, text.count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
-
-
-def count_invalid_utf8(data):
-    """Returns how many U+FFFD replacements decoding `data` as UTF-8 introduces."""
-    return decode_counting_invalid(data)[1]
-
-
-# Character classes. They are cached because text repeats a small set of characters, and
-# unicodedata lookups dominate the cost of the Python tokenizer.
-
-
-@functools.lru_cache(maxsize=None)
-def is_whitespace(char):
-    """True for the characters the original maps to a space: space, tab, newline, CR and Zs."""
-    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
-
-
-@functools.lru_cache(maxsize=None)
-def is_control(char):
-    """True for the characters the original drops: Cc and Cf, except tab, newline and CR."""
-    if char in "\t\n\r":
-        return False
-    return unicodedata.category(char) in ("Cc", "Cf")
-
-
-@functools.lru_cache(maxsize=None)
-def is_punctuation(char):
-    """True for Unicode P* and for every non-alphanumeric printable ASCII symbol, such as `$` or `^`."""
-    cp = ord(char)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
-
-
-def is_cjk(cp):
-    """True for a code point in one of the CJK ideograph blocks."""
-    return any(low <= cp <= high for low, high in CJK_RANGES)
-
-
-@functools.lru_cache(maxsize=None)
-def _clean_char(char):
-    """The cleaned form of one character: '' (dropped), ' ' (whitespace) or the character."""
-    if char == "\x00" or char == "\ufffd" or is_control(char):
-        return ""
-    if is_whitespace(char):
-        return " "
-    if is_cjk(ord(char)):
-        return f" {char} "
-    return char
-
-
-def strip_accents(text):
-    """NFD, then drops combining marks (Mn), as the original uncased models do."""
-    return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-
-
-def split_on_punctuation(word):
-    """Splits a word so that every punctuation character is a token of its own."""
-    pieces = []
-    start_new = True
-    for char in word:
-        if is_punctuation(char):
-            pieces.append(char)
-            start_new = True
-        else:
-            if start_new:
-                pieces.append("")
-                start_new = False
-            pieces[-1] += char
-    return pieces
-
-
-class BasicTokenizer:
-    """Cleaning, CJK splitting, optional lower-casing and accent stripping, punctuation splitting."""
-
-    def __init__(self, do_lower_case=True):
-        self.do_lower_case = do_lower_case
-
-    def tokenize(self, text):
-        """Splits text into words, the input of WordPiece."""
-        cleaned = "".join(_clean_char(c) for c in to_text(text))
-        words = []
-        for word in cleaned.split():
-            if self.do_lower_case:
-                word = strip_accents(word.lower())
-            words.extend(split_on_punctuation(word))
-        # The original re-splits on whitespace here; lower-casing and NFD never produce it,
-        # but the re-split keeps the rule exact.
-        return " ".join(words).split()
-
-
-class WordpieceTokenizer:
-    """Greedy longest-match-first WordPiece with `##` continuation pieces."""
-
-    def __init__(self, vocab, unk_token=UNK_TOKEN, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD):
-        self.vocab = vocab
-        self.unk_token = unk_token
-        self.max_input_chars_per_word = max_input_chars_per_word
-
-    def tokenize_word(self, word):
-        """Returns the pieces of one word, or [unk] when it cannot be covered."""
-        if len(word) > self.max_input_chars_per_word:
-            return [self.unk_token]
-        pieces = []
-        start = 0
-        while start < len(word):
-            end = len(word)
-            while end > start:
-                candidate = word[start:end] if start == 0 else "##" + word[start:end]
-                if candidate in self.vocab:
-                    pieces.append(candidate)
-                    break
-                end -= 1
-            else:
-                return [self.unk_token]
-            start = end
-        return pieces
-
-    def tokenize(self, text):
-        """Tokenizes whitespace-separated words."""
-        return [piece for word in text.split() for piece in self.tokenize_word(word)]
-
-
-class FullTokenizer:
-    """The original BERT tokenizer: BasicTokenizer, then WordPiece."""
-
-    def __init__(self, vocab_file, do_lower_case=True):
-        self.vocab_file = vocab_file
-        self.do_lower_case = do_lower_case
-        self.vocab = load_vocab(vocab_file)
-        self.inv_vocab = {i: t for t, i in self.vocab.items()}
-        self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
-        self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab)
-        self.invalid_utf8_count = 0
-
-    def tokenize(self, text):
-        """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes)."""
-        if isinstance(text, (bytes, bytearray)):
-            text, invalid = decode_counting_invalid(text)
-            self.invalid_utf8_count += invalid
-        pieces = []
-        for word in self.basic_tokenizer.tokenize(text):
-            pieces.extend(self.wordpiece_tokenizer.tokenize_word(word))
-        return pieces
-
-    def convert_tokens_to_ids(self, tokens):
-        """Maps tokens to ids; a token missing from the vocabulary is a KeyError."""
-        return [self.vocab[t] for t in tokens]
-
-    def convert_ids_to_tokens(self, ids):
-        """Maps ids to tokens."""
-        return [self.inv_vocab[int(i)] for i in ids]
-
-    def encode(self, text):
-        """Tokenizes and converts to ids in one call."""
-        return self.convert_tokens_to_ids(self.tokenize(text))
-
+# The Python tokenizers live in wordpiece (no TensorFlow there); their names stay importable from here.
+from bert_tf.wordpiece import (  # noqa: F401
+    CJK_RANGES, MAX_INPUT_CHARS_PER_WORD, NUM_CODE_POINTS, SPECIAL_TOKENS, UNK_TOKEN, BasicTokenizer,
+    CachedTokenizer, FullTokenizer, VocabError, WordpieceTokenizer, clean_char, count_invalid_utf8,
+    decode_counting_invalid, is_cjk, is_control, is_punctuation, is_whitespace, load_vocab,
+    split_on_punctuation, strip_accents, to_text)
 
 # ---------------------------------------------------------------------------------------------
 # The in-graph tokenizer.
@@ -256,7 +37,6 @@ class FullTokenizer:
 # pre-tokenization and normalization turned off.
 # ---------------------------------------------------------------------------------------------
 
-NUM_CODE_POINTS = 0x110000
 # Packed per-code-point properties: bits 0-7 hold the canonical combining class (for NFD's
 # canonical reordering), the bits below are flags.
 _CCC_MASK = 0xFF

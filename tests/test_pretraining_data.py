@@ -1,12 +1,12 @@
 """bert_tf.pretraining_data: document reading, the instance algorithm, masking statistics, records."""
 
 import collections
+import dataclasses
 import email
 import gzip
 import json
 import logging as std_logging
 import os
-import pickle
 import random
 import subprocess
 import sys
@@ -167,10 +167,12 @@ def test_empty_documents_and_lines_are_dropped(full_tokenizer):
     assert stats["documents"] == 1 and stats["documents_skipped"] == 1 and stats["sentences"] == 2
 
 
-def test_graph_tokenizer_ids_equal_full_tokenizer(sentences, full_tokenizer):
-    tokenize = pd.make_id_tokenizer(VOCAB_FILE, do_lower_case=True)
-    lines = [s.encode() for s in sentences[:500]] + [b"caf\xe9 \xff", b""]
-    assert tokenize(lines) == [full_tokenizer.encode(line) for line in lines]
+def test_array_tokenizer_ids_equal_full_tokenizer(sentences, full_tokenizer):
+    tokenize = pd.make_array_tokenizer(VOCAB_FILE, do_lower_case=True)
+    lines = [s.encode() for s in sentences[:500]] + [b"caf\xe9 \xff", b"", "Ὀδυσσεύς \x00ΣΑΣ".encode()]
+    flat, splits = tokenize(lines)
+    assert flat.dtype == np.int32 and splits.dtype == np.int64
+    assert [flat[a:b].tolist() for a, b in zip(splits, splits[1:])] == [full_tokenizer.encode(line) for line in lines]
 
 
 def test_text_documents_split_into_sentences():
@@ -257,36 +259,57 @@ def test_truncation_takes_a_binomial_share_from_the_front(vocab):
     assert np.var(fronts) == pytest.approx(195 / 4, rel=0.1)
 
 
-def test_records_are_built_without_tensorflow(long_documents, vocab, tmp_path):
-    # Worker processes get Blocks and build records with NumPy only: check in a fresh process
-    # that neither the worker path nor importing the CLI imports TensorFlow, and that the bytes
-    # equal this process's.
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_unit_parts_are_built_and_written_without_tensorflow(sentences, tmp_path, compression):
+    # A worker reads, tokenizes, builds and writes a unit with no TensorFlow: check in a fresh process
+    # that neither that path nor importing the CLI imports it, that the bytes equal this process's,
+    # and that TensorFlow's own reader accepts the framing (it checks every CRC).
+    text = tmp_path / "corpus.txt"
+    write_documents(text, [[s.encode() for s in sentences[i:i + 8]] for i in range(0, 1200, 8)])
     config = pd.GenerationConfig(vocab_file=VOCAB_FILE, dupe_factor=2, max_seq_length=64,
-                                 max_predictions_per_seq=10)
-    block = pd.Block.from_documents(long_documents[:60])
-    job = tmp_path / "job.pkl"
-    job.write_bytes(pickle.dumps((config, block)))
+                                 max_predictions_per_seq=10, compression=compression)
+    unit = pd.WorkUnit(index=3, ranges=((str(text), 0, text.stat().st_size),),
+                       output_path=str(tmp_path / "fresh.tfrecord"))
     script = (
-        "import pickle, sys\n"
+        "import json, sys\n"
         "import bert_tf.create_pretraining_data\n"
         "from bert_tf import pretraining_data as pd\n"
-        f"config, block = pickle.load(open({str(job)!r}, 'rb'))\n"
-        "blob, lengths, stats = pd.build_block_records(config, 3, 1, block)\n"
+        f"stats = pd.build_unit_part(pd.{config!r}, pd.{unit!r})\n"
         "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
-        f"pickle.dump((blob, lengths, stats), open({str(job)!r}, 'wb'))\n"
+        "print(json.dumps(stats))\n"
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": repo}, timeout=120)
     assert result.returncode == 0, result.stderr
-    blob, lengths, stats = pickle.loads(job.read_bytes())
-    expected = pd.BlockRecordBuilder(config, vocab).build(3, 1, block)
-    assert blob == expected[0] and lengths.tolist() == expected[1].tolist() and stats == expected[2]
-    assert stats["instances"] == len(lengths) > 100
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    records = [blob[a:b] for a, b in zip(offsets, offsets[1:])]
-    parsed = tf.io.parse_example(tf.constant(records), original_feature_spec(64, 10))
+    stats = json.loads(result.stdout)
+    here = dataclasses.replace(unit, output_path=str(tmp_path / "here.tfrecord"))
+    assert pd.build_unit_part(config, here) == stats
+    fresh = (tmp_path / "fresh.tfrecord").read_bytes()
+    assert fresh == (tmp_path / "here.tfrecord").read_bytes()
+    assert stats["part_bytes"] == len(fresh) and not list(tmp_path.glob("*.tmp"))
+    if compression == "gzip":
+        assert gzip.decompress(fresh)[:8] != fresh[:8]  # really compressed
+    records = list(tf.data.TFRecordDataset(unit.output_path, compression_type=compression.upper()
+                                           if compression == "gzip" else ""))
+    assert stats["instances"] == len(records) > 100
+    parsed = tf.io.parse_example(tf.stack(records), original_feature_spec(64, 10))
     assert int(parsed["masked_lm_weights"].numpy().sum()) == stats["masked_positions"]
+    for record in records[:20]:  # our protobuf reader (for logging) against TensorFlow's
+        example = tf.train.Example.FromString(record.numpy())
+        expected = {name: list(f.int64_list.value) or list(f.float_list.value)
+                    for name, f in example.features.feature.items()}
+        assert pd.parse_example(record.numpy()) == expected
+
+
+def test_tfrecord_framing_matches_tensorflow_writer(tmp_path):
+    records = [b"", b"x", os.urandom(300), os.urandom(70_000)]
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    framed = pd.tfrecord_frames(b"".join(records), np.array([len(r) for r in records]))
+    assert framed == open(path, "rb").read()
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from bert_tf import tokenization
 from bert_tf.tokenization import FullTokenizer, GraphTokenizer, VocabError
+from bert_tf.wordpiece import CachedTokenizer
 
 EDGE_CASES = [
     "",
@@ -305,7 +306,7 @@ def test_saved_graph_uses_only_core_and_text_ops(tmp_path, real_vocab):
 
 def _normalized(text, do_lower_case):
     """What a source span reads as after cleaning (and lower-casing), spaces removed."""
-    cleaned = "".join(tokenization._clean_char(c) for c in text)
+    cleaned = "".join(tokenization.clean_char(c) for c in text)
     if do_lower_case:
         cleaned = tokenization.strip_accents(cleaned.lower())
     return "".join(cleaned.split())
@@ -386,3 +387,54 @@ def test_code_point_tables_cache_round_trip(tmp_path, monkeypatch):
     for key in ("full", "stripped"):
         for got, want in zip(loaded[key], computed[key]):
             np.testing.assert_array_equal(got, want)
+
+
+# CachedTokenizer: FullTokenizer's ids through a cache of words. FullTokenizer is the reference;
+# the tiny-cache variant checks that emptying the cache mid-text changes nothing.
+
+
+@pytest.fixture(scope="module")
+def cached_pairs(real_vocab):
+    pairs = []
+    for do_lower_case in (True, False):
+        full = FullTokenizer(real_vocab, do_lower_case=do_lower_case)
+        pairs.append((full, CachedTokenizer(full.vocab, do_lower_case)))
+        pairs.append((full, CachedTokenizer(full.vocab, do_lower_case, max_cached_words=3)))
+    return pairs
+
+
+def cached_lines_ids(cached, texts):
+    flat, splits = cached.encode_lines(texts)
+    return [flat[a:b].tolist() for a, b in zip(splits, splits[1:])]
+
+
+def test_cached_matches_full_on_edge_cases(cached_pairs):
+    for full, cached in cached_pairs:
+        for text in EDGE_CASES * 2:  # the second time from the cache
+            assert cached.encode(text) == full.encode(text), repr(text)
+        assert cached_lines_ids(cached, EDGE_CASES) == [full.encode(t) for t in EDGE_CASES]
+
+
+def test_cached_matches_full_on_real_english(cached_pairs, english_lines):
+    lines = [line.encode() for line in english_lines[:3000]]
+    for full, cached in cached_pairs[:2]:
+        assert cached_lines_ids(cached, lines) == [full.encode(line) for line in lines]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40),
+                          st.text(alphabet=INTERESTING, max_size=30),
+                          st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=60),
+                          st.binary(max_size=40)), min_size=1, max_size=8))
+def test_property_cached_matches_full(cached_pairs, texts):
+    for full, cached in cached_pairs:
+        assert cached_lines_ids(cached, texts) == [full.encode(t) for t in texts]
+
+
+def test_python_tokenizers_import_without_tensorflow():
+    # create_pretraining_data's workers tokenize with CachedTokenizer and must not pay for TensorFlow.
+    script = "import sys, bert_tf.wordpiece; assert 'tensorflow' not in sys.modules, 'TensorFlow imported'"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": repo}, timeout=60)
+    assert result.returncode == 0, result.stderr

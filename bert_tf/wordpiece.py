@@ -1,0 +1,342 @@
+"""The original BERT tokenizer in plain Python: the reference, and a cached version of it for bulk text.
+
+`FullTokenizer` follows Google's original `tokenization.py` rule for rule. `CachedTokenizer` gives
+the same ids several times faster by tokenizing each distinct word once. Neither needs TensorFlow
+(`bert_tf.tokenization.GraphTokenizer`, the in-graph tokenizer, does), so a process that only
+tokenizes text, such as a create_pretraining_data worker, starts in a fraction of a second.
+
+The original pipeline:
+  1. decode UTF-8 (bad bytes become U+FFFD);
+  2. clean: drop NUL, U+FFFD and control characters (Cc, Cf; but tab, newline and CR are
+     whitespace), and turn whitespace (space, tab, newline, CR, Zs) into a space;
+  3. put spaces around every CJK ideograph;
+  4. split on whitespace (Python's `str.split()`);
+  5. uncased only: lower-case each word (`str.lower()`, with Greek final sigma), NFD, drop Mn;
+  6. split each word on punctuation (Unicode P* and the ASCII symbol ranges);
+  7. greedy longest-match-first WordPiece with `##` continuations; a word over 100 characters,
+     or one that cannot be covered by the vocabulary, becomes `[UNK]`.
+"""
+
+import collections
+import functools
+import itertools
+import os
+import re
+import unicodedata
+
+import numpy as np
+
+from bert_tf import io_utils
+
+UNK_TOKEN = "[UNK]"
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_INPUT_CHARS_PER_WORD = 100
+NUM_CODE_POINTS = 0x110000
+
+# The CJK Unified Ideographs blocks the original treats as "Chinese characters". Hangul, kana and
+# Thai are not in them, so those scripts are split on whitespace like any other.
+CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+class VocabError(ValueError):
+    """A vocabulary file that is missing, empty or unusable."""
+
+
+def load_vocab(vocab_file):
+    """Reads a vocab.txt (one token per line, id = line number) into an ordered token->id dict."""
+    # A vocab on gs:// (next to a TPU's data) loads through tf.io.gfile; a local one needs no TensorFlow.
+    if io_utils.is_remote(vocab_file):
+        import tensorflow as tf
+
+        exists = tf.io.gfile.exists(vocab_file) and not tf.io.gfile.isdir(vocab_file)
+        opener = lambda: tf.io.gfile.GFile(vocab_file, "rb")
+    else:
+        exists = os.path.isfile(vocab_file)
+        opener = lambda: open(vocab_file, "rb")
+    if not exists:
+        raise VocabError(f"vocabulary file not found: {vocab_file}")
+    vocab = collections.OrderedDict()
+    with opener() as f:
+        for line_number, raw in enumerate(f, start=1):
+            token = raw.decode("utf-8", errors="replace").strip()
+            if not token:
+                raise VocabError(f"{vocab_file}:{line_number}: empty token")
+            if token in vocab:
+                raise VocabError(
+                    f"{vocab_file}:{line_number}: duplicate token {token!r} "
+                    f"(first on line {vocab[token] + 1})"
+                )
+            vocab[token] = line_number - 1
+    if not vocab:
+        raise VocabError(f"vocabulary file is empty: {vocab_file}")
+    if UNK_TOKEN not in vocab:
+        raise VocabError(f"vocabulary file has no {UNK_TOKEN} token: {vocab_file}")
+    return vocab
+
+
+def to_text(text):
+    """Returns `text` as str; bytes are decoded as UTF-8 with bad bytes replaced by U+FFFD."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, (bytes, bytearray)):
+        return bytes(text).decode("utf-8", errors="replace")
+    raise TypeError(f"expected str or bytes, got {type(text).__name__}")
+
+
+def decode_counting_invalid(data):
+    """Decodes UTF-8 bytes with replacement; returns (text, number of U+FFFD the decoding added)."""
+    text = to_text(data)
+    return text, text.count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
+
+
+def count_invalid_utf8(data):
+    """Returns how many U+FFFD replacements decoding `data` as UTF-8 introduces."""
+    return decode_counting_invalid(data)[1]
+
+
+# Character classes. They are cached because text repeats a small set of characters, and
+# unicodedata lookups dominate the cost of the Python tokenizer.
+
+
+@functools.lru_cache(maxsize=None)
+def is_whitespace(char):
+    """True for the characters the original maps to a space: space, tab, newline, CR and Zs."""
+    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
+
+
+@functools.lru_cache(maxsize=None)
+def is_control(char):
+    """True for the characters the original drops: Cc and Cf, except tab, newline and CR."""
+    if char in "\t\n\r":
+        return False
+    return unicodedata.category(char) in ("Cc", "Cf")
+
+
+@functools.lru_cache(maxsize=None)
+def is_punctuation(char):
+    """True for Unicode P* and for every non-alphanumeric printable ASCII symbol, such as `$` or `^`."""
+    cp = ord(char)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+def is_cjk(cp):
+    """True for a code point in one of the CJK ideograph blocks."""
+    return any(low <= cp <= high for low, high in CJK_RANGES)
+
+
+@functools.lru_cache(maxsize=None)
+def clean_char(char):
+    """The cleaned form of one character: '' (dropped), ' ' (whitespace) or the character."""
+    if char == "\x00" or char == "\ufffd" or is_control(char):
+        return ""
+    if is_whitespace(char):
+        return " "
+    if is_cjk(ord(char)):
+        return f" {char} "
+    return char
+
+
+def strip_accents(text):
+    """NFD, then drops combining marks (Mn), as the original uncased models do."""
+    return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+
+
+def split_on_punctuation(word):
+    """Splits a word so that every punctuation character is a token of its own."""
+    pieces = []
+    start_new = True
+    for char in word:
+        if is_punctuation(char):
+            pieces.append(char)
+            start_new = True
+        else:
+            if start_new:
+                pieces.append("")
+                start_new = False
+            pieces[-1] += char
+    return pieces
+
+
+class BasicTokenizer:
+    """Cleaning, CJK splitting, optional lower-casing and accent stripping, punctuation splitting."""
+
+    def __init__(self, do_lower_case=True):
+        self.do_lower_case = do_lower_case
+
+    def tokenize(self, text):
+        """Splits text into words, the input of WordPiece."""
+        cleaned = "".join(clean_char(c) for c in to_text(text))
+        words = []
+        for word in cleaned.split():
+            if self.do_lower_case:
+                word = strip_accents(word.lower())
+            words.extend(split_on_punctuation(word))
+        # The original re-splits on whitespace here; lower-casing and NFD never produce it,
+        # but the re-split keeps the rule exact.
+        return " ".join(words).split()
+
+
+class WordpieceTokenizer:
+    """Greedy longest-match-first WordPiece with `##` continuation pieces."""
+
+    def __init__(self, vocab, unk_token=UNK_TOKEN, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD):
+        self.vocab = vocab
+        self.unk_token = unk_token
+        self.max_input_chars_per_word = max_input_chars_per_word
+
+    def tokenize_word(self, word):
+        """Returns the pieces of one word, or [unk] when it cannot be covered."""
+        if len(word) > self.max_input_chars_per_word:
+            return [self.unk_token]
+        pieces = []
+        start = 0
+        while start < len(word):
+            end = len(word)
+            while end > start:
+                candidate = word[start:end] if start == 0 else "##" + word[start:end]
+                if candidate in self.vocab:
+                    pieces.append(candidate)
+                    break
+                end -= 1
+            else:
+                return [self.unk_token]
+            start = end
+        return pieces
+
+    def tokenize(self, text):
+        """Tokenizes whitespace-separated words."""
+        return [piece for word in text.split() for piece in self.tokenize_word(word)]
+
+
+class FullTokenizer:
+    """The original BERT tokenizer: BasicTokenizer, then WordPiece."""
+
+    def __init__(self, vocab_file, do_lower_case=True):
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self.vocab = load_vocab(vocab_file)
+        self.inv_vocab = {i: t for t, i in self.vocab.items()}
+        self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
+        self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab)
+        self.invalid_utf8_count = 0
+
+    def tokenize(self, text):
+        """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes)."""
+        if isinstance(text, (bytes, bytearray)):
+            text, invalid = decode_counting_invalid(text)
+            self.invalid_utf8_count += invalid
+        pieces = []
+        for word in self.basic_tokenizer.tokenize(text):
+            pieces.extend(self.wordpiece_tokenizer.tokenize_word(word))
+        return pieces
+
+    def convert_tokens_to_ids(self, tokens):
+        """Maps tokens to ids; a token missing from the vocabulary is a KeyError."""
+        return [self.vocab[t] for t in tokens]
+
+    def convert_ids_to_tokens(self, ids):
+        """Maps ids to tokens."""
+        return [self.inv_vocab[int(i)] for i in ids]
+
+    def encode(self, text):
+        """Tokenizes and converts to ids in one call."""
+        return self.convert_tokens_to_ids(self.tokenize(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# The cached tokenizer.
+#
+# After cleaning (steps 1-3), every step acts on one whitespace-separated word at a time, so a
+# word's ids depend on nothing but the word. Text repeats its words (a few hundred thousand
+# distinct ones in hundreds of MB), so remembering each word's ids leaves, per word, a dict lookup.
+# benchmarks/bench_tokenization.py, 3 MB of the embedded corpus: 15.5 MB/s on one core with an
+# empty cache, 27 MB/s warm, against FullTokenizer's 2.6 and GraphTokenizer's 23.6 (TensorFlow, two
+# cores); what it saves is TensorFlow itself, ~3 s of import and ~0.8 GB per process.
+# ---------------------------------------------------------------------------------------------
+
+# Printable ASCII that is_punctuation counts as punctuation: the ASCII symbol ranges.
+_ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
+_ASCII_PIECES = re.compile(f"[{_ASCII_PUNCTUATION}]|[^{_ASCII_PUNCTUATION}]+")
+# ASCII characters that cleaning changes besides whitespace: controls other than tab, LF and CR.
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Words (and word pieces) remembered per cache before it is emptied. Bounds memory on corpora with
+# endless distinct words (code, numbers): about 90 MiB for both caches when full. A word not in the
+# cache costs about 8 us (random letter strings); a cached one well under 1 us.
+MAX_CACHED_WORDS = 1 << 18
+
+
+class _Memo(dict):
+    """A dict that computes a missing key's value with `compute` and remembers it (up to `limit`)."""
+
+    def __init__(self, compute, limit):
+        super().__init__()
+        self.compute = compute
+        self.limit = limit
+
+    def __missing__(self, key):
+        value = self.compute(key)
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = value
+        return value
+
+
+class CachedTokenizer:
+    """FullTokenizer's ids, computed once per distinct word: for bulk text without TensorFlow."""
+
+    def __init__(self, vocab, do_lower_case=True, max_cached_words=MAX_CACHED_WORDS):
+        self.vocab = vocab
+        self.do_lower_case = do_lower_case
+        self._basic = BasicTokenizer(do_lower_case=do_lower_case)
+        self._wordpiece = WordpieceTokenizer(vocab)
+        # str.translate table of cleaning (steps 2-3), filled as characters are first seen.
+        self._clean_table = _Memo(lambda code_point: clean_char(chr(code_point)), NUM_CODE_POINTS)
+        self._word_ids = _Memo(self._ids_of_word, max_cached_words)
+        self._piece_ids = _Memo(self._ids_of_piece, max_cached_words)
+
+    @classmethod
+    def from_file(cls, vocab_file, do_lower_case=True):
+        """A CachedTokenizer over a vocab.txt."""
+        return cls(load_vocab(vocab_file), do_lower_case)
+
+    def words(self, text):
+        """Steps 1-4: the cleaned, whitespace-split words of `text` (str, or UTF-8 bytes)."""
+        text = to_text(text)
+        if text.isascii() and not _ASCII_CONTROL.search(text):
+            return text.split()  # cleaning changes nothing here
+        return text.translate(self._clean_table).split()
+
+    def encode(self, text):
+        """The ids of `text`, as FullTokenizer.encode."""
+        return list(itertools.chain.from_iterable(map(self._word_ids.__getitem__, self.words(text))))
+
+    def encode_lines(self, lines):
+        """Tokenizes each line; returns (int32 ids of all lines, int64 row splits)."""
+        ids, splits = [], [0]
+        word_ids = self._word_ids.__getitem__
+        for line in lines:
+            ids.extend(itertools.chain.from_iterable(map(word_ids, self.words(line))))
+            splits.append(len(ids))
+        return np.array(ids, dtype=np.int32), np.array(splits, dtype=np.int64)
+
+    def _ids_of_word(self, word):
+        if word.isascii():
+            # Printable ASCII: lower-casing is str.lower, NFD and Mn stripping change nothing.
+            pieces = _ASCII_PIECES.findall(word.lower() if self.do_lower_case else word)
+        else:
+            pieces = self._basic.tokenize(word)
+        return tuple(itertools.chain.from_iterable(map(self._piece_ids.__getitem__, pieces)))
+
+    def _ids_of_piece(self, piece):
+        return tuple(self.vocab[p] for p in self._wordpiece.tokenize_word(piece))
