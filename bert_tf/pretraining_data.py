@@ -27,7 +27,7 @@ Who does what (memory and speed)
   array plus sentence and document offsets), build the records with NumPy (`BlockRecordBuilder`),
   and write them with their TFRecord framing (`PartWriter`, CRC-32C from google-crc32c). Importing
   TensorFlow would cost a process ~3 s of start-up and ~0.8 GB of RSS, more than tokenizing and
-  writing 10 MB takes. Nothing in this module imports TensorFlow, except the tfds reader.
+  writing 10 MB takes. Only `feature_spec` (for readers) and the tfds reader import TensorFlow.
 
 The random generators, and why the distributions are the original's
   Each block uses two generators seeded from the same per-block seed:
@@ -1006,7 +1006,7 @@ def example_to_text(example, tokens):
 
 
 # ---------------------------------------------------------------------------------------------
-# Work units: a byte range of the input -> Blocks (reading process) -> records (workers) -> a part
+# Work units: a byte range of the input -> Blocks -> records -> a part file, all in one process
 # ---------------------------------------------------------------------------------------------
 
 
