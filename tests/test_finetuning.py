@@ -5,6 +5,8 @@ written by modeling.write_model_dir) whose vocab covers the demo sentiment set.
 """
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,16 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # 5e-3 does not learn at all, so the quality test below can fail.
 DEMO_TRAINING = dict(max_seq_length=24, train_batch_size=32, eval_batch_size=50, predict_batch_size=50,
                      learning_rate=1e-3, num_train_epochs=10, warmup_proportion=0.1, steps_per_loop=25)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI_ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run_module_cli(module, *flags):
+    """Runs `python -m module flags...` in a subprocess; returns the CompletedProcess (text output)."""
+    return subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT, env=CLI_ENV,
+                          capture_output=True, text=True, timeout=300)
 
 
 def write_vocab(path, texts, extra_words=()):

@@ -2,8 +2,6 @@
 
 import glob
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,16 +9,13 @@ import tensorflow as tf
 
 from bert_tf import export, io_utils, run_classifier, tasks
 from bert_tf.tasks import models
-from test_finetuning import DEMO_TRAINING, demo, write_tiny_model_dir, write_vocab  # noqa: F401 (demo: a fixture)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+from test_finetuning import (DEMO_TRAINING, demo, run_module_cli, write_tiny_model_dir,  # noqa: F401 (demo: a fixture)
+                             write_vocab)
 
 
 def run_cli(*flags):
     """Runs the classifier CLI in a subprocess; returns the CompletedProcess (text output)."""
-    return subprocess.run([sys.executable, "-m", "bert_tf.run_classifier", *flags], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    return run_module_cli("bert_tf.run_classifier", *flags)
 
 
 def read_key_values(path):

@@ -7,7 +7,7 @@ import pytest
 
 from bert_tf import io_utils, run_ner, tasks
 from bert_tf.tasks import models, ner
-from test_finetuning import write_tiny_model_dir, write_vocab
+from test_finetuning import run_module_cli, write_tiny_model_dir, write_vocab
 
 FIRST_NAMES = ["alice", "bob", "carol", "dave", "erin", "frank"]
 LAST_NAMES = ["smith", "jones", "brown", "miller"]
@@ -121,3 +121,20 @@ def test_missing_dev_file_and_unseen_dev_tag_are_clear_errors(conll, tmp_path):
     dev = write_conll(tmp_path / "dev.txt", [(["bob", "ran"], ["B-PER", "O"]), (["acme", "won"], ["B-ORG", "O"])])
     with pytest.raises(tasks.DataFormatError, match=r"dev\.txt:6: tag 'B-ORG' .* never seen in training"):
         run_ner.run(run_ner.NerArgs(train_file=str(train), dev_file=str(dev), do_train=True, do_eval=True, **base))
+
+
+@pytest.mark.slow
+def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
+    # The real command line, so that every flag below must map onto NerArgs.
+    output_dir = tmp_path / "cli"
+    result = run_module_cli("bert_tf.run_ner", f"--data_dir={conll['data_dir']}", "--do_train", "--do_eval",
+                            "--do_predict", f"--init_checkpoint={conll['model_dir']}", "--max_seq_length=24",
+                            "--train_batch_size=16", "--num_train_epochs=1", f"--output_dir={output_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert os.path.exists(output_dir / "eval_results.txt")
+    predicted = read_conll_columns(output_dir / "test_predictions.txt")
+    assert len(predicted) == 10 and all(len(row) == 3 for sentence in predicted for row in sentence)
+
+    missing = run_module_cli("bert_tf.run_ner", f"--data_dir={tmp_path / 'nowhere'}", "--do_eval",
+                             f"--init_checkpoint={conll['model_dir']}", f"--output_dir={tmp_path / 'bad'}")
+    assert missing.returncode == 2 and "nowhere/dev.txt" in missing.stderr + missing.stdout

@@ -7,7 +7,7 @@ import pytest
 
 from bert_tf import io_utils, run_squad, tokenization
 from bert_tf.tasks import models, squad
-from test_finetuning import write_tiny_model_dir, write_vocab
+from test_finetuning import run_module_cli, write_tiny_model_dir, write_vocab
 
 # Hand-written paragraphs and questions: (context, [(id, question, answer or None)]). A None
 # answer is unanswerable (v2 only). The contexts are long enough to need several windows.
@@ -150,3 +150,27 @@ def test_squad_v2_handles_windows_without_the_answer_and_writes_null_odds(squad_
 def test_missing_predict_file_is_a_usage_error_naming_it(squad_data, tmp_path):
     with pytest.raises(io_utils.UsageError, match=r"--predict_file file not found: .*nope\.json"):
         run_squad.run(squad_args(squad_data, tmp_path / "out", False, predict_file=str(tmp_path / "nope.json")))
+
+
+@pytest.mark.slow
+def test_cli_flags_reach_the_run_and_a_missing_file_exits_2(squad_data, tmp_path):
+    # The real command line: every flag below must map onto SquadArgs (a typo'd flag name or a flag
+    # of the wrong type fails here, not in the in-process tests above).
+    output_dir = tmp_path / "cli"
+    common = [f"--predict_file={squad_data['files'][True]}", f"--init_checkpoint={squad_data['model_dir']}",
+              "--version_2_with_negative=true", "--max_seq_length=32", "--doc_stride=8",
+              "--max_query_length=12", "--n_best_size=3", "--predict_batch_size=8"]
+    result = run_module_cli("bert_tf.run_squad", f"--train_file={squad_data['files'][True]}", "--do_train",
+                            "--do_predict", "--num_train_epochs=2", "--train_batch_size=8",
+                            f"--output_dir={output_dir}", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    predictions, null_odds = load_json(output_dir / "predictions.json"), load_json(output_dir / "null_odds.json")
+    assert sorted(predictions) == sorted(null_odds) and len(predictions) == 10
+    # n_best_size spans, plus the null answer when it did not make the n best (v2, as the original)
+    assert all(len(entries) <= 4 for entries in load_json(output_dir / "nbest_predictions.json").values())
+    assert models.read_task_spec(str(output_dir)).doc_stride == 8
+    assert "--doc_stride=8" in open(output_dir / "run_squad.flags").read()
+
+    missing = run_module_cli("bert_tf.run_squad", "--do_predict", f"--output_dir={tmp_path / 'bad'}",
+                             f"--predict_file={tmp_path / 'nope.json'}", f"--init_checkpoint={squad_data['model_dir']}")
+    assert missing.returncode == 2 and "nope.json" in missing.stderr + missing.stdout
