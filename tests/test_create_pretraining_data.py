@@ -235,15 +235,21 @@ def test_tfds_mock_data(tmp_path, corpus_file):
         return tf.data.Dataset.from_tensor_slices({"text": np.array(articles, dtype=object),
                                                    "title": np.array(["t"] * len(articles), dtype=object)})
 
-    directory = str(tmp_path / "tfds")
+    # This process reads the split and hands each unit's documents to the workers (which could not
+    # see the mock): 2 workers must write the same bytes as this process alone.
+    directories = {n: str(tmp_path / f"tfds-{n}") for n in (1, 2)}
     with tfds.testing.mock_data(as_dataset_fn=as_dataset):
-        run_main(input_tfds="wikipedia/20230601.en:train:text", vocab_file=VOCAB_FILE,
-                 output_dir=directory, dupe_factor=1, num_workers=1)
+        for num_workers, directory in directories.items():
+            run_main(input_tfds="wikipedia/20230601.en:train:text", vocab_file=VOCAB_FILE,
+                     output_dir=directory, dupe_factor=1, num_workers=num_workers)
+    directory = directories[1]
     summary = json.load(open(os.path.join(directory, "summary.json")))
     assert summary["documents"] == len(articles)
     assert summary["sentences"] > len(articles)  # articles were split into sentences
     records = list(tf.data.TFRecordDataset(outputs_in(directory)).as_numpy_iterator())
     assert len(records) == summary["instances"] > 0
+    for one, two in zip(outputs_in(directory), outputs_in(directories[2])):
+        assert open(one, "rb").read() == open(two, "rb").read()
 
 
 def test_tfds_spec_parsing():
