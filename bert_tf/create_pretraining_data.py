@@ -75,8 +75,8 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Masked LM probability.")
 flags.DEFINE_float("short_seq_prob", 0.1,
                    "Probability of creating sequences which are shorter than the maximum length.")
 flags.DEFINE_integer("num_workers", os.cpu_count() or 1,
-                     "Processes that build the instances and records (this process reads, tokenizes and "
-                     "writes). 1 runs everything in this process. The output does not depend on it.")
+                     "Worker processes; each reads, tokenizes, builds and writes whole work units. 1 "
+                     "runs everything in this process. The output does not depend on it.")
 flags.DEFINE_enum("compression", "none", ["none", "gzip"],
                   "Compression of the output files (gzip files are named .tfrecord.gz in --output_dir).")
 
@@ -451,6 +451,8 @@ def main(argv):
         short_seq_prob=FLAGS.short_seq_prob,
         compression=FLAGS.compression,
     )
+    if pd.google_crc32c.implementation != "c":
+        logging.warning("google-crc32c runs without its C extension here: writing records will be slow")
     pool = start_workers(FLAGS.num_workers, config)
     try:
         run(pool, config, start)

@@ -99,8 +99,8 @@ from bert_tf import io_utils, wordpiece
 # changing it changes which documents share a block.
 UNIT_BYTES = 1 << 20
 MAX_LINE_BYTES = 64 << 10
-# Lines per tokenizer call and bytes per call: big enough to amortize the cost of running the
-# tokenizer's ops eagerly (about one call per block), small enough to bound the memory of one call.
+# Lines and bytes per tokenizer call: bound the memory of one call's id list (a block of at most
+# UNIT_BYTES is one call, except for a block of a huge document).
 TOKENIZE_BATCH_LINES = 1 << 16
 TOKENIZE_BATCH_BYTES = 1 << 20
 # Instances masked and serialized together: big enough for NumPy to pay off, small enough that the
@@ -1046,10 +1046,12 @@ def iter_unit_blocks(unit, tokenize, stats, documents=None):
     """Yields the tokenized Blocks of a unit, in order.
 
     `tokenize` is a make_array_tokenizer function; `stats` (a Counter) gets the reading counts.
-    `documents` are the unit's documents when the caller read them (tfds units); else the unit's
-    file ranges are read here.
+    `documents` are the unit's documents when the caller read them (create_pretraining_data reads
+    tfds units in its own process); else the unit's file ranges, or its tfds slice, are read here.
     """
-    if documents is None:
+    if documents is None and unit.tfds is not None:
+        documents = iter_tfds_documents(*unit.tfds)
+    elif documents is None:
         documents = (document for path, start, end in unit.ranges
                      for document in iter_file_documents(path, start, end, stats=stats))
     for raw_block in iter_blocks(documents):
@@ -1168,7 +1170,9 @@ def tfrecord_frames(blob, lengths):
 class PartWriter:
     """A context manager that writes one unit's part file: TFRecords (or one gzip member).
 
-    The file appears under its name only when the block exits without an error.
+    The file appears under its name only when the block exits without an error. A part without
+    records is an empty file, also with gzip: TensorFlow's GZIP reader stops at an empty member,
+    so an empty member in the middle of an output file would hide every record after it.
     """
 
     def __init__(self, path, compression):
@@ -1180,15 +1184,17 @@ class PartWriter:
     def __enter__(self):
         tmp = self._stack.enter_context(io_utils.atomic_path(self.path))
         self._file = self._stack.enter_context(open(tmp, "wb"))
-        if self.compression == "gzip":
-            # Level 6 (zlib's default, as TensorFlow's GZIP writer uses); no file name or time in
-            # the header, which would make the bytes differ from run to run.
-            self._file = self._stack.enter_context(
-                gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=self._file, mtime=0))
         return self
 
     def write(self, blob, lengths):
         """Writes records given as their concatenation and their lengths."""
+        if not len(lengths):
+            return
+        if self.compression == "gzip" and not isinstance(self._file, gzip.GzipFile):
+            # Level 6 (zlib's default, as TensorFlow's GZIP writer uses); no file name or time in
+            # the header, which would make the bytes differ from run to run.
+            self._file = self._stack.enter_context(
+                gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=self._file, mtime=0))
         self._file.write(tfrecord_frames(blob, lengths))
 
     def __exit__(self, *exc_info):

@@ -15,6 +15,12 @@ The original pipeline:
   6. split each word on punctuation (Unicode P* and the ASCII symbol ranges);
   7. greedy longest-match-first WordPiece with `##` continuations; a word over 100 characters,
      or one that cannot be covered by the vocabulary, becomes `[UNK]`.
+
+Step 2 drops Cc and Cf only, as the TF Model Garden's `official/nlp/tools/tokenization.py` and the
+BERT release as other ports read it (BlingFire, for one). The revision of google-research/bert's
+`tokenization.py` that benchmarks/bench_pretraining_data.py fetches (f18bd94b) drops every C*
+category, as Hugging Face does. They differ on private-use, unassigned and surrogate code points
+only: a word holding one becomes `[UNK]` here and loses the character there.
 """
 
 import collections

@@ -1,11 +1,13 @@
 """python -m bert_tf.create_pretraining_data: determinism across workers, resume, formats, bad input."""
 
+import collections
 import email
 import glob
 import gzip
 import json
 import logging as std_logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -207,6 +209,28 @@ def test_gzip_output_holds_the_same_records(corpus_file, reference_run, tmp_path
             assert f.read() == open(plain_path, "rb").read()
 
 
+def test_gzip_output_with_units_that_own_no_document(tmp_path):
+    # One long document spans several units; the units inside it own no document and write no
+    # records. TensorFlow's GZIP reader stops at an empty gzip member, so such a part must be an
+    # empty file, not an empty member, or the records of the units after it are silently lost.
+    rng = random.Random(1)
+    words = "the quick brown fox jumps over a lazy dog while birds sing".split()
+    sentence = lambda n: " ".join(rng.choice(words) for _ in range(n)) + "."
+    long_document = "\n".join(sentence(12) for _ in range(4 * SMALL_UNIT // 60))
+    small_documents = ["\n".join(sentence(10) for _ in range(5)) for _ in range(300)]
+    path = tmp_path / "input.txt"
+    path.write_text("\n\n".join([long_document] + small_documents) + "\n")
+    directory = str(tmp_path / "gz")
+    with unittest.mock.patch.object(pd, "UNIT_BYTES", SMALL_UNIT):
+        run_main(input_file=str(path), vocab_file=VOCAB_FILE, output_dir=directory, num_shards=2,
+                 dupe_factor=1, num_workers=1, compression="gzip")
+    summary = json.load(open(os.path.join(directory, "summary.json")))
+    assert summary["units"] > summary["documents_cut_long"] + 2  # there were units with no document
+    counts = [sum(1 for _ in tf.data.TFRecordDataset(p, compression_type="GZIP"))
+              for p in outputs_in(directory, ".tfrecord.gz")]
+    assert sum(counts) == summary["instances"] and all(counts)
+
+
 def test_gz_input_long_line_and_output_file_list(tmp_path, corpus_file):
     source = open(corpus_file, "rb").read()
     words = b" ".join(b"w%d" % i for i in range(300_000))  # a 2 MB line
@@ -242,6 +266,11 @@ def test_tfds_mock_data(tmp_path, corpus_file):
         for num_workers, directory in directories.items():
             run_main(input_tfds="wikipedia/20230601.en:train:text", vocab_file=VOCAB_FILE,
                      output_dir=directory, dupe_factor=1, num_workers=num_workers)
+        # Given no documents, a tfds unit reads its slice itself.
+        unit = pd.WorkUnit(index=0, tfds=("wikipedia/20230601.en", "train", "text", None))
+        tokenize = pd.make_array_tokenizer(VOCAB_FILE, do_lower_case=True)
+        blocks = list(pd.iter_unit_blocks(unit, tokenize, collections.Counter()))
+        assert sum(block.num_documents for block in blocks) == len(articles)
     directory = directories[1]
     summary = json.load(open(os.path.join(directory, "summary.json")))
     assert summary["documents"] == len(articles)

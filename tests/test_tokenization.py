@@ -6,7 +6,8 @@ References:
 - Hugging Face `tokenizers` (BertWordPieceTokenizer) is an independent implementation of the same
   rules. It deviates from the original in two places, which tests below pin down: it lower-cases
   character by character (no Greek final sigma, which Python's str.lower() applies), and it drops
-  private-use and unassigned code points as "control" characters. It also matches special-token
+  private-use and unassigned code points as "control" characters (as one revision of Google's
+  tokenization.py does; the Model Garden's drops Cc and Cf only, and so do we: see bert_tf.wordpiece). It also matches special-token
   strings such as "[CLS]" in raw text, where the original splits them like any other text.
 """
 
