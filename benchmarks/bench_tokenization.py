@@ -94,13 +94,13 @@ def main():
             full.encode(line)
 
     # CachedTokenizer, one core: "cold" builds a new one (empty word cache) for every timed run.
-    cached = CachedTokenizer(full.vocab)
+    cached = CachedTokenizer(vocab)
     flat, splits = cached.encode_lines(lines)
     cached_ids = [flat[a:b].tolist() for a, b in zip(splits, splits[1:])]
     cached_mismatches = sum(a != b for a, b in zip(cached_ids, graph_ids))
 
     def run_cached_cold():
-        CachedTokenizer(full.vocab).encode_lines(lines)
+        CachedTokenizer(vocab).encode_lines(lines)
 
     def run_cached_warm():
         cached.encode_lines(lines)

@@ -260,8 +260,8 @@ class ModelSource:
     init_spec: models.TaskSpec = None  # the task.json of a fine-tuned init model directory
 
     def tokenizer(self):
-        """The FullTokenizer with the model's vocab and casing."""
-        return tokenization.FullTokenizer(self.vocab_file, do_lower_case=self.config.do_lower_case)
+        """A tokenizer with the model's vocab and casing: FullTokenizer's tokens, cached per word."""
+        return tokenization.CachedTokenizer(self.vocab_file, do_lower_case=self.config.do_lower_case)
 
 
 def resolve_model_source(args):

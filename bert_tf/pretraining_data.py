@@ -370,7 +370,7 @@ def make_array_tokenizer(vocab_file, do_lower_case):
     CachedTokenizer gives exactly FullTokenizer's ids, without TensorFlow, at tens of MB/s once its
     cache of words is warm (which it stays for the life of a worker process).
     """
-    return wordpiece.CachedTokenizer.from_file(vocab_file, do_lower_case).encode_lines
+    return wordpiece.CachedTokenizer(vocab_file, do_lower_case).encode_lines
 
 
 @functools.lru_cache(maxsize=2)

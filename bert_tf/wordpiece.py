@@ -1,9 +1,10 @@
 """The original BERT tokenizer in plain Python: the reference, and a cached version of it for bulk text.
 
-`FullTokenizer` follows Google's original `tokenization.py` rule for rule. `CachedTokenizer` gives
-the same ids several times faster by tokenizing each distinct word once. Neither needs TensorFlow
-(`bert_tf.tokenization.GraphTokenizer`, the in-graph tokenizer, does), so a process that only
-tokenizes text, such as a create_pretraining_data worker, starts in a fraction of a second.
+`FullTokenizer` follows Google's original `tokenization.py` rule for rule. `CachedTokenizer`, a
+drop-in subclass, gives the same tokens and ids several times faster by tokenizing each distinct
+word once. Neither needs TensorFlow (`bert_tf.tokenization.GraphTokenizer`, the in-graph
+tokenizer, does), so a process that only tokenizes text, such as a create_pretraining_data worker,
+starts in a fraction of a second.
 
 The original pipeline:
   1. decode UTF-8 (bad bytes become U+FFFD);
@@ -264,8 +265,9 @@ class FullTokenizer:
 # The cached tokenizer.
 #
 # After cleaning (steps 1-3), every step acts on one whitespace-separated word at a time, so a
-# word's ids depend on nothing but the word. Text repeats its words (a few hundred thousand
-# distinct ones in hundreds of MB), so remembering each word's ids leaves, per word, a dict lookup.
+# word's tokens depend on nothing but the word. Text repeats its words (a few hundred thousand
+# distinct ones in hundreds of MB), so remembering each word's ids (or tokens) leaves, per word, a
+# dict lookup.
 # benchmarks/bench_tokenization.py, 3 MB of the embedded corpus: 15.5 MB/s on one core with an
 # empty cache, 27 MB/s warm, against FullTokenizer's 2.6 and GraphTokenizer's 23.6 (TensorFlow, two
 # cores); what it saves is TensorFlow itself, ~3 s of import and ~0.8 GB per process.
@@ -298,34 +300,37 @@ class _Memo(dict):
         return value
 
 
-class CachedTokenizer:
-    """FullTokenizer's ids, computed once per distinct word: for bulk text without TensorFlow."""
+class CachedTokenizer(FullTokenizer):
+    """FullTokenizer with each distinct word tokenized once: the same tokens and ids, much faster."""
 
-    def __init__(self, vocab, do_lower_case=True, max_cached_words=MAX_CACHED_WORDS):
-        self.vocab = vocab
-        self.do_lower_case = do_lower_case
-        self._basic = BasicTokenizer(do_lower_case=do_lower_case)
-        self._wordpiece = WordpieceTokenizer(vocab)
+    def __init__(self, vocab_file, do_lower_case=True, max_cached_words=MAX_CACHED_WORDS):
+        super().__init__(vocab_file, do_lower_case)
         # str.translate table of cleaning (steps 2-3), filled as characters are first seen.
         self._clean_table = _Memo(lambda code_point: clean_char(chr(code_point)), NUM_CODE_POINTS)
-        self._word_ids = _Memo(self._ids_of_word, max_cached_words)
-        self._piece_ids = _Memo(self._ids_of_piece, max_cached_words)
-
-    @classmethod
-    def from_file(cls, vocab_file, do_lower_case=True):
-        """A CachedTokenizer over a vocab.txt."""
-        return cls(load_vocab(vocab_file), do_lower_case)
+        # Ids and tokens are cached apart: bulk encoding (pretraining data) never fills the tokens.
+        self._word_ids = _Memo(lambda word: self._join(self._piece_ids, self._pieces(word)), max_cached_words)
+        self._piece_ids = _Memo(lambda piece: tuple(map(self.vocab.__getitem__, self._piece_tokens[piece])),
+                                max_cached_words)
+        self._word_tokens = _Memo(lambda word: self._join(self._piece_tokens, self._pieces(word)), max_cached_words)
+        self._piece_tokens = _Memo(lambda piece: tuple(self.wordpiece_tokenizer.tokenize_word(piece)),
+                                   max_cached_words)
 
     def words(self, text):
         """Steps 1-4: the cleaned, whitespace-split words of `text` (str, or UTF-8 bytes)."""
-        text = to_text(text)
+        if isinstance(text, (bytes, bytearray)):
+            text, invalid = decode_counting_invalid(text)
+            self.invalid_utf8_count += invalid
         if text.isascii() and not _ASCII_CONTROL.search(text):
             return text.split()  # cleaning changes nothing here
         return text.translate(self._clean_table).split()
 
+    def tokenize(self, text):
+        """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes), as FullTokenizer.tokenize."""
+        return self._join(self._word_tokens, self.words(text))
+
     def encode(self, text):
         """The ids of `text`, as FullTokenizer.encode."""
-        return list(itertools.chain.from_iterable(map(self._word_ids.__getitem__, self.words(text))))
+        return self._join(self._word_ids, self.words(text))
 
     def encode_lines(self, lines):
         """Tokenizes each line; returns (int32 ids of all lines, int64 row splits)."""
@@ -336,13 +341,13 @@ class CachedTokenizer:
             splits.append(len(ids))
         return np.array(ids, dtype=np.int32), np.array(splits, dtype=np.int64)
 
-    def _ids_of_word(self, word):
+    def _pieces(self, word):
+        """Steps 5-6 on one cleaned word: the words WordPiece gets."""
         if word.isascii():
             # Printable ASCII: lower-casing is str.lower, NFD and Mn stripping change nothing.
-            pieces = _ASCII_PIECES.findall(word.lower() if self.do_lower_case else word)
-        else:
-            pieces = self._basic.tokenize(word)
-        return tuple(itertools.chain.from_iterable(map(self._piece_ids.__getitem__, pieces)))
+            return _ASCII_PIECES.findall(word.lower() if self.do_lower_case else word)
+        return self.basic_tokenizer.tokenize(word)
 
-    def _ids_of_piece(self, piece):
-        return tuple(self.vocab[p] for p in self._wordpiece.tokenize_word(piece))
+    @staticmethod
+    def _join(cache, keys):
+        return list(itertools.chain.from_iterable(map(cache.__getitem__, keys)))

@@ -399,8 +399,8 @@ def cached_pairs(real_vocab):
     pairs = []
     for do_lower_case in (True, False):
         full = FullTokenizer(real_vocab, do_lower_case=do_lower_case)
-        pairs.append((full, CachedTokenizer(full.vocab, do_lower_case)))
-        pairs.append((full, CachedTokenizer(full.vocab, do_lower_case, max_cached_words=3)))
+        pairs.append((full, CachedTokenizer(real_vocab, do_lower_case)))
+        pairs.append((full, CachedTokenizer(real_vocab, do_lower_case, max_cached_words=3)))
     return pairs
 
 
@@ -413,6 +413,7 @@ def test_cached_matches_full_on_edge_cases(cached_pairs):
     for full, cached in cached_pairs:
         for text in EDGE_CASES * 2:  # the second time from the cache
             assert cached.encode(text) == full.encode(text), repr(text)
+            assert cached.tokenize(text) == full.tokenize(text), repr(text)
         assert cached_lines_ids(cached, EDGE_CASES) == [full.encode(t) for t in EDGE_CASES]
 
 
@@ -430,6 +431,16 @@ def test_cached_matches_full_on_real_english(cached_pairs, english_lines):
 def test_property_cached_matches_full(cached_pairs, texts):
     for full, cached in cached_pairs:
         assert cached_lines_ids(cached, texts) == [full.encode(t) for t in texts]
+        assert [cached.tokenize(t) for t in texts] == [full.tokenize(t) for t in texts]
+
+
+def test_cached_is_a_drop_in_full_tokenizer(real_vocab):
+    full, cached = FullTokenizer(real_vocab), CachedTokenizer(real_vocab)
+    for tokenizer in (full, cached):
+        assert tokenizer.tokenize(b"bad\xff\xfebytes \xc3") == ["bad", "##by", "##tes"]
+        assert tokenizer.encode(b"caf\xc3\xa9 \xff") == tokenizer.convert_tokens_to_ids(["cafe"])
+        assert tokenizer.invalid_utf8_count == 4
+    assert cached.convert_ids_to_tokens(cached.encode("Hello!")) == ["hello", "!"]
 
 
 def test_python_tokenizers_import_without_tensorflow():
