@@ -102,6 +102,8 @@ def to_text(text):
 def decode_counting_invalid(data):
     """Decodes UTF-8 bytes with replacement; returns (text, number of U+FFFD the decoding added)."""
     text = to_text(data)
+    if "\ufffd" not in text:  # the usual case, without copying or counting
+        return text, 0
     return text, text.count("\ufffd") - bytes(data).count("\ufffd".encode("utf-8"))
 
 
