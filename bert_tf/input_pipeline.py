@@ -11,6 +11,7 @@ int32 (TPUs have no int64 kernels) with static shapes (drop_remainder), as TPUs 
 """
 
 import dataclasses
+import random
 
 import tensorflow as tf
 from google.protobuf import message
@@ -101,18 +102,48 @@ def _unmasked_input_ids(batch):
     return tf.tensor_scatter_nd_update(ids, indices, tf.boolean_mask(batch["masked_lm_ids"], real))
 
 
-def remask_batch(batch, masking, max_predictions_per_seq):
-    """Replaces the static masks of a batch with fresh ones from tensorflow_text's masking ops."""
+def _stateless_mask_values_chooser(text, masking, seed):
+    """tensorflow_text's MaskValuesChooser (80% [MASK], 10% random id, 10% kept) drawn from a fixed seed.
+
+    tensorflow_text's own chooser and selector use stateful random ops, which a tf.data iterator
+    cannot checkpoint ("RandomShuffle is stateful"): saving a --dynamic_masking run failed. Seeding
+    every batch from its index makes the masks a function of the position in the data, so a resumed
+    run draws exactly the masks an uninterrupted one would.
+    """
+
+    class StatelessMaskValuesChooser(text.MaskValuesChooser):
+        def get_mask_values(self, masked_lm_ids):
+            """The replacement values for the selected ids (a ragged [batch, (n)] tensor)."""
+            ids = masked_lm_ids.flat_values
+            fold = tf.random.experimental.stateless_fold_in
+            draws = tf.random.stateless_uniform(tf.shape(ids), seed=fold(seed, 1))
+            random_ids = tf.random.stateless_uniform(tf.shape(ids), seed=fold(seed, 2), minval=0,
+                                                     maxval=masking.vocab_size, dtype=ids.dtype)
+            values = tf.where(draws < masking.mask_token_rate, tf.cast(masking.mask_id, ids.dtype),
+                              tf.where(draws < masking.mask_token_rate + masking.random_token_rate, random_ids, ids))
+            return masked_lm_ids.with_flat_values(values)
+
+    return StatelessMaskValuesChooser(masking.vocab_size, masking.mask_id, mask_token_rate=masking.mask_token_rate,
+                                      random_token_rate=masking.random_token_rate)
+
+
+def remask_batch(batch, masking, max_predictions_per_seq, seed):
+    """Replaces the static masks of a batch with fresh ones (tensorflow_text's masking, seeded by `seed`)."""
     import tensorflow_text as text  # Imported here: only --dynamic_masking needs it.
 
     original_ids = _unmasked_input_ids(batch)
     ragged_ids = tf.RaggedTensor.from_tensor(original_ids, lengths=tf.reduce_sum(batch["input_mask"], axis=1))
+    select_seed = tf.random.experimental.stateless_fold_in(seed, 0)
+
+    def shuffle_row(row_positions):
+        # The row's positions are flat batch indices, so their minimum tells rows apart.
+        row_seed = tf.random.experimental.stateless_fold_in(select_seed, tf.reduce_min(row_positions))
+        return tf.random.experimental.stateless_shuffle(row_positions, seed=row_seed)
+
     selector = text.RandomItemSelector(
         max_selections_per_batch=max_predictions_per_seq, selection_rate=masking.selection_rate,
-        unselectable_ids=list(masking.unmaskable_ids))
-    chooser = text.MaskValuesChooser(masking.vocab_size, masking.mask_id,
-                                     mask_token_rate=masking.mask_token_rate,
-                                     random_token_rate=masking.random_token_rate)
+        unselectable_ids=list(masking.unmaskable_ids), shuffle_fn=shuffle_row)
+    chooser = _stateless_mask_values_chooser(text, masking, seed)
     masked_ids, positions, labels = text.mask_language_model(ragged_ids, selector, chooser)
 
     batch_size, seq_length = original_ids.shape
@@ -174,8 +205,13 @@ def pretraining_dataset(files, batch_size, max_seq_length, max_predictions_per_s
     dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec),
                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if dynamic_masking is not None:
-        dataset = dataset.map(lambda batch: remask_batch(batch, dynamic_masking, max_predictions_per_seq),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        # Each batch's masks come from (seed, pipeline, batch number): stateless, so checkpointable.
+        base_seed = seed if seed is not None else random.SystemRandom().randrange(2 ** 31)
+        dataset = dataset.enumerate().map(
+            lambda index, batch: remask_batch(
+                batch, dynamic_masking, max_predictions_per_seq,
+                tf.stack([tf.constant(base_seed, tf.int64) * 1024 + pipeline_id, index])),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     options = tf.data.Options()
     options.deterministic = deterministic
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)

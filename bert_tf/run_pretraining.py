@@ -9,10 +9,10 @@ Rerunning the same command resumes from the newest checkpoint in --output_dir. T
 is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read.
 
 The loss is the masked-LM cross-entropy averaged over the real (weight 1) predictions of the GLOBAL
-batch, i.e. sum(weight * xent) / sum(weight) with both sums taken over all replicas (every replica
-divides its own sum by the all-reduced weight count, so the per-replica shares add up to the exact
-global mean whatever the replicas' mask counts), plus the NSP cross-entropy averaged over the global
-batch with tf.nn.compute_average_loss.
+batch, as the original has it: sum(weight * xent) / (sum(weight) + 1e-5), both sums taken over all
+replicas (every replica divides its own sum by the all-reduced weight count, so the per-replica
+shares add up to the global figure whatever the replicas' mask counts), plus the NSP cross-entropy
+averaged over the global batch with tf.nn.compute_average_loss.
 """
 
 import dataclasses
@@ -25,6 +25,7 @@ from absl import flags, logging
 from bert_tf import checkpoints, cli, distribution, input_pipeline, io_utils, modeling, optimization, tokenization, training
 
 MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
+MLM_LOSS_EPSILON = 1e-5
 
 
 class PretrainingTask(training.Task):
@@ -48,7 +49,8 @@ class PretrainingTask(training.Task):
         weights = batch["masked_lm_weights"]
         mlm_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(batch["masked_lm_ids"], mlm_logits)
         mlm_loss_sum = tf.reduce_sum(weights * mlm_xent)
-        mlm_loss = tf.math.divide_no_nan(mlm_loss_sum, global_denominators["mlm_weight"])
+        # The original's denominator: sum(weights) + 1e-5 (here the global sum over replicas).
+        mlm_loss = mlm_loss_sum / (global_denominators["mlm_weight"] + MLM_LOSS_EPSILON)
         nsp_labels = batch["next_sentence_labels"]
         nsp_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(nsp_labels, nsp_logits)
         nsp_loss = tf.nn.compute_average_loss(
@@ -127,6 +129,13 @@ def _validate(args):
                  "steps_per_loop", "save_checkpoints_steps"):
         if getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    # Else --max_eval_steps=0 reported "no full batch: lower --eval_batch_size", and
+    # --num_train_steps=0 "trained" without writing a checkpoint.
+    for name, needed in (("num_train_steps", args.do_train), ("max_eval_steps", args.do_eval)):
+        if needed and getattr(args, name) <= 0:
+            raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.num_warmup_steps < 0:
+        raise io_utils.UsageError(f"--num_warmup_steps must not be negative, got {args.num_warmup_steps}")
     if args.model_size and args.model_size not in modeling.NAMED_SIZES:
         raise io_utils.UsageError(f"--model_size={args.model_size} is not one of {', '.join(modeling.NAMED_SIZES)}")
     distribution.check_tpu_paths(args.tpu if args.strategy == "tpu" else "", input_file=args.input_file,

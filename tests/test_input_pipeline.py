@@ -280,3 +280,28 @@ def test_real_text_records_round_trip(tmp_path):
         tokens = [inverse[i] for i, m in zip(batch["input_word_ids"][row].numpy(), batch["input_mask"][row].numpy()) if m]
         assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and tokens.count("[SEP]") == 2
     assert len(vocab) < 6000
+
+
+def test_dynamic_masking_iterator_checkpoints_and_resumes_to_the_same_masks(tmp_path):
+    # tensorflow_text's stateful masking made saving the iterator fail ("RandomShuffle is stateful"),
+    # so a --dynamic_masking run crashed at its first checkpoint.
+    files, vocab_file = write_real_text_records(str(tmp_path), max_seq_length=32, max_predictions_per_seq=5,
+                                                num_files=1)
+    masking = input_pipeline.DynamicMasking.from_vocab_file(vocab_file)
+
+    def make_iterator():
+        return iter(input_pipeline.pretraining_dataset(files, 4, 32, 5, is_training=True, seed=7,
+                                                       dynamic_masking=masking))
+
+    straight = make_iterator()
+    next(straight)
+    next(straight)
+    prefix = tf.train.Checkpoint(iterator=straight).write(str(tmp_path / "iterator"))
+    expected = next(straight)
+    resumed = make_iterator()
+    tf.train.Checkpoint(iterator=resumed).read(prefix).assert_consumed()
+    got = next(resumed)
+    for key in expected:
+        np.testing.assert_array_equal(got[key].numpy(), expected[key].numpy(), err_msg=key)
+    # Different batches still get different masks.
+    assert not np.array_equal(next(resumed)["masked_lm_positions"].numpy(), got["masked_lm_positions"].numpy())

@@ -226,6 +226,15 @@ def test_cli_usage_errors_exit_2_naming_the_problem(data, tmp_path):
             run_pretraining.run(args_for(data, tmp_path, **overrides))
 
 
+def test_step_counts_are_checked_naming_their_flag(data, tmp_path):
+    # --max_eval_steps=0 used to run and then blame --eval_batch_size ("no full batch").
+    for overrides, message in [(dict(do_train=False, do_eval=True, max_eval_steps=0), "--max_eval_steps must be positive"),
+                               (dict(num_train_steps=0), "--num_train_steps must be positive"),
+                               (dict(num_warmup_steps=-1), "--num_warmup_steps must not be negative")]:
+        with pytest.raises(io_utils.UsageError, match=message):
+            run_pretraining.run(args_for(data, tmp_path / "out", **overrides))
+
+
 def test_remote_tpu_needs_gcs_paths_and_local_tpu_does_not():
     with pytest.raises(io_utils.UsageError, match=r"--output_dir=/tmp/out is a local path.*--tpu=grpc://10.0.0.2:8470"):
         distribution.check_tpu_paths("grpc://10.0.0.2:8470", input_file="gs://b/x-*", output_dir="/tmp/out")

@@ -84,6 +84,26 @@ def test_loss_is_the_global_weighted_mlm_mean_plus_mean_nsp(records, tmp_path):
     assert float(stats["mlm_weight"]) == weights.sum() and 0 < weights.sum() < weights.size
 
 
+def test_mlm_denominator_is_the_originals_weight_sum_plus_1e5(records, tmp_path):
+    # With one real prediction, sum(w) + 1e-5 differs from sum(w) by 1e-5 relative: visible in float32.
+    files, vocab_file = records
+    _, model = make_trainer(tiny_config(vocab_file), tmp_path)
+    task = PretrainingTask(model)
+    batch = fixed_batches(files, 1)[0]
+    weights = np.zeros(batch["masked_lm_weights"].shape, np.float32)
+    weights[0, 0] = 1.0
+    batch = dict(batch, masked_lm_weights=tf.constant(weights))
+    loss, _ = task.loss_and_stats(batch, task.denominators(batch), training=False)
+    outputs = model({k: batch[k] for k in ("input_word_ids", "input_mask", "input_type_ids", "masked_lm_positions")})
+    mlm_logits = np.asarray(outputs["mlm_logits"][0, 0], np.float64)
+    log_probs = mlm_logits - mlm_logits.max() - np.log(np.exp(mlm_logits - mlm_logits.max()).sum())
+    mlm = -log_probs[int(batch["masked_lm_ids"][0, 0])] / (1.0 + 1e-5)
+    nsp_logits = np.asarray(outputs["nsp_logits"], np.float64)
+    nsp_log_probs = nsp_logits - np.log(np.exp(nsp_logits).sum(-1, keepdims=True))
+    nsp = -nsp_log_probs[np.arange(len(nsp_logits)), batch["next_sentence_labels"].numpy()].mean()
+    assert float(loss) == pytest.approx(mlm + nsp, rel=1e-6)
+
+
 def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records, tmp_path):
     files, vocab_file = records
     config = tiny_config(vocab_file)
