@@ -56,8 +56,7 @@ The graphs use only TensorFlow core and tensorflow_text ops.
 """
 
 import os
-import shutil
-import tempfile
+import uuid
 
 import tensorflow as tf
 from absl import flags, logging
@@ -278,6 +277,17 @@ def _run_in_chunks(model, inputs, output_names, max_rows):
             for name, value in outputs.items()}
 
 
+def _past_trailing_marks(texts, end_bytes):
+    """End byte offsets moved past the combining marks right after them.
+
+    With do_lower_case the tokenizer drops accents, so in decomposed (NFD) text such as "Cafe\u0301"
+    the last token ends before the accent; the span must keep it, as the original's answer does.
+    """
+    rest = tf.strings.substr(texts, end_bytes, tf.cast(tf.strings.length(texts), end_bytes.dtype) - end_bytes)
+    marks = tf.strings.length(rest) - tf.strings.length(tf.strings.regex_replace(rest, "^\\p{M}+", ""))
+    return end_bytes + tf.cast(marks, end_bytes.dtype)
+
+
 def _char_offsets(texts, start_bytes, end_bytes):
     """Byte offsets [start, end) into `texts` -> the same spans as character (code point) offsets."""
     start_chars = tf.strings.length(tf.strings.substr(texts, tf.zeros_like(start_bytes), start_bytes), unit="UTF8_CHAR")
@@ -365,7 +375,8 @@ class SquadModule(tf.Module):
         window_number = tf.range(tf.size(example, tf.int64))[:, tf.newaxis]
         key = (100 * context + length) * (1 << 32) - window_number
         token = tf.gather(doc.row_starts(), example)[:, tf.newaxis] + doc_index  # unique over the batch
-        num_tokens = tf.size(doc.flat_values, tf.int64)
+        # One spare segment, so the gather below has a row to read when no context has a token.
+        num_tokens = tf.size(doc.flat_values, tf.int64) + 1
         best = tf.math.unsorted_segment_max(tf.boolean_mask(key, in_doc), tf.boolean_mask(token, in_doc), num_tokens)
         return in_doc & (key == tf.gather(best, tf.where(in_doc, token, 0)))
 
@@ -408,7 +419,10 @@ class SquadModule(tf.Module):
 
         null_scores = start_logits[:, 0] + end_logits[:, 0]
         null = tf.math.unsorted_segment_min(null_scores, example, num_examples)  # the original keeps the smallest
-        has_answer = best > -float("inf")
+        # Whether any window has a valid span. Not `best > -inf`: unsorted_segment_max starts from
+        # float32's lowest finite value, so `best` is never -inf even when every span is.
+        has_answer = tf.math.unsorted_segment_max(
+            tf.cast(window_best > -float("inf"), tf.int32), example, num_examples) > 0
         if self.version_2_with_negative:
             has_answer &= ~(null - best > 0.0)  # null_score_diff_threshold 0.0
 
@@ -417,6 +431,7 @@ class SquadModule(tf.Module):
         row_starts = doc.row_starts()
         start_byte = tf.gather(starts, tf.where(has_answer, row_starts + first_token, tf.size(starts, tf.int64) - 1))
         end_byte = tf.gather(ends_bytes, tf.where(has_answer, row_starts + last_token, tf.size(starts, tf.int64) - 1))
+        end_byte = _past_trailing_marks(context, end_byte)
         answer = tf.strings.substr(context, start_byte, end_byte - start_byte)
         start_char, end_char = _char_offsets(context, start_byte, end_byte)
         return {
@@ -496,6 +511,7 @@ class NerModule(tf.Module):
         entity_row = tf.boolean_mask(word_row, begins)
         entity_type_name = tf.gather(self.type_names, tf.boolean_mask(entity_type, begins))
         entity_text = tf.gather(text, entity_row)
+        entity_end = _past_trailing_marks(entity_text, entity_end)
         start_char, end_char = _char_offsets(entity_text, entity_start, entity_end)
         entity_text = tf.strings.substr(entity_text, entity_start, entity_end - entity_start)
 
@@ -621,13 +637,19 @@ def export(model_dir, export_dir, version=None, max_seq_length=None):
     final = os.path.join(export_dir, str(version))
     if tf.io.gfile.exists(final):  # written by someone else meanwhile
         raise io_utils.UsageError(f"{final} already exists; pick another --version or leave it out")
-    tmp = tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=export_dir)
+    # Not tempfile.mkdtemp: its directory is mode 0700, which the rename would carry over to the
+    # version, unreadable to a TF Serving that runs as another user (and it takes no gs:// path).
+    tmp = os.path.join(export_dir, f".{version}.tmp-{uuid.uuid4().hex}")
+    tf.io.gfile.makedirs(tmp)
     try:
         for subdir, module in modules.items():
             save_module(module, os.path.join(tmp, subdir) if subdir else tmp)
         tf.io.gfile.rename(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tf.io.gfile.rmtree(tmp)
+        except tf.errors.OpError:
+            pass  # The error that got here matters more than the leftover (ignored) directory.
         raise
     logging.info("exported %s model %s as %s", kind, model_dir, final)
     return final, kind

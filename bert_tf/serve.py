@@ -916,10 +916,23 @@ def regress(servable, request):
 
 
 def _batchable(signature):
-    """Whether requests to a signature can be concatenated along dim 0 and the outputs split back."""
+    """Whether requests to a signature can be concatenated along dim 0 and the outputs split back.
+
+    Not when an output has a size other than the batch that is unknown while every input's is
+    known (NER's entities per row, say): that size comes from the data, so a merged call would pad
+    each request's rows to the largest in the merged batch and a reply would depend on the other
+    requests. Unknown input sizes are fine: only requests with equal ones are merged.
+    """
     specs = list(signature.inputs.values()) + list(signature.outputs.values())
-    return bool(signature.inputs) and all(
-        s.shape.rank is not None and s.shape.rank >= 1 and s.shape[0] is None for s in specs)
+    if not signature.inputs or not all(
+            s.shape.rank is not None and s.shape.rank >= 1 and s.shape[0] is None for s in specs):
+        return False
+
+    def inner_sizes_known(spec):
+        return None not in spec.shape.as_list()[1:]
+
+    return (all(inner_sizes_known(s) for s in signature.outputs.values())
+            or not all(inner_sizes_known(s) for s in signature.inputs.values()))
 
 
 class _Batcher:

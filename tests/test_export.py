@@ -459,6 +459,15 @@ def test_next_version(tmp_path):
     assert export.next_version(str(tmp_path)) == 11
 
 
+def test_version_directories_have_ordinary_permissions(exported, tmp_path):
+    """A version directory is readable like any new directory (regression: mkdtemp's 0700 survived the rename)."""
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    expected = os.stat(reference).st_mode & 0o777
+    for name, path in exported["paths"].items():
+        assert os.stat(path).st_mode & 0o777 == expected, name
+
+
 def test_existing_version_is_refused_before_any_work(exported):
     root = exported["root"]
     with pytest.raises(io_utils.UsageError, match="already exists"):
@@ -486,3 +495,65 @@ def test_failed_export_leaves_no_version(exported, monkeypatch):
 def test_cli_usage_errors_exit_2(exported):
     usage = exported["usage"]  # run beside the app in the fixture: no --model_dir
     assert usage.returncode == 2 and "--model_dir is required" in usage.stderr
+
+
+def test_squad_v1_context_without_tokens_has_no_answer(tmp_path, real_vocab):
+    """A SQuAD v1 model answers "" (-1, -1, the null score) for a context with no tokens, in any batch.
+
+    Regression: `best` came from unsorted_segment_max, which starts at float32's lowest finite
+    value, so it was never -inf; such a context "had" an answer read from another row's tokens
+    (an op error, or start 0 with a score of -3.4e38).
+    """
+    spec = models.TaskSpec("squad", max_seq_length=32, max_query_length=8, doc_stride=8,
+                           version_2_with_negative=False)
+    config = modeling.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32)
+    keras.utils.set_random_seed(2)
+    model, encoder = models.build_task_model(config, spec)
+    model_dir = str(tmp_path / "squad_v1")
+    models.write_task_model_dir(model_dir, config, real_vocab, spec, encoder, model)
+    modules, kind = export.build_serving_modules(model_dir)
+    assert kind == "squad"
+    serve = modules[""].serve
+    contexts = ["The letter was written by Jane Austen.", "", "   ", "\xff", "Short context."]
+    questions = ["Who wrote it?"] * len(contexts)
+    contexts_bytes = [c.encode("utf-8") if c != "\xff" else b"\xff" for c in contexts]
+    out = {k: v.numpy() for k, v in serve(tf.constant(questions), tf.constant(contexts_bytes)).items()}
+    for i, context in enumerate(contexts):
+        if context.strip() and context != "\xff":
+            assert out["start"][i] >= 0 and context[out["start"][i]:out["end"][i]] == out["answer"][i].decode()
+        else:
+            assert (out["answer"][i], out["start"][i], out["end"][i]) == (b"", -1, -1), i
+            assert out["score"][i] > -1e30, i  # the null score, not float32's lowest
+    alone = {k: v.numpy() for k, v in serve(tf.constant(["who"]), tf.constant([""])).items()}
+    assert (alone["answer"][0], alone["start"][0], alone["end"][0]) == (b"", -1, -1)
+    # Decomposed (NFD) text: the lower-casing tokenizer drops the accent after the last token, and
+    # the answer must still end after it (regression: it was "Cafe", half a character short).
+    for context in ["Cafe\u0301", "Zu\u0308rich\u0301\u0300"]:
+        one = {k: v.numpy() for k, v in serve(tf.constant(["where"]), tf.constant([context])).items()}
+        assert (one["answer"][0].decode(), one["start"][0], one["end"][0]) == (context, 0, len(context))
+
+
+def test_ner_entities_keep_trailing_combining_marks(tmp_path, real_vocab):
+    """With every word tagged B-PER, the entities are the whitespace words, accents of NFD text included."""
+    spec = models.TaskSpec("ner", labels=["O", "B-PER", "I-PER"], max_seq_length=32)
+    config = modeling.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32)
+    model, encoder = models.build_task_model(config, spec)
+    head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
+    kernel = head.get_weights()[0]
+    head.set_weights([np.zeros_like(kernel), np.array([0.0, 10.0, 0.0], np.float32)])  # always B-PER
+    model_dir = str(tmp_path / "ner")
+    models.write_task_model_dir(model_dir, config, real_vocab, spec, encoder, model)
+    serve = export.build_serving_modules(model_dir)[0][""].serve
+    texts = ["Cafe\u0301 Zu\u0308rich nai\u0308ve\u0301\u0300 plain", "\u00e9 e\u0301"]
+    out = {k: v.numpy() for k, v in serve(tf.constant(texts)).items()}
+    for row, text in enumerate(texts):
+        expected, position = [], 0
+        for word in text.split():
+            start = text.index(word, position)
+            position = start + len(word)
+            expected.append((word, start, position))
+        count = out["num_entities"][row]
+        got = [(out["entity_text"][row, i].decode(), out["start"][row, i], out["end"][row, i]) for i in range(count)]
+        assert got == expected

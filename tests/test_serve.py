@@ -538,6 +538,40 @@ def test_batching_gives_the_same_answers(tmp_path, exports, direct):
         assert status == 400
 
 
+class _WordSplitter(tf.Module):
+    """Words of each text padded to the batch's longest row: an output size set by the data (as NER's)."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def split(self, text):
+        return {"words": tf.strings.split(text).to_tensor("")}
+
+
+def test_batching_does_not_pad_a_reply_to_other_requests(tmp_path):
+    """A reply with --enable_batching equals the unbatched one when outputs' sizes depend on the data.
+
+    Regression: the merged call padded every request's rows to the longest row of the merged
+    batch, so a one-word request answered ["a", "", "", ...] when a longer request came at once.
+    """
+    module = _WordSplitter()
+    tf.saved_model.save(module, str(tmp_path / "words" / "1"),
+                        signatures={"serving_default": module.split.get_concrete_function()})
+    texts = ["a", "one two three four five six"]
+    with serve.ModelServer({"words": str(tmp_path / "words")}, port=0, poll_seconds=0, enable_batching=True,
+                           batch_timeout_micros=500000, warmup=False) as server:
+        replies = {}
+
+        def client(text):
+            replies[text] = post(server.port, "/v1/models/words:predict", {"instances": [text]})
+
+        threads = [threading.Thread(target=client, args=(text,)) for text in texts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert replies["a"] == (200, {"predictions": [["a"]]})
+    assert replies[texts[1]] == (200, {"predictions": [texts[1].split()]})
+
+
 @pytest.mark.slow
 def test_new_version_is_picked_up_without_dropping_requests(tmp_path, exports):
     base = make_base(tmp_path, exports)
