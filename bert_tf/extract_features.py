@@ -61,8 +61,9 @@ def read_inputs(path):
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
                 raise tasks.DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
-            text_a, separator, text_b = line.partition("|||")
-            inputs.append((text_a.strip(), text_b.strip() if separator else None))
+            # The original's rule: a pair is split at the LAST " ||| ", spaces included.
+            text_a, separator, text_b = line.rpartition(" ||| ")
+            inputs.append((text_a, text_b) if separator else (line, None))
     return inputs
 
 

@@ -104,3 +104,11 @@ def test_bad_layers_and_missing_input_are_usage_errors(google, tmp_path):
     with pytest.raises(io_utils.UsageError, match="--input_file file not found"):
         extract_features.run(extract_features.ExtractArgs(input_file=str(tmp_path / "none.txt"), **base))
     assert not os.path.exists(base["output_file"])
+
+
+def test_pairs_split_at_the_last_spaced_separator_as_the_original(tmp_path):
+    # The original matches r"^(.*) \|\|\| (.*)$": spaces around "|||" required, greedy first part.
+    path = tmp_path / "input.txt"
+    path.write_text("a|||b\nx ||| y ||| z\n  p ||| q  \n\n||| r\n")
+    assert extract_features.read_inputs(str(path)) == [
+        ("a|||b", None), ("x ||| y", "z"), ("p", "q"), ("", None), ("||| r", None)]
