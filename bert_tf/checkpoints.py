@@ -17,7 +17,6 @@ variable at once, so a config that does not match its checkpoint never half-load
 """
 
 import dataclasses
-import json
 import os
 import pickle
 import re
@@ -349,20 +348,6 @@ def read_huggingface_weights(hf_dir):
 FORMATS = ("google", "huggingface")
 
 
-def _read_json_object(path):
-    """The JSON object in `path`; a malformed file is a ValueError naming it."""
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"config file {path} does not exist")
-    with tf.io.gfile.GFile(path) as f:
-        try:
-            values = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON: {e}") from e
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return values
-
-
 def _lower_case_setting(values):
     """do_lower_case from a config dict (bert_config.json, tokenizer_config.json), or None if unset."""
     value = values.get("do_lower_case")
@@ -381,7 +366,7 @@ def convert(format, checkpoint, output_dir, bert_config_file=None, vocab_file=No
         prefix = resolve_google_checkpoint(checkpoint)
         source_dir = os.path.dirname(prefix)
         bert_config_file = bert_config_file or os.path.join(source_dir, "bert_config.json")
-        values = _read_json_object(bert_config_file)
+        values = modeling.read_json_object(bert_config_file)
         if do_lower_case is None:
             do_lower_case = _lower_case_setting(values)
         if do_lower_case is None:
@@ -393,12 +378,12 @@ def convert(format, checkpoint, output_dir, bert_config_file=None, vocab_file=No
     else:
         source_dir = checkpoint
         bert_config_file = bert_config_file or os.path.join(source_dir, "config.json")
-        hf_config = _read_json_object(bert_config_file)
+        hf_config = modeling.read_json_object(bert_config_file)
         tokenizer_config = os.path.join(source_dir, "tokenizer_config.json")
         if do_lower_case is None:
             do_lower_case = _lower_case_setting(hf_config)
         if do_lower_case is None and tf.io.gfile.exists(tokenizer_config):
-            do_lower_case = _lower_case_setting(_read_json_object(tokenizer_config))
+            do_lower_case = _lower_case_setting(modeling.read_json_object(tokenizer_config))
         if do_lower_case is None:
             raise ValueError(f"neither {bert_config_file} nor tokenizer_config.json sets do_lower_case: "
                              "pass --do_lower_case=true|false")

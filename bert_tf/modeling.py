@@ -62,6 +62,20 @@ _INT_FIELDS = (
 )
 
 
+def read_json_object(path):
+    """The JSON object in `path` (local or gs://); a missing or malformed file is an error naming it."""
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"config file {path} does not exist")
+    with tf.io.gfile.GFile(path) as f:
+        try:
+            values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return values
+
+
 @dataclasses.dataclass
 class BertConfig:
     """The original bert_config.json fields, plus do_lower_case so casing travels with the model."""
@@ -128,15 +142,7 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path, **overrides):
         """Reads a bert_config.json; `overrides` (e.g. do_lower_case) replace fields from the file."""
-        if not tf.io.gfile.exists(path):
-            raise FileNotFoundError(f"config file {path} does not exist")
-        with tf.io.gfile.GFile(path, "r") as f:
-            try:
-                values = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not valid JSON: {e}") from e
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a JSON object")
+        values = read_json_object(path)
         values.update(overrides)
         return cls.from_dict(values, source=path)
 
