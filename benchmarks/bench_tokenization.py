@@ -10,6 +10,7 @@ normalizer (fast, but not the original's ids; shown for context). All use the re
 """
 
 import argparse
+import functools
 import itertools
 import os
 import platform
@@ -32,8 +33,18 @@ def corpus_lines(megabytes):
     return lines, size / 1e6
 
 
+def each(function, inputs):
+    """A timed run: `function` applied to every input in turn, its results dropped."""
+
+    def run():
+        for value in inputs:
+            function(value)
+
+    return run
+
+
 def best_rate(megabytes, run, repeats):
-    """The best of `repeats` timed runs, in MB/s (the best is least disturbed by other load)."""
+    """(best, median) MB/s of `repeats` timed runs (the best is least disturbed by other load)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -67,31 +78,17 @@ def main():
         vocab=list(full.vocab), lower_case_nfd_strip_accents=True, token_out_type=tf.int32
     )
 
+    encode_hf = functools.partial(hf.encode_batch, add_special_tokens=False)
+
     # Parity on the benchmark text itself, so the speed compares equal work.
     graph_ids = [row for t in tensors for row in graph.tokenize(t).to_list()]
-    hf_ids = [e.ids for b in batches for e in hf.encode_batch(b, add_special_tokens=False)]
+    hf_ids = [e.ids for b in batches for e in encode_hf(b)]
     mismatches = sum(a != b for a, b in zip(graph_ids, hf_ids))
     fast_bert_ids = [row for t in tensors for row in fast_bert.tokenize(t).to_list()]
     fast_bert_mismatches = sum(a != b for a, b in zip(fast_bert_ids, hf_ids))
 
-    def run_graph():
-        for t in tensors:
-            graph.tokenize(t)
-
-    def run_hf():
-        for b in batches:
-            hf.encode_batch(b, add_special_tokens=False)
-
-    def run_fast_bert():
-        for t in tensors:
-            fast_bert.tokenize(t)
-
     full_lines = lines[: max(1, len(lines) // 8)]  # the Python tokenizer is slow; time a slice
     full_megabytes = sum(len(s.encode("utf-8")) + 1 for s in full_lines) / 1e6
-
-    def run_full():
-        for line in full_lines:
-            full.encode(line)
 
     # CachedTokenizer, one core: "cold" builds a new one (empty word cache) for every timed run.
     cached = CachedTokenizer(vocab)
@@ -102,32 +99,25 @@ def main():
     def run_cached_cold():
         CachedTokenizer(vocab).encode_lines(lines)
 
-    def run_cached_warm():
-        cached.encode_lines(lines)
-
     # Most English lines are printable ASCII and take GraphTokenizer's fast path. The same lines
     # with one accented word appended all take the general code-point path.
     accented = [[line + " Café" for line in b] for b in batches]
     accented_tensors = [tf.constant(b) for b in accented]
     accented_megabytes = megabytes + sum(len(b) for b in batches) * len(" Café".encode("utf-8")) / 1e6
 
-    def run_graph_accented():
-        for t in accented_tensors:
-            graph.tokenize(t)
-
-    def run_hf_accented():
-        for b in accented:
-            hf.encode_batch(b, add_special_tokens=False)
-
     rows = [
-        ("GraphTokenizer (ours, in-graph)", *best_rate(megabytes, run_graph, args.repeats)),
-        ("HF tokenizers encode_batch", *best_rate(megabytes, run_hf, args.repeats)),
-        ("GraphTokenizer, every line non-ASCII", *best_rate(accented_megabytes, run_graph_accented, args.repeats)),
-        ("HF tokenizers, every line non-ASCII", *best_rate(accented_megabytes, run_hf_accented, args.repeats)),
-        ("FullTokenizer (ours, Python)", *best_rate(full_megabytes, run_full, 1)),
+        ("GraphTokenizer (ours, in-graph)", *best_rate(megabytes, each(graph.tokenize, tensors), args.repeats)),
+        ("HF tokenizers encode_batch", *best_rate(megabytes, each(encode_hf, batches), args.repeats)),
+        ("GraphTokenizer, every line non-ASCII",
+         *best_rate(accented_megabytes, each(graph.tokenize, accented_tensors), args.repeats)),
+        ("HF tokenizers, every line non-ASCII",
+         *best_rate(accented_megabytes, each(encode_hf, accented), args.repeats)),
+        ("FullTokenizer (ours, Python)", *best_rate(full_megabytes, each(full.encode, full_lines), 1)),
         ("CachedTokenizer (ours, Python, 1 core), empty cache", *best_rate(megabytes, run_cached_cold, args.repeats)),
-        ("CachedTokenizer (ours, Python, 1 core), warm cache", *best_rate(megabytes, run_cached_warm, args.repeats)),
-        ("tf_text FastBertTokenizer (own normalizer)", *best_rate(megabytes, run_fast_bert, args.repeats)),
+        ("CachedTokenizer (ours, Python, 1 core), warm cache",
+         *best_rate(megabytes, each(cached.encode_lines, [lines]), args.repeats)),
+        ("tf_text FastBertTokenizer (own normalizer)",
+         *best_rate(megabytes, each(fast_bert.tokenize, tensors), args.repeats)),
     ]
     hf_best = {name: rows[1][1] for name, *_ in rows}
     hf_best[rows[2][0]] = hf_best[rows[3][0]] = rows[3][1]

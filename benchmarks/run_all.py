@@ -1,7 +1,8 @@
 """Runs every benchmarks/bench_*.py in turn (`make bench`) and prints their tables.
 
 Each script measures against a peer in the same run; copy the tables into RESULTS.md with the
-machine and the command. Pass --quick to ask scripts that support it for their short variant.
+machine and the command. Pass --quick to run the scripts that have a short variant in it (see
+QUICK_ARGS); the others run as usual. The scripts' own flags differ, so no other flag is forwarded.
 """
 
 import glob
@@ -9,15 +10,26 @@ import os
 import subprocess
 import sys
 
+# Each script's own flags for its short variant (each script's docstring names them).
+QUICK_ARGS = {
+    "bench_serve.py": ["--quick"],
+    "bench_pretraining_data.py": ["--sizes=10"],
+}
+
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
+    """Runs the scripts one after another; exits 1 naming those that failed."""
     extra = sys.argv[1:]
+    if extra not in ([], ["--quick"]):
+        print(f"usage: {sys.argv[0]} [--quick]  (got {' '.join(extra)})", file=sys.stderr)
+        sys.exit(2)
+    here = os.path.dirname(os.path.abspath(__file__))
     failed = []
     for script in sorted(glob.glob(os.path.join(here, "bench_*.py"))):
         name = os.path.basename(script)
-        print(f"\n## {name}\n", flush=True)
-        result = subprocess.run([sys.executable, script, *extra])
+        args = QUICK_ARGS.get(name, []) if extra else []
+        print(f"\n## {name} {' '.join(args)}\n", flush=True)
+        result = subprocess.run([sys.executable, script, *args])
         if result.returncode != 0:
             failed.append(name)
     if failed:

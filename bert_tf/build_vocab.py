@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from bert_tf import io_utils
 from bert_tf.wordpiece import (MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS, BasicTokenizer,
-                                   count_invalid_utf8)
+                                   decode_counting_invalid)
 
 JOINER = "##"
 # The learner's own limits: longer words are not learned from, rarer characters are left out.
@@ -48,9 +48,8 @@ def _count_chunk(args):
     num_bytes = 0
     for raw in lines:
         num_bytes += len(raw)
-        text = raw.decode("utf-8", errors="replace")
-        if "\ufffd" in text:  # rare: only then is the line decoded a second time
-            invalid += count_invalid_utf8(raw)
+        text, replaced = decode_counting_invalid(raw)
+        invalid += replaced
         counts.update(tokenizer.tokenize(text))
     return counts, invalid, len(lines), num_bytes
 

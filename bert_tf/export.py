@@ -62,8 +62,8 @@ import tensorflow as tf
 from absl import flags, logging
 
 from bert_tf import io_utils, modeling
-from bert_tf.tasks import models
-from bert_tf.tasks import pack_inputs
+from bert_tf.serve import list_versions
+from bert_tf.tasks import models, pack_inputs
 from bert_tf.tokenization import GraphTokenizer
 
 ENCODER_KIND = "encoder"
@@ -128,14 +128,25 @@ class _TextPacker:
 # ----------------------------------------------------------------------------------------------
 
 
-class ClassifierModule(tf.Module):
+class _ServingModule(tf.Module):
+    """What every exported module shares: the assets, and `serve` as its `serving_default` signature."""
+
+    def __init__(self, assets):
+        super().__init__()
+        self.assets = assets
+
+    def signatures(self):
+        """signature key -> (tf.function with an input signature, method name)."""
+        return {"serving_default": (self.serve, tf.saved_model.PREDICT_METHOD_NAME)}
+
+
+class ClassifierModule(_ServingModule):
     """A classifier or regressor with tokenization: `serve` (predict) and `serve_examples` (classify/regress)."""
 
     def __init__(self, model, packer, spec, assets):
-        super().__init__()
+        super().__init__(assets)
         self.model = model
         self.packer = packer
-        self.assets = assets
         self.is_regressor = spec.kind == "regressor"
         self.text_features = ("text_a", "text_b") if spec.is_pair else ("text",)
         self.labels = tf.constant(spec.labels or [""], tf.string)
@@ -176,28 +187,24 @@ class ClassifierModule(tf.Module):
 
     def signatures(self):
         """signature key -> (tf.function with an input signature, method name)."""
-        examples = self.serve_examples
         if self.is_regressor:
-            extra = {"regression": (examples, tf.saved_model.REGRESS_METHOD_NAME)}
+            extra = {"regression": (self.serve_examples, tf.saved_model.REGRESS_METHOD_NAME)}
         else:
-            extra = {"classification": (examples, tf.saved_model.CLASSIFY_METHOD_NAME)}
-        return {"serving_default": (self.serve, tf.saved_model.PREDICT_METHOD_NAME), **extra}
+            extra = {"classification": (self.serve_examples, tf.saved_model.CLASSIFY_METHOD_NAME)}
+        return {**super().signatures(), **extra}
 
 
-class EncoderModule(tf.Module):
+class EncoderModule(_ServingModule):
     """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output, encoder_outputs, default."""
 
     def __init__(self, encoder, assets):
-        super().__init__()
+        super().__init__(assets)
         self.encoder = encoder
-        self.assets = assets
         self.vocab_file = assets.vocab_file
         self.do_lower_case = assets.do_lower_case
         inputs_spec = {name: tf.TensorSpec([None, None], tf.int32, name=name) for name in modeling.ENCODER_INPUTS}
         self.__call__ = tf.function(self._call, input_signature=[inputs_spec])
-        self.serve = tf.function(
-            self._serve, input_signature=[tf.TensorSpec([None, None], tf.int32, name=name)
-                                          for name in modeling.ENCODER_INPUTS])
+        self.serve = tf.function(self._serve, input_signature=list(inputs_spec.values()))
 
     def _call(self, inputs):
         """The TF Hub call: a dict of the three int32 inputs -> the outputs dict (encoder_outputs a list)."""
@@ -216,18 +223,13 @@ class EncoderModule(tf.Module):
         outputs["encoder_outputs"] = tf.stack(outputs["encoder_outputs"], axis=1)
         return outputs
 
-    def signatures(self):
-        """signature key -> (tf.function with an input signature, method name)."""
-        return {"serving_default": (self.serve, tf.saved_model.PREDICT_METHOD_NAME)}
 
-
-class PreprocessModule(tf.Module):
+class PreprocessModule(_ServingModule):
     """The TF Hub preprocessor: strings -> packed encoder inputs; `.tokenize`, `.bert_pack_inputs`."""
 
     def __init__(self, packer, assets):
-        super().__init__()
+        super().__init__(assets)
         self.packer = packer
-        self.assets = assets
         self.vocab_file = assets.vocab_file
         self.do_lower_case = assets.do_lower_case
         self.__call__ = tf.function(self._call, input_signature=[_text_spec("text")])
@@ -295,14 +297,13 @@ def _char_offsets(texts, start_bytes, end_bytes):
     return start_chars, start_chars + span_chars
 
 
-class SquadModule(tf.Module):
+class SquadModule(_ServingModule):
     """Extractive question answering: question + context strings -> answer, its character span, its score."""
 
     def __init__(self, model, packer, spec, assets):
-        super().__init__()
+        super().__init__(assets)
         self.model = model
         self.packer = packer
-        self.assets = assets
         self.seq_length = packer.seq_length
         self.max_query_length = spec.max_query_length
         self.doc_stride = spec.doc_stride
@@ -312,10 +313,6 @@ class SquadModule(tf.Module):
                 f"max_seq_length {self.seq_length} leaves no room for the context after max_query_length "
                 f"{self.max_query_length} + [CLS] and two [SEP]")
         self.serve = tf.function(self._serve, input_signature=[_text_spec("question"), _text_spec("context")])
-
-    def signatures(self):
-        """signature key -> (tf.function with an input signature, method name)."""
-        return {"serving_default": (self.serve, tf.saved_model.PREDICT_METHOD_NAME)}
 
     def _windows(self, query, doc):
         """run_squad.py's windows: `[CLS] query [SEP] doc[start:start+len] [SEP]`, every doc_stride tokens.
@@ -442,14 +439,13 @@ class SquadModule(tf.Module):
         }
 
 
-class NerModule(tf.Module):
+class NerModule(_ServingModule):
     """Named-entity tagging: text -> entities (text, type, character span), padded to the batch's most."""
 
     def __init__(self, model, packer, spec, assets):
-        super().__init__()
+        super().__init__(assets)
         self.model = model
         self.packer = packer
-        self.assets = assets
         prefixes, types = [], []
         for label in spec.labels:
             prefix, _, entity_type = label.partition("-")
@@ -461,10 +457,6 @@ class NerModule(tf.Module):
         self.label_type = tf.constant([type_names.index(t) if t else -1 for t in types], tf.int32)
         self.type_names = tf.constant(type_names or [""], tf.string)
         self.serve = tf.function(self._serve, input_signature=[_text_spec("text")])
-
-    def signatures(self):
-        """signature key -> (tf.function with an input signature, method name)."""
-        return {"serving_default": (self.serve, tf.saved_model.PREDICT_METHOD_NAME)}
 
     def _serve(self, text):
         """text [b] -> entity_text, entity_type, start, end [b, e] and num_entities [b]."""
@@ -538,10 +530,12 @@ def build_serving_modules(model_dir, max_seq_length=None):
     """The module(s) to save for MODEL_DIR: {subdirectory ("" = the version dir) -> module}, and the kind."""
     config = modeling.load_config(model_dir)
     spec = models.read_task_spec(model_dir)
-    if spec is None:
-        seq_length = max_seq_length or min(DEFAULT_ENCODER_SEQ_LENGTH, config.max_position_embeddings)
+    if max_seq_length is not None:
+        seq_length = max_seq_length
+    elif spec is None:
+        seq_length = min(DEFAULT_ENCODER_SEQ_LENGTH, config.max_position_embeddings)
     else:
-        seq_length = max_seq_length or spec.max_seq_length
+        seq_length = spec.max_seq_length
     if seq_length > config.max_position_embeddings:
         raise io_utils.UsageError(
             f"max_seq_length {seq_length} exceeds the model's max_position_embeddings "
@@ -607,11 +601,7 @@ def set_method_names(path, methods):
 
 def numeric_versions(export_dir):
     """The integer version numbers of the versions already in EXPORT_DIR (TF Serving ignores other names)."""
-    if not tf.io.gfile.isdir(export_dir):
-        return []
-    names = [name.rstrip("/") for name in tf.io.gfile.listdir(export_dir)]
-    # isascii: str.isdigit() also accepts digits such as "²" that int() refuses.
-    return sorted(int(name) for name in names if name.isascii() and name.isdigit())
+    return sorted(list_versions(export_dir))
 
 
 def next_version(export_dir):
@@ -679,8 +669,6 @@ def main(argv):
     for name in ("model_dir", "export_dir"):
         if not flags_values[name].value:
             raise io_utils.UsageError(f"--{name} is required")
-    if flags_values.max_seq_length is not None and flags_values.max_seq_length < 3:
-        raise io_utils.UsageError(f"--max_seq_length must be at least 3, got {flags_values.max_seq_length}")
     path, kind = export(flags_values.model_dir, flags_values.export_dir, flags_values.version,
                         flags_values.max_seq_length)
     print(f"exported {kind} model to {path}")

@@ -55,15 +55,11 @@ def read_inputs(path):
     """[(text_a, text_b or None)] for each line of `path` (blank lines included, as the original)."""
     tasks.require_file(path, "--input_file")
     inputs = []
-    with io_utils.open_text(path) as f:
-        for line_number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as e:
-                raise tasks.DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
-            # The original's rule: a pair is split at the LAST " ||| ", spaces included.
-            text_a, separator, text_b = line.rpartition(" ||| ")
-            inputs.append((text_a, text_b) if separator else (line, None))
+    for _, line in tasks.decoded_lines(path):
+        line = line.strip()
+        # The original's rule: a pair is split at the LAST " ||| ", spaces included.
+        text_a, separator, text_b = line.rpartition(" ||| ")
+        inputs.append((text_a, text_b) if separator else (line, None))
     return inputs
 
 
@@ -145,10 +141,7 @@ def define_flags():
     defaults = ExtractArgs(input_file="", output_file="")
     flags.DEFINE_string("input_file", None, "One text per line, or `text_a ||| text_b`.")
     flags.DEFINE_string("output_file", None, "Where the JSON lines go.")
-    flags.DEFINE_string("init_checkpoint", "", "A model directory (pretrained or fine-tuned) or an original checkpoint.")
-    flags.DEFINE_string("bert_config_file", "", "The bert_config.json of an original checkpoint.")
-    flags.DEFINE_string("vocab_file", "", "The vocab.txt of an original checkpoint.")
-    flags.DEFINE_bool("do_lower_case", None, "Whether to lower-case the input; with an original checkpoint only.")
+    finetuning.define_model_source_flags(defaults)
     flags.DEFINE_string("layers", defaults.layers, "The layers to output, comma-separated (-1 is the last).")
     flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "The maximum total input sequence length "
                          "after WordPiece tokenization; longer sequences are truncated.")

@@ -29,7 +29,7 @@ import os
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
+from absl import flags, logging
 
 from bert_tf import checkpoints, cli, distribution, io_utils, modeling, optimization, tasks, tokenization, training
 from bert_tf.tasks import models, ner
@@ -45,20 +45,22 @@ EXAMPLE_INDEX = "example_index"  # Added to eval/predict batches so outputs can 
 class HeadTask(training.Task):
     """A task head's loss for training.Trainer, and its per-example outputs for prediction.
 
-    Subclasses give `per_position`: the loss, weight and correctness of every scored position
-    ([b] for sentence heads, [b, s] for token heads). The loss is sum(weight * loss) over the
-    global batch divided by the global sum of weights.
+    Subclasses give `per_position`: the loss and correctness of every scored position ([b] for
+    sentence heads, [b, s] for token heads), weighted by `weights`. The loss is sum(weight * loss)
+    over the global batch divided by the global sum of weights.
     """
 
-    stat_names = ("loss", "loss_sum", "weight", "correct")
+    stat_names = ("loss", "weight", "correct")
     reports_accuracy = True
 
     def __init__(self, model):
         self.model = model
 
     def weights(self, batch):
-        """The float32 weight of every scored position, computed from the batch alone."""
-        raise NotImplementedError
+        """The float32 weight of every scored position: here one per example, is_real_example (or 1)."""
+        if "is_real_example" in batch:
+            return tf.cast(batch["is_real_example"], tf.float32)
+        return tf.ones([tf.shape(batch["input_word_ids"])[0]], tf.float32)
 
     def per_position(self, batch, outputs):
         """(losses, correct) float32 tensors shaped like `weights(batch)`."""
@@ -83,8 +85,7 @@ class HeadTask(training.Task):
         losses, correct = self.per_position(batch, outputs)
         loss_sum = tf.reduce_sum(weights * losses)
         loss = tf.math.divide_no_nan(loss_sum, global_denominators["weight"])
-        return loss, {"loss_sum": loss_sum, "weight": tf.reduce_sum(weights),
-                      "correct": tf.reduce_sum(weights * correct)}
+        return loss, {"weight": tf.reduce_sum(weights), "correct": tf.reduce_sum(weights * correct)}
 
     def metrics(self, sums, num_steps):
         """The mean loss over the steps, and the accuracy over the scored positions."""
@@ -107,18 +108,8 @@ class HeadTask(training.Task):
         return result
 
 
-def _real_examples(batch, reference):
-    """is_real_example as float32 weights (all ones when the batch has none)."""
-    if "is_real_example" in batch:
-        return tf.cast(batch["is_real_example"], tf.float32)
-    return tf.ones([tf.shape(reference)[0]], tf.float32)
-
-
 class ClassificationTask(HeadTask):
     """Softmax cross-entropy on `logits` [b, labels] against `label_ids` [b]."""
-
-    def weights(self, batch):
-        return _real_examples(batch, batch["label_ids"])
 
     def per_position(self, batch, outputs):
         labels = tf.cast(batch["label_ids"], tf.int32)
@@ -136,9 +127,6 @@ class RegressionTask(HeadTask):
 
     reports_accuracy = False
 
-    def weights(self, batch):
-        return _real_examples(batch, batch["label_ids"])
-
     def per_position(self, batch, outputs):
         error = tf.cast(outputs["score"], tf.float32) - tf.cast(batch["label_ids"], tf.float32)
         return tf.square(error), tf.zeros_like(error)
@@ -149,9 +137,6 @@ class RegressionTask(HeadTask):
 
 class SpanTask(HeadTask):
     """The original run_squad loss: the mean of the start and end position cross-entropies."""
-
-    def weights(self, batch):
-        return tf.ones([tf.shape(batch["start_positions"])[0]], tf.float32)
 
     def per_position(self, batch, outputs):
         losses, correct = [], []
@@ -223,11 +208,8 @@ def validate_args(args):
         raise io_utils.UsageError("at least one of --do_train, --do_eval and --do_predict must be set")
     if not args.output_dir:
         raise io_utils.UsageError("--output_dir is required")
-    if args.mixed_precision not in training.MIXED_PRECISION_POLICIES:
-        raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
-                                  f"{', '.join(training.MIXED_PRECISION_POLICIES)}")
-    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size",
-                 "steps_per_loop", "save_checkpoints_steps"):
+    args.validate()
+    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
         if getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
     if args.do_train and args.num_train_epochs <= 0:
@@ -417,14 +399,9 @@ class Finetuner:
             self.optimizer = optimization.create_optimizer("adamw", args.learning_rate, max(self.num_train_steps, 1),
                                                            warmup_steps, args.weight_decay)
         self.task = HEAD_TASKS[spec.kind](self.model)
-        loop = training.LoopConfig(
-            num_train_steps=self.num_train_steps, steps_per_loop=args.steps_per_loop,
-            save_checkpoints_steps=args.save_checkpoints_steps, clip_norm=args.clip_norm,
-            loss_scaling=args.mixed_precision == "float16", jit_compile=args.jit_compile,
-            max_checkpoints_to_keep=args.keep_checkpoint_max,
-            # The iterator's shuffle buffer would go into every checkpoint, and so into the exported
-            # model directory; a resumed run reshuffles with a seed shifted by the step instead.
-            checkpoint_iterator=False)
+        # The iterator's shuffle buffer would go into every checkpoint, and so into the exported
+        # model directory; a resumed run reshuffles with a seed shifted by the step instead.
+        loop = args.loop_config(self.num_train_steps, checkpoint_iterator=False)
         self.trainer = training.Trainer(strategy, self.task, self.optimizer,
                                         {"encoder": self.encoder, "model": self.model},
                                         args.output_dir, loop, args.train_batch_size)
@@ -537,6 +514,17 @@ class Finetuner:
         return path
 
 
+@dataclasses.dataclass
+class RunResult:
+    """What a fine-tuning CLI's run ends with: the step, the metrics, and the files it wrote."""
+
+    step: int
+    train_metrics: dict
+    eval_results: dict
+    output_files: list  # predictions / submissions (the chief's; empty on other workers)
+    finetuner: Finetuner
+
+
 def mean_loss(outputs):
     """The weighted mean loss over the rows returned by Finetuner.predict(has_labels=True)."""
     weight = float(np.sum(outputs["example_weight"]))
@@ -555,32 +543,38 @@ def print_results(title, results, log_fn=print):
 # ----------------------------------------------------------------------------------------------
 
 
-def define_common_flags(flags_module, defaults=None):
+def define_model_source_flags(defaults):
+    """Defines --init_checkpoint, --bert_config_file, --vocab_file and --do_lower_case (resolve_model_source's)."""
+    d = defaults
+    flags.DEFINE_string("init_checkpoint", d.init_checkpoint,
+                        "The weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.")
+    flags.DEFINE_string("bert_config_file", d.bert_config_file,
+                        "The bert_config.json of an original checkpoint (a model directory carries its own).")
+    flags.DEFINE_string("vocab_file", d.vocab_file,
+                        "The vocab.txt of an original checkpoint (a model directory carries its own).")
+    flags.DEFINE_bool("do_lower_case", d.do_lower_case, "Whether to lower-case the input; with an original "
+                      "checkpoint only (a model directory's config records it). Default: true.")
+
+
+def define_common_flags(defaults=None):
     """Defines the flags every fine-tuning CLI shares (the original names), with `defaults` (FinetuneArgs)."""
     d = defaults or FinetuneArgs()
-    f = flags_module
-    f.DEFINE_string("output_dir", None, "The output directory: the fine-tuned model directory (checkpoints, "
-                    "bert_config.json, vocab.txt, task.json), eval results, predictions and TensorBoard logs. "
-                    "Rerunning resumes from it.")
-    f.DEFINE_string("init_checkpoint", d.init_checkpoint,
-                    "Initial weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.")
-    f.DEFINE_string("bert_config_file", d.bert_config_file,
-                    "The bert_config.json of an original checkpoint (a model directory carries its own).")
-    f.DEFINE_string("vocab_file", d.vocab_file, "The vocab.txt of an original checkpoint (a model directory carries its own).")
-    f.DEFINE_bool("do_lower_case", d.do_lower_case, "Whether to lower-case the input; with an original checkpoint "
-                  "only (a model directory's config records it). Default: true.")
-    f.DEFINE_bool("do_train", d.do_train, "Whether to run training.")
-    f.DEFINE_bool("do_eval", d.do_eval, "Whether to run evaluation on the dev set.")
-    f.DEFINE_bool("do_predict", d.do_predict, "Whether to run prediction on the test set.")
-    f.DEFINE_integer("max_seq_length", d.max_seq_length, "The maximum total input sequence length after WordPiece "
-                     "tokenization; longer sequences are truncated, shorter ones padded.")
-    f.DEFINE_integer("train_batch_size", d.train_batch_size, "Global batch size for training.")
-    f.DEFINE_integer("eval_batch_size", d.eval_batch_size, "Global batch size for evaluation.")
-    f.DEFINE_integer("predict_batch_size", d.predict_batch_size, "Global batch size for prediction.")
-    f.DEFINE_float("learning_rate", d.learning_rate, "The initial learning rate for Adam.")
-    f.DEFINE_float("num_train_epochs", d.num_train_epochs, "Total number of training epochs to perform.")
-    f.DEFINE_float("warmup_proportion", d.warmup_proportion,
-                   "Proportion of training to perform linear learning rate warmup for. E.g., 0.1 = 10% of training.")
+    flags.DEFINE_string("output_dir", None, "The output directory: the fine-tuned model directory (checkpoints, "
+                        "bert_config.json, vocab.txt, task.json), eval results, predictions and TensorBoard logs. "
+                        "Rerunning resumes from it.")
+    define_model_source_flags(d)
+    flags.DEFINE_bool("do_train", d.do_train, "Whether to run training.")
+    flags.DEFINE_bool("do_eval", d.do_eval, "Whether to run evaluation on the dev set.")
+    flags.DEFINE_bool("do_predict", d.do_predict, "Whether to run prediction on the test set.")
+    flags.DEFINE_integer("max_seq_length", d.max_seq_length, "The maximum total input sequence length after WordPiece "
+                         "tokenization; longer sequences are truncated, shorter ones padded.")
+    flags.DEFINE_integer("train_batch_size", d.train_batch_size, "Global batch size for training.")
+    flags.DEFINE_integer("eval_batch_size", d.eval_batch_size, "Global batch size for evaluation.")
+    flags.DEFINE_integer("predict_batch_size", d.predict_batch_size, "Global batch size for prediction.")
+    flags.DEFINE_float("learning_rate", d.learning_rate, "The initial learning rate for Adam.")
+    flags.DEFINE_float("num_train_epochs", d.num_train_epochs, "Total number of training epochs to perform.")
+    flags.DEFINE_float("warmup_proportion", d.warmup_proportion, "Proportion of training to perform linear "
+                       "learning rate warmup for. E.g., 0.1 = 10% of training.")
     cli.define_loop_flags(d)
 
 

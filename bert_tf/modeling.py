@@ -363,6 +363,20 @@ def restore_checkpoint(checkpoint_prefix, **objects):
             f"(e.g. {listed or str(e)[:500]})") from None
 
 
+def restore_pretraining_weights(checkpoint_prefix, encoder, pretraining_model):
+    """Restores the encoder, and the MLM/NSP heads where the checkpoint has them; returns whether it did.
+
+    A checkpoint converted from an encoder-only source (e.g. a Hugging Face BertModel) has no heads:
+    they keep their fresh initialization, and a warning says so.
+    """
+    if "pretraining_model" in checkpoint_root_children(checkpoint_prefix):
+        restore_checkpoint(checkpoint_prefix, encoder=encoder, pretraining_model=pretraining_model)
+        return True
+    logging.warning("%s has no pretraining heads; MLM and NSP heads are freshly initialized", checkpoint_prefix)
+    restore_checkpoint(checkpoint_prefix, encoder=encoder)
+    return False
+
+
 def load_encoder(model_dir):
     """Rebuilds the encoder from MODEL_DIR alone and restores its weights from the latest checkpoint."""
     prefix = check_model_dir(model_dir)
@@ -372,18 +386,11 @@ def load_encoder(model_dir):
 
 
 def load_pretraining_model(model_dir):
-    """Rebuilds (pretraining_model, encoder) from MODEL_DIR and restores the latest checkpoint.
-
-    A directory converted from an encoder-only checkpoint (e.g. a Hugging Face BertModel) has no
-    pretraining heads: they keep their fresh initialization, and a warning says so.
-    """
+    """Rebuilds (pretraining_model, encoder) from MODEL_DIR and restores the latest checkpoint (see
+    restore_pretraining_weights for a directory without heads)."""
     prefix = check_model_dir(model_dir)
     model, encoder = build_pretraining_model(BertConfig.from_json_file(os.path.join(model_dir, CONFIG_FILE)))
-    if "pretraining_model" in checkpoint_root_children(prefix):
-        restore_checkpoint(prefix, encoder=encoder, pretraining_model=model)
-    else:
-        logging.warning("%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix)
-        restore_checkpoint(prefix, encoder=encoder)
+    restore_pretraining_weights(prefix, encoder, model)
     return model, encoder
 
 

@@ -71,7 +71,7 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
 
     def build(self, var_list):
-        """Creates the m and v slots and decides, once, which variables are decayed."""
+        """Creates the m and v slots and decides, once, which variables are excluded from decay."""
         if self.built:
             return
         super().build(var_list)
@@ -79,12 +79,15 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         self._second_moments = [self.add_variable_from_reference(v, "v") for v in var_list]
         # Decided from the Keras variable path here, because update_step receives the
         # underlying per-device tf.Variable whose name may carry a replica suffix.
-        self._decays = [self.weight_decay_rate > 0 and not _matches_any(v.path, self.exclude_from_weight_decay)
-                        for v in var_list]
+        self._excluded = [_matches_any(v.path, self.exclude_from_weight_decay) for v in var_list]
+
+    def is_excluded(self, variable):
+        """Whether `variable` (one this optimizer was built with) matches exclude_from_weight_decay."""
+        return self._excluded[self._get_variable_index(variable)]
 
     def decays_variable(self, variable):
         """Whether `variable` (one this optimizer was built with) receives weight decay."""
-        return self._decays[self._get_variable_index(variable)]
+        return self.weight_decay_rate > 0 and not self.is_excluded(variable)
 
     def _update_moments(self, gradient, variable):
         """m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2; returns the new (m, v) values."""
@@ -160,13 +163,6 @@ class Lamb(_DecoupledWeightDecayOptimizer):
         super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2, epsilon,
                          exclude_from_weight_decay, name, **kwargs)
 
-    def build(self, var_list):
-        """Also decides which variables get the layer-wise trust ratio."""
-        if self.built:
-            return
-        super().build(var_list)
-        self._adapts = [not _matches_any(v.path, self.exclude_from_weight_decay) for v in var_list]
-
     def update_step(self, gradient, variable, learning_rate):
         """One LAMB update of `variable`."""
         learning_rate = tf.cast(learning_rate, variable.dtype)
@@ -178,7 +174,7 @@ class Lamb(_DecoupledWeightDecayOptimizer):
         value = tf.convert_to_tensor(variable)
         if self.decays_variable(variable):
             update += self.weight_decay_rate * value
-        if self._adapts[self._get_variable_index(variable)]:
+        if not self.is_excluded(variable):
             weight_norm = tf.norm(value)
             update_norm = tf.norm(update)
             ratio = tf.where((weight_norm > 0) & (update_norm > 0),

@@ -86,6 +86,8 @@ import functools
 import gc
 import gzip
 import hashlib
+import itertools
+import operator
 import os
 import random
 import struct
@@ -207,14 +209,28 @@ def _iter_lines(stream, tell, max_line_bytes):
             buffer += more
 
 
-def iter_file_documents(path, start=0, end=None, max_line_bytes=MAX_LINE_BYTES,
-                        max_document_bytes=UNIT_BYTES, stats=None):
-    """Yields the documents (lists of line bytes) of `path` whose position lies in [start, end).
+def _cut_document(lines, max_document_bytes, stats=None):
+    """Yields one document's `lines` as documents of at most `max_document_bytes` each.
 
-    A document's position is the offset of the last blank line before it, or 0 for a file's first
-    document; for `.gz` files offsets count compressed bytes. Reading every range of a partition
-    of [0, size) yields every document exactly once.
+    Bounds memory: an enormous document is cut, at line breaks, into documents of about a block
+    (a single longer line stays whole). `lines` may be a stream; it is never held whole.
     """
+    document, document_bytes = [], 0
+    for line in lines:
+        if document_bytes + len(line) > max_document_bytes and document:
+            if stats is not None:
+                stats["documents_cut"] += 1
+            yield document
+            document, document_bytes = [], 0
+        document.append(line)
+        document_bytes += len(line)
+    if document:
+        yield document
+
+
+def _owned_lines(path, start, end, max_line_bytes, stats):
+    """Yields (document number, line piece) for the lines of the documents of `path` whose
+    position lies in [start, end); the number changes from one document to the next."""
     end = float("inf") if end is None else end
     with open(path, "rb") as raw:
         # Reading from the file's start, the first document's position is 0.
@@ -224,6 +240,7 @@ def iter_file_documents(path, start=0, end=None, max_line_bytes=MAX_LINE_BYTES,
             # A gzip stream cannot seek: decompress from the start and skip what lies before `start`.
             # A line's position is how far the decompressor has read (it reads ahead in chunks, so
             # it can reach the end of the file: clamp to the last byte, which a range holds).
+            # Positions can therefore repeat, which is why documents are numbered, not keyed by them.
             stream = gzip.GzipFile(fileobj=raw, mode="rb")
             last_byte = max(os.fstat(raw.fileno()).st_size - 1, 0)
             tell = lambda: min(raw.tell(), last_byte)
@@ -238,12 +255,10 @@ def iter_file_documents(path, start=0, end=None, max_line_bytes=MAX_LINE_BYTES,
                     if not skipped or skipped.endswith(b"\n"):
                         break
                 in_document, owner, blank_position = True, None, None
-        lines, document_bytes = [], 0
+        document = 0
         for position, piece, whole_line in _iter_lines(stream, tell, max_line_bytes):
             if whole_line and not piece.strip():
-                if lines:
-                    yield lines
-                lines, document_bytes = [], 0
+                document += 1
                 in_document, blank_position = False, position
                 continue
             if not in_document:
@@ -255,16 +270,20 @@ def iter_file_documents(path, start=0, end=None, max_line_bytes=MAX_LINE_BYTES,
                 continue
             if not whole_line and stats is not None:
                 stats["long_line_pieces"] += 1
-            if document_bytes + len(piece) > max_document_bytes and lines:
-                # Bound memory: an enormous document is cut into documents of about a block.
-                if stats is not None:
-                    stats["documents_cut"] += 1
-                yield lines
-                lines, document_bytes = [], 0
-            lines.append(piece)
-            document_bytes += len(piece)
-        if lines:
-            yield lines
+            yield document, piece
+
+
+def iter_file_documents(path, start=0, end=None, max_line_bytes=MAX_LINE_BYTES,
+                        max_document_bytes=UNIT_BYTES, stats=None):
+    """Yields the documents (lists of line bytes) of `path` whose position lies in [start, end).
+
+    A document's position is the offset of the last blank line before it, or 0 for a file's first
+    document; for `.gz` files offsets count compressed bytes. Reading every range of a partition
+    of [0, size) yields every document exactly once.
+    """
+    lines = _owned_lines(path, start, end, max_line_bytes, stats)
+    for _, document in itertools.groupby(lines, key=operator.itemgetter(0)):
+        yield from _cut_document((piece for _, piece in document), max_document_bytes, stats)
 
 
 def iter_text_documents(texts, split_sentences, max_document_bytes=UNIT_BYTES):
@@ -272,19 +291,9 @@ def iter_text_documents(texts, split_sentences, max_document_bytes=UNIT_BYTES):
     for text in texts:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        lines, document_bytes = [], 0
-        for paragraph in text.splitlines():
-            for sentence in split_sentences(paragraph):
-                encoded = sentence.encode("utf-8")
-                if not encoded.strip():
-                    continue
-                if document_bytes + len(encoded) > max_document_bytes and lines:
-                    yield lines
-                    lines, document_bytes = [], 0
-                lines.append(encoded)
-                document_bytes += len(encoded)
-        if lines:
-            yield lines
+        sentences = (sentence.encode("utf-8") for paragraph in text.splitlines()
+                     for sentence in split_sentences(paragraph))
+        yield from _cut_document((s for s in sentences if s.strip()), max_document_bytes)
 
 
 def iter_blocks(documents, block_bytes=UNIT_BYTES):

@@ -39,17 +39,6 @@ class ClassifierArgs(finetuning.FinetuneArgs):
     skip_bad_rows: bool = False
 
 
-@dataclasses.dataclass
-class ClassifierResult:
-    """What a run ends with: the step, the metrics, and the files written."""
-
-    step: int
-    train_metrics: dict
-    eval_results: dict
-    submission_files: list
-    finetuner: finetuning.Finetuner
-
-
 def resolve_task(args):
     """The classification Task from --task_name (and the tsv column flags) or --tfds."""
     if args.tfds:
@@ -112,7 +101,7 @@ def write_probabilities(path, logits):
 
 
 def run(args):
-    """Trains, evaluates and predicts as `args` say; returns a ClassifierResult."""
+    """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
     finetuning.validate_args(args)
     task = resolve_task(args)
     strategy = finetuning.make_strategy(args)
@@ -172,7 +161,7 @@ def run(args):
                 if labels is not None:
                     write_probabilities(os.path.join(args.output_dir, f"{split}_results.tsv"), outputs["logits"])
         print("predictions written to " + ", ".join(submission_files), flush=True)
-    return ClassifierResult(tuner.step, train_metrics, eval_results, submission_files, tuner)
+    return finetuning.RunResult(tuner.step, train_metrics, eval_results, submission_files, tuner)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,7 +173,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     """The original run_classifier.py flags plus the TF2 ones (strategy, precision) and the tsv/tfds ones."""
-    finetuning.define_common_flags(flags)
+    finetuning.define_common_flags()
     flags.DEFINE_string("task_name", "", f"The task: {', '.join(classification.TASK_NAMES)}.")
     flags.DEFINE_string("data_dir", "", "The input data dir: train.tsv, dev.tsv and test.tsv in the GLUE layout "
                         "of the task (MNLI: dev_matched.tsv, dev_mismatched.tsv, test_matched.tsv, "

@@ -32,17 +32,6 @@ class NerArgs(finetuning.FinetuneArgs):
     test_file: str = ""
 
 
-@dataclasses.dataclass
-class NerResult:
-    """What a run ends with: the step, the metrics and the prediction files."""
-
-    step: int
-    train_metrics: dict
-    eval_results: dict
-    prediction_files: list
-    finetuner: finetuning.Finetuner
-
-
 def split_file(args, split):
     """--<split>_file, or DATA_DIR/<split>.txt; a missing one is a UsageError naming it."""
     explicit = getattr(args, f"{split}_file")
@@ -72,7 +61,7 @@ def predict_tags(tuner, sentences, features, batch_size, labels, has_labels):
 
 
 def run(args):
-    """Trains, evaluates and predicts as `args` say; returns a NerResult."""
+    """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
     finetuning.validate_args(args)
     wanted = (["train"] if args.do_train else []) + (["dev"] if args.do_eval else []) + \
         (["test"] if args.do_predict else [])
@@ -131,7 +120,7 @@ def run(args):
             prediction_files.append(ner.write_conll_predictions(
                 os.path.join(args.output_dir, "test_predictions.txt"), test, predicted))
         print(f"predictions written to {prediction_files[-1] if prediction_files else '(chief only)'}", flush=True)
-    return NerResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+    return finetuning.RunResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,7 +132,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     """The common fine-tuning flags plus the CoNLL file flags."""
-    finetuning.define_common_flags(flags)
+    finetuning.define_common_flags()
     flags.DEFINE_string("data_dir", "", "A directory with train.txt, dev.txt and test.txt in CoNLL-2003 format.")
     flags.DEFINE_string("train_file", "", "The CoNLL training file (default: DATA_DIR/train.txt).")
     flags.DEFINE_string("dev_file", "", "The CoNLL dev file (default: DATA_DIR/dev.txt).")

@@ -58,9 +58,10 @@ class PretrainingTask(training.Task):
         mlm_hits = tf.cast(tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), batch["masked_lm_ids"]),
                            tf.float32)
         nsp_hits = tf.cast(tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32)
-        stats = {"mlm_loss_sum": mlm_loss_sum, "mlm_correct": tf.reduce_sum(weights * mlm_hits),
-                 "mlm_weight": tf.reduce_sum(weights), "nsp_loss_sum": tf.reduce_sum(nsp_xent),
-                 "nsp_correct": tf.reduce_sum(nsp_hits), "examples": tf.cast(tf.shape(nsp_labels)[0], tf.float32)}
+        # The local denominators (mlm_weight, examples) are also the metrics' local sums.
+        stats = dict(self.denominators(batch), mlm_loss_sum=mlm_loss_sum,
+                     mlm_correct=tf.reduce_sum(weights * mlm_hits), nsp_loss_sum=tf.reduce_sum(nsp_xent),
+                     nsp_correct=tf.reduce_sum(nsp_hits))
         return mlm_loss + nsp_loss, stats
 
     def metrics(self, sums, num_steps):
@@ -118,15 +119,12 @@ def _validate(args):
         raise io_utils.UsageError("at least one of --do_train and --do_eval must be set")
     if not args.output_dir:
         raise io_utils.UsageError("--output_dir is required")
-    if args.mixed_precision not in training.MIXED_PRECISION_POLICIES:
-        raise io_utils.UsageError(f"--mixed_precision={args.mixed_precision} is not one of "
-                                  f"{', '.join(training.MIXED_PRECISION_POLICIES)}")
+    args.validate()
     if args.optimizer not in optimization.OPTIMIZERS:
         raise io_utils.UsageError(f"--optimizer={args.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}")
     if args.bert_config_file and args.model_size:
         raise io_utils.UsageError("give --bert_config_file or --model_size, not both")
-    for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "max_predictions_per_seq",
-                 "steps_per_loop", "save_checkpoints_steps"):
+    for name in ("train_batch_size", "eval_batch_size", "max_seq_length", "max_predictions_per_seq"):
         if getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
     # Else --max_eval_steps=0 reported "no full batch: lower --eval_batch_size", and
@@ -194,16 +192,11 @@ def load_initial_weights(init_checkpoint, pretraining_model, encoder, num_layers
     """Weights only, from a model directory or an original Google checkpoint (prefix or directory)."""
     if modeling.is_model_dir(init_checkpoint):
         prefix = tf.train.latest_checkpoint(init_checkpoint)
-        objects = {"encoder": encoder}
-        if "pretraining_model" in modeling.checkpoint_root_children(prefix):
-            objects["pretraining_model"] = pretraining_model
-        else:
-            logging.warning("%s has no pretraining heads: MLM and NSP heads start fresh", init_checkpoint)
         try:
-            modeling.restore_checkpoint(prefix, **objects)
+            with_heads = modeling.restore_pretraining_weights(prefix, encoder, pretraining_model)
         except modeling.ModelDirError as e:
             raise io_utils.UsageError(f"--init_checkpoint={init_checkpoint} does not fit the model config: {e}") from e
-        logging.info("initialized %s from %s", " and ".join(objects), prefix)
+        logging.info("initialized %s from %s", "encoder and pretraining heads" if with_heads else "encoder", prefix)
         return
     try:
         prefix = checkpoints.resolve_google_checkpoint(init_checkpoint)
@@ -243,11 +236,7 @@ def run(args):
         pretraining_model, encoder = modeling.build_pretraining_model(config)
         optimizer = optimization.create_optimizer(args.optimizer, args.learning_rate, args.num_train_steps,
                                                   args.num_warmup_steps, args.weight_decay)
-    loop = training.LoopConfig(
-        num_train_steps=args.num_train_steps, steps_per_loop=args.steps_per_loop,
-        save_checkpoints_steps=args.save_checkpoints_steps, clip_norm=args.clip_norm,
-        loss_scaling=args.mixed_precision == "float16", jit_compile=args.jit_compile,
-        max_checkpoints_to_keep=args.keep_checkpoint_max)
+    loop = args.loop_config(args.num_train_steps)
     trainer = training.Trainer(strategy, PretrainingTask(pretraining_model), optimizer,
                                {"encoder": encoder, "pretraining_model": pretraining_model},
                                args.output_dir, loop, args.train_batch_size)
@@ -335,12 +324,12 @@ def main(argv):
     """Reads the flags into PretrainingArgs and runs."""
     if len(argv) > 1:
         raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not FLAGS.input_file:
-        raise io_utils.UsageError("--input_file is required")
+    for name in ("input_file", "output_dir"):
+        if not getattr(FLAGS, name):
+            raise io_utils.UsageError(f"--{name} is required")
     args = PretrainingArgs(**{field.name: getattr(FLAGS, field.name) for field in dataclasses.fields(PretrainingArgs)})
-    tf.io.gfile.makedirs(args.output_dir or ".")
-    if args.output_dir:
-        cli.log_flags(args.output_dir, "run_pretraining")
+    tf.io.gfile.makedirs(args.output_dir)
+    cli.log_flags(args.output_dir, "run_pretraining")
     try:
         run(args)
     except training.NonFiniteLossError as e:

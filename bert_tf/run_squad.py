@@ -39,17 +39,6 @@ class SquadArgs(finetuning.FinetuneArgs):
     null_score_diff_threshold: float = 0.0
 
 
-@dataclasses.dataclass
-class SquadResult:
-    """What a run ends with: the step, the metrics and the prediction files."""
-
-    step: int
-    train_metrics: dict
-    eval_results: dict
-    prediction_files: dict
-    finetuner: finetuning.Finetuner
-
-
 def validate(args):
     """The SQuAD-specific usage errors."""
     if args.tfds:
@@ -82,7 +71,7 @@ def read_examples(args, is_training):
 
 
 def run(args):
-    """Trains and predicts (and evaluates, when the predict data has answers); returns a SquadResult."""
+    """Trains and predicts (and evaluates, when the predict data has answers); returns a finetuning.RunResult."""
     finetuning.validate_args(args)
     validate(args)
     strategy = finetuning.make_strategy(args)
@@ -120,7 +109,7 @@ def run(args):
     tuner.start(make_train_dataset)
     train_metrics = tuner.train() if args.do_train else {}
 
-    eval_results, prediction_files = {}, {}
+    eval_results, prediction_files = {}, []
     if predicting:
         features = squad.convert_examples(eval_examples, tokenizer, is_training=False, **windowing)
         outputs = tuner.predict(squad.feature_arrays(features, is_training=False), args.predict_batch_size)
@@ -132,14 +121,14 @@ def run(args):
             null_score_diff_threshold=args.null_score_diff_threshold)
         v2_odds = null_odds if args.version_2_with_negative else None
         if tuner.is_chief:
-            prediction_files = squad.write_predictions(args.output_dir, predictions, nbest, v2_odds)
-            print("predictions written to " + ", ".join(prediction_files.values()), flush=True)
+            prediction_files = list(squad.write_predictions(args.output_dir, predictions, nbest, v2_odds).values())
+            print("predictions written to " + ", ".join(prediction_files), flush=True)
         if gold and any(gold.values()):
             eval_results = squad.evaluate(gold, predictions, v2_odds)
             eval_results["global_step"] = tuner.step
             tuner.write_eval_results(eval_results)
             finetuning.print_results("Eval results (official SQuAD metrics)", eval_results)
-    return SquadResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+    return finetuning.RunResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,7 +141,7 @@ FLAGS = flags.FLAGS
 def define_flags():
     """The original run_squad.py flags plus the TF2 ones."""
     defaults = SquadArgs()
-    finetuning.define_common_flags(flags, defaults)
+    finetuning.define_common_flags(defaults)
     flags.DEFINE_string("train_file", "", "SQuAD json for training. E.g., train-v1.1.json")
     flags.DEFINE_string("predict_file", "", "SQuAD json for predictions. E.g., dev-v1.1.json or test-v1.1.json")
     flags.DEFINE_string("tfds", "", "Read the data from TensorFlow Datasets instead: squad/v1.1 or squad/v2.0.")
@@ -166,10 +155,10 @@ def define_flags():
     flags.DEFINE_integer("max_answer_length", defaults.max_answer_length, "The maximum length of an answer that "
                          "can be generated. This is needed because the start and end predictions are not "
                          "conditioned on one another.")
-    flags.DEFINE_bool("version_2_with_negative", False, "If true, the SQuAD examples contain some that do not "
-                      "have an answer.")
-    flags.DEFINE_float("null_score_diff_threshold", 0.0, "If null_score - best_non_null is greater than the "
-                       "threshold predict null.")
+    flags.DEFINE_bool("version_2_with_negative", defaults.version_2_with_negative,
+                      "If true, the SQuAD examples contain some that do not have an answer.")
+    flags.DEFINE_float("null_score_diff_threshold", defaults.null_score_diff_threshold,
+                       "If null_score - best_non_null is greater than the threshold predict null.")
 
 
 def main(argv):

@@ -701,42 +701,41 @@ def predict_inputs(request, signature):
         raise bad_request("Missing 'inputs' or 'instances' key")
     names = sorted(signature.inputs)
     if has_instances:
-        instances = request["instances"]
-        if not isinstance(instances, list):
+        format_, value = "row", request["instances"]
+        if not isinstance(value, list):
             raise bad_request("Expecting 'instances' to be an list/array")
-        if not instances:
+        if not value:
             raise bad_request("'instances' is an empty list/array")
-        named = [isinstance(i, dict) and not _is_b64_object(i) for i in instances]
+        named = [isinstance(i, dict) and not _is_b64_object(i) for i in value]
         if any(named) and not all(named):
             raise bad_request("'instances' mixes objects and values; use one form for every instance")
-        if all(named):
+        is_named = all(named)
+        if is_named:
             columns = {name: [] for name in names}
-            for index, instance in enumerate(instances):
+            for index, instance in enumerate(value):
                 if set(instance) != set(names):
                     raise bad_request(
                         f"instance {index} has keys {_short(sorted(instance))}, expecting the "
                         f"signature's inputs {names}")
                 for name in names:
                     columns[name].append(instance[name])
-        elif len(names) == 1:
-            columns = {names[0]: instances}
-        else:
-            raise bad_request(f"Expecting object in 'instances' list: the signature has inputs {names}")
-        return {name: json_to_array(columns[name], signature.inputs[name], f"input {name!r}")
-                for name in names}, "row"
-    inputs = request["inputs"]
-    if isinstance(inputs, dict) and not _is_b64_object(inputs):
-        if set(inputs) != set(names):
-            missing, unknown = sorted(set(names) - set(inputs)), sorted(set(inputs) - set(names))
-            raise bad_request(f"'inputs' keys do not match the signature's inputs {names}: "
-                              f"missing {_short(missing)}, unknown {_short(unknown)}")
-        columns = inputs
-    elif len(names) == 1:
-        columns = {names[0]: inputs}
+        unnamed_error = f"Expecting object in 'instances' list: the signature has inputs {names}"
     else:
-        raise bad_request(f"Expecting 'inputs' to be an object with the signature's inputs {names}")
+        format_, value = "columnar", request["inputs"]
+        is_named = isinstance(value, dict) and not _is_b64_object(value)
+        if is_named:
+            if set(value) != set(names):
+                missing, unknown = sorted(set(names) - set(value)), sorted(set(value) - set(names))
+                raise bad_request(f"'inputs' keys do not match the signature's inputs {names}: "
+                                  f"missing {_short(missing)}, unknown {_short(unknown)}")
+            columns = value
+        unnamed_error = f"Expecting 'inputs' to be an object with the signature's inputs {names}"
+    if not is_named:  # A bare value (or list of values) feeds a signature with one input.
+        if len(names) != 1:
+            raise bad_request(unnamed_error)
+        columns = {names[0]: value}
     return {name: json_to_array(columns[name], signature.inputs[name], f"input {name!r}")
-            for name in names}, "columnar"
+            for name in names}, format_
 
 
 def _floats_to_json(flat, dtype):
@@ -802,9 +801,8 @@ def predict_response(outputs, format_):
 def _feature_from_json(value, name):
     """A tf.train.Feature from a JSON value or list: strings -> bytes, ints/bools -> int64, floats -> float."""
     values = value if isinstance(value, list) else [value]
-    kind, items = None, []
+    kind, items, where = None, [], f"Feature: {name}"
     for element in values:
-        where = f"Feature: {name}"
         if isinstance(element, bool):
             element_kind, item = "int64", int(element)
         elif isinstance(element, int):
@@ -856,8 +854,11 @@ def examples_from_request(request):
     return serialized
 
 
-def _examples_signature(servable, request, method, what):
-    """The classify or regress signature a request names, checked for method and input."""
+def _run_examples(servable, request, method, what):
+    """Runs a classify or regress request on its signature (checked for method and input).
+
+    Returns the signature, its outputs and the number of examples.
+    """
     signature = servable.signature(request.get("signature_name", DEFAULT_SIGNATURE))
     if signature.method_name != method:
         raise bad_request(
@@ -866,19 +867,18 @@ def _examples_signature(servable, request, method, what):
     if len(signature.inputs) != 1 or next(iter(signature.inputs.values())).dtype != tf.string:
         raise RequestError(500, f"signature {signature.name!r} must take one DT_STRING input of "
                                 "serialized tf.Examples")
-    return signature
+    serialized = examples_from_request(request)
+    input_name = next(iter(signature.inputs))
+    outputs = call_signature(signature, {input_name: np.array(serialized, dtype=object)})
+    return signature, outputs, len(serialized)
 
 
 def classify(servable, request):
     """Runs a classify request: {"results": [[[label, score], ...], ...]}."""
-    signature = _examples_signature(servable, request, CLASSIFY_METHOD, "classification")
-    serialized = examples_from_request(request)
-    input_name = next(iter(signature.inputs))
-    outputs = call_signature(signature, {input_name: np.array(serialized, dtype=object)})
+    signature, outputs, batch = _run_examples(servable, request, CLASSIFY_METHOD, "classification")
     classes, scores = outputs.get("classes"), outputs.get("scores")
     if classes is None and scores is None:
         raise RequestError(500, f"signature {signature.name!r} returns neither 'classes' nor 'scores'")
-    batch = len(serialized)
     for name, value in (("classes", classes), ("scores", scores)):
         if value is not None and (np.ndim(value) != 2 or np.shape(value)[0] != batch):
             raise RequestError(500, f"Expected output Tensor shape {name}: [batch_size num_classes] "
@@ -896,16 +896,13 @@ def classify(servable, request):
 
 def regress(servable, request):
     """Runs a regress request: {"results": [v, ...]}."""
-    signature = _examples_signature(servable, request, REGRESS_METHOD, "regression")
-    serialized = examples_from_request(request)
-    input_name = next(iter(signature.inputs))
-    outputs = call_signature(signature, {input_name: np.array(serialized, dtype=object)})
+    signature, outputs, batch = _run_examples(servable, request, REGRESS_METHOD, "regression")
     if "outputs" not in outputs:
         raise RequestError(500, f"signature {signature.name!r} has no 'outputs' output")
     values = np.asarray(outputs["outputs"])
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
-    if values.ndim != 1 or values.shape[0] != len(serialized):
+    if values.ndim != 1 or values.shape[0] != batch:
         raise RequestError(500, f"Expected output Tensor shape outputs: [batch_size] but got {list(values.shape)}")
     return {"results": _floats_to_json(values.astype(np.float32).tolist(), np.float32)}
 
@@ -1364,14 +1361,11 @@ def main(argv):
     if FLAGS["port"].present:
         logging.warning("--port=%d: gRPC is not served by bert_tf.serve; only the REST API is", FLAGS.port)
     models = _models_from_flags()
-    server_box = {}
+    url = None  # Known once start() has bound the port; the versions it loaded are announced after.
 
     def announce(name, version):
-        server = server_box.get("server")
-        if server is not None and server._httpd is not None:
-            print(f"serving {name} version {version} at {server.url}", flush=True)
-        else:
-            server_box.setdefault("pending", []).append((name, version))
+        if url is not None:
+            print(f"serving {name} version {version} at {url}", flush=True)
 
     server = ModelServer(
         models, host=FLAGS.rest_api_host, port=FLAGS.rest_api_port,
@@ -1379,13 +1373,14 @@ def main(argv):
         enable_batching=FLAGS.enable_batching, max_batch_size=FLAGS.max_batch_size,
         batch_timeout_micros=FLAGS.batch_timeout_micros,
         idle_timeout_s=FLAGS.rest_api_timeout_in_ms / 1000.0, on_loaded=announce)
-    server_box["server"] = server
     try:
         server.start()
     except OSError as e:
         raise UsageError(f"cannot bind {FLAGS.rest_api_host}:{FLAGS.rest_api_port}: {e.strerror or e}") from e
-    for name, version in server_box.pop("pending", []):
-        print(f"serving {name} version {version} at {server.url}", flush=True)
+    url = server.url
+    for manager in server.managers.values():
+        if manager.current is not None:
+            announce(manager.name, manager.current.version)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from bert_tf import io_utils
 # The Python tokenizers live in wordpiece (no TensorFlow there); their names stay importable from here.
 from bert_tf.wordpiece import (  # noqa: F401
     CJK_RANGES, MAX_INPUT_CHARS_PER_WORD, NUM_CODE_POINTS, SPECIAL_TOKENS, UNK_TOKEN, BasicTokenizer,
@@ -94,9 +95,10 @@ def _tables_cache_path():
 def code_point_tables():
     """GraphTokenizer's lookup tables (see _compute_code_point_tables), cached on disk.
 
-    Computing them walks all 1.1M code points in Python (seconds); every worker process of a data
-    job needs them, so the result is kept in ~/.cache/bert_tf (or $BERT_TF_CACHE_DIR), keyed by
-    the Unicode version, the Python version and the source of the functions that compute them.
+    Computing them walks all 1.1M code points in Python (seconds), and every process that builds a
+    GraphTokenizer (an export, a server, a test run) needs them, so the result is kept in
+    ~/.cache/bert_tf (or $BERT_TF_CACHE_DIR), keyed by the Unicode version, the Python version and
+    the source of the functions that compute them.
     """
     path = _tables_cache_path()
     try:
@@ -113,20 +115,20 @@ def code_point_tables():
         pass  # missing or unreadable: compute and (try to) store
     tables = _compute_code_point_tables()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp.npz"
-        np.savez(
-            tmp,
-            layout=np.asarray(tables["layout"], np.int64),
-            props=tables["props"],
-            lower_delta=tables["lower_delta"],
-            expansion_rows=tables["expansion_rows"],
-            full_values=tables["full"][0],
-            full_splits=tables["full"][1],
-            stripped_values=tables["stripped"][0],
-            stripped_splits=tables["stripped"][1],
-        )
-        os.replace(tmp, path)  # atomic: readers see the old state or the whole file
+        # Atomic: readers see no file or the whole file. A file object, since np.savez would add
+        # `.npz` to a temp name that lacks it.
+        with io_utils.atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(
+                f,
+                layout=np.asarray(tables["layout"], np.int64),
+                props=tables["props"],
+                lower_delta=tables["lower_delta"],
+                expansion_rows=tables["expansion_rows"],
+                full_values=tables["full"][0],
+                full_splits=tables["full"][1],
+                stripped_values=tables["stripped"][0],
+                stripped_splits=tables["stripped"][1],
+            )
     except OSError:
         pass  # a read-only home directory only costs the recomputation
     return tables
@@ -537,8 +539,6 @@ def main(argv):
     del argv
     from absl import flags
 
-    from bert_tf import io_utils
-
     FLAGS = flags.FLAGS
     try:
         full = FullTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
@@ -546,7 +546,7 @@ def main(argv):
     except VocabError as e:
         raise io_utils.UsageError(str(e)) from e
     lines = []
-    for path in io_utils.expand_globs(FLAGS.input_file):
+    for path in io_utils.expand_globs(FLAGS.input_file, what="--input_file"):
         with io_utils.open_text(path) as f:
             for raw in f:
                 if raw.strip():
@@ -555,6 +555,8 @@ def main(argv):
                     break
         if len(lines) == FLAGS.num_lines:
             break
+    if not lines:
+        raise io_utils.UsageError(f"--input_file: no non-empty lines in {FLAGS.input_file}")
     graph_ids = graph.tokenize(tf.constant(lines)).to_list()
     for raw, ids in zip(lines, graph_ids):
         tokens = full.tokenize(raw)

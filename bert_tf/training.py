@@ -42,8 +42,8 @@ from tensorflow.core.framework import summary_pb2
 
 from bert_tf import io_utils
 from bert_tf.distribution import is_chief
+from bert_tf.modeling import CHECKPOINT_NAME
 
-CHECKPOINT_NAME = "ckpt"
 # --mixed_precision values and the Keras dtype policies they set.
 MIXED_PRECISION_POLICIES = {"none": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 INITIAL_LOSS_SCALE = 2.0 ** 15
@@ -76,6 +76,24 @@ class LoopArgs:
     mixed_precision: str = "none"
     jit_compile: bool = False
     seed: int = 12345
+
+    def validate(self):
+        """Usage errors in these flags, each naming its flag."""
+        if self.mixed_precision not in MIXED_PRECISION_POLICIES:
+            raise io_utils.UsageError(f"--mixed_precision={self.mixed_precision} is not one of "
+                                      f"{', '.join(MIXED_PRECISION_POLICIES)}")
+        for name in ("steps_per_loop", "save_checkpoints_steps"):
+            if getattr(self, name) <= 0:
+                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+
+    def loop_config(self, num_train_steps, **overrides):
+        """The LoopConfig these flags ask for (float16 turns on loss scaling); `overrides` replace fields."""
+        fields = dict(num_train_steps=num_train_steps, steps_per_loop=self.steps_per_loop,
+                      save_checkpoints_steps=self.save_checkpoints_steps, clip_norm=self.clip_norm,
+                      loss_scaling=self.mixed_precision == "float16", jit_compile=self.jit_compile,
+                      max_checkpoints_to_keep=self.keep_checkpoint_max)
+        fields.update(overrides)
+        return LoopConfig(**fields)
 
 
 @dataclasses.dataclass
@@ -139,12 +157,17 @@ def is_checkpointable(obj):
     return True
 
 
+_STEP_KEY = "step/.ATTRIBUTES/VARIABLE_VALUE"
+
+
 def checkpoint_step(directory):
-    """The step saved in the newest checkpoint of `directory`, or 0 when there is none."""
+    """The step saved in the newest checkpoint of `directory`; 0 when there is none, or it has no step
+    (a model directory written by convert_checkpoint, which training may continue from)."""
     latest = tf.train.latest_checkpoint(directory) if directory else None
     if not latest:
         return 0
-    return int(tf.train.load_checkpoint(latest).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+    reader = tf.train.load_checkpoint(latest)
+    return int(reader.get_tensor(_STEP_KEY)) if reader.has_tensor(_STEP_KEY) else 0
 
 
 def format_duration(seconds):
@@ -215,9 +238,8 @@ class Trainer:
         tf.distribute's DistributedIterator cannot), which makes a resumed run see the same batches.
         """
         objects = dict(self._checkpoint_objects)
-        self.iterator_checkpointed = (train_iterator is not None and self.config.checkpoint_iterator
-                                      and is_checkpointable(train_iterator))
-        if self.iterator_checkpointed:
+        if (train_iterator is not None and self.config.checkpoint_iterator
+                and is_checkpointable(train_iterator)):
             objects["train_iterator"] = train_iterator
         self._checkpoint = tf.train.Checkpoint(**objects)
         self._manager = tf.train.CheckpointManager(
@@ -246,6 +268,11 @@ class Trainer:
     # The step (replica context) and the loops (tf.functions)
     # ------------------------------------------------------------------------------------------
 
+    def _stats_vector(self, loss, stats):
+        """The task's stats (with the loss) as one float32 vector in stat_names order, for one all-reduce."""
+        stats = dict(stats, loss=loss)
+        return tf.stack([tf.cast(stats[name], tf.float32) for name in self.task.stat_names])
+
     def _forward_backward(self, batch, denominators, loss_scale):
         """Per replica: loss, gradients (dense, in variable order) and the stats vector."""
         with tf.GradientTape() as tape:
@@ -254,8 +281,7 @@ class Trainer:
         grads = tape.gradient(scaled_loss, self._variables)
         # Dense gradients: embedding IndexedSlices would be densified by the all-reduce anyway.
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self._variables)]
-        stats = dict(stats, loss=loss)
-        return grads, tf.stack([tf.cast(stats[name], tf.float32) for name in self.task.stat_names])
+        return grads, self._stats_vector(loss, stats)
 
     def _replica_train_step(self, batch):
         """One step on one replica; the update happens in cross-replica context via merge_call."""
@@ -325,9 +351,7 @@ class Trainer:
         context = tf.distribute.get_replica_context()
         denominators = context.all_reduce(tf.distribute.ReduceOp.SUM, self.task.denominators(batch))
         loss, stats = self.task.loss_and_stats(batch, denominators, training=False)
-        stats = dict(stats, loss=loss)
-        vector = tf.stack([tf.cast(stats[name], tf.float32) for name in self.task.stat_names])
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, vector)
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, self._stats_vector(loss, stats))
 
     def _eval_loop_fn(self, iterator, max_steps):
         """Up to `max_steps` eval steps, stopping early when the data runs out: (sums, steps run)."""

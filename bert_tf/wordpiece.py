@@ -281,8 +281,9 @@ _ASCII_PIECES = re.compile(f"[{_ASCII_PUNCTUATION}]|[^{_ASCII_PUNCTUATION}]+")
 # ASCII characters that cleaning changes besides whitespace: controls other than tab, LF and CR.
 _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # Words (and word pieces) remembered per cache before it is emptied. Bounds memory on corpora with
-# endless distinct words (code, numbers): about 90 MiB for both caches when full. A word not in the
-# cache costs about 8 us (random letter strings); a cached one well under 1 us.
+# endless distinct words (code, numbers): about 90 MiB when the word and piece caches of ids are
+# full (encoding fills only those two; tokenize() fills the two of tokens). A word not in the cache
+# costs about 8 us (random letter strings); a cached one well under 1 us.
 MAX_CACHED_WORDS = 1 << 18
 
 

@@ -1,5 +1,6 @@
 """GLUE and TSV/CSV readers, feature packing (Python and TF ops), records, tfds, submissions, demo set."""
 
+import gzip
 import os
 import random
 
@@ -7,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import io_utils, tasks, tokenization
-from bert_tf.tasks import classification
+from bert_tf import extract_features, io_utils, tasks, tokenization
+from bert_tf.tasks import classification, ner
 
 
 def write(path, lines):
@@ -378,3 +379,23 @@ def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
         assert len(positive | negative) == 1
         assert bool(positive) == (example.label == "1")
     assert len({e.text_a for e in train}) > 300  # varied, not a handful of repeated sentences
+
+
+def test_text_readers_name_the_line_of_bad_utf8_and_read_gzip(tmp_path):
+    bad = b"\xff\xfe broken\n"
+    (tmp_path / "train.tsv").write_bytes(b"sentence\tlabel\ngood one\t1\n" + bad)
+    with pytest.raises(tasks.DataFormatError, match=r"train\.tsv:3: not UTF-8"):
+        classification.read_split(classification.get_task("sst2"), str(tmp_path), "train")
+    (tmp_path / "train.txt").write_bytes(b"bob B-PER\n\n" + bad.replace(b"\n", b" O\n"))
+    with pytest.raises(tasks.DataFormatError, match=r"train\.txt:3: not UTF-8"):
+        ner.read_conll(str(tmp_path / "train.txt"))
+    (tmp_path / "input.txt").write_bytes(b"a ||| b\n" + bad)
+    with pytest.raises(tasks.DataFormatError, match=r"input\.txt:2: not UTF-8"):
+        extract_features.read_inputs(str(tmp_path / "input.txt"))
+
+    # Gzipped files read like plain ones; line endings (CRLF too) are dropped.
+    path = str(tmp_path / "lines.tsv.gz")
+    with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
+        f.write("text\tlabel\r\ncafé au lait\t1\n")
+    assert list(tasks.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café au lait\t1")]
+    assert list(classification.read_rows(path)) == [(1, ["text", "label"]), (2, ["café au lait", "1"])]

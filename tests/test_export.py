@@ -557,3 +557,14 @@ def test_ner_entities_keep_trailing_combining_marks(tmp_path, real_vocab):
         count = out["num_entities"][row]
         got = [(out["entity_text"][row, i].decode(), out["start"][row, i], out["end"][row, i]) for i in range(count)]
         assert got == expected
+
+
+def test_max_seq_length_zero_is_refused_not_defaulted(tmp_path, real_vocab):
+    """--max_seq_length=0 is an error, not "use the default" (regression: `0 or default`)."""
+    config = modeling.BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32)
+    model_dir = str(tmp_path / "encoder")
+    modeling.write_model_dir(model_dir, config, real_vocab, modeling.build_encoder(config))
+    for bad in (0, 2, 33):
+        with pytest.raises(io_utils.UsageError, match="max_seq_length"):
+            export.build_serving_modules(model_dir, max_seq_length=bad)

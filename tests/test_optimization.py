@@ -102,10 +102,10 @@ def test_adamw_without_bias_correction_differs_from_keras_adamw():
 def test_lamb_matches_the_paper(num_steps):
     optimizer = optimization.Lamb(learning_rate=optimization.WarmupLinearDecay(**SCHEDULE))
     got = run_keras_optimizer(optimizer, num_steps)
-    # Warmup makes the step-0 rate 0; use a constant rate too so that the trust ratio matters.
     want = numpy_lamb(INITIAL, GRADIENTS[:num_steps], schedule_values(num_steps, **SCHEDULE))
     for name in INITIAL:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # Warmup makes the step-0 rate 0; a constant rate too, so that the first step's trust ratio matters.
     got = run_keras_optimizer(optimization.Lamb(learning_rate=0.05), num_steps)
     want = numpy_lamb(INITIAL, GRADIENTS[:num_steps], [0.05] * num_steps)
     for name in INITIAL:

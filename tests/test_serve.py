@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
-from tensorflow.core.protobuf import saved_model_pb2
 
 from bert_tf import serve
 
@@ -140,18 +139,11 @@ def _signatures(module):
 
 def _save(module, path, signatures):
     """Saves a SavedModel, then marks the classify/regress signatures' methods."""
+    from bert_tf import export
+
     tf.saved_model.save(module, path, signatures=signatures)
-    # tf.saved_model.save writes every signature as "predict"; set the classify/regress methods as
-    # an exporter for TF Serving does, by editing the SavedModel proto.
-    proto = saved_model_pb2.SavedModel()
-    pb_path = os.path.join(path, "saved_model.pb")
-    with open(pb_path, "rb") as f:
-        proto.ParseFromString(f.read())
-    signature_defs = proto.meta_graphs[0].signature_def
-    signature_defs["classification"].method_name = serve.CLASSIFY_METHOD
-    signature_defs["regression"].method_name = serve.REGRESS_METHOD
-    with open(pb_path, "wb") as f:
-        f.write(proto.SerializeToString())
+    # tf.saved_model.save writes every signature as "predict"; the exporter's fix-up sets the rest.
+    export.set_method_names(path, {"classification": serve.CLASSIFY_METHOD, "regression": serve.REGRESS_METHOD})
 
 
 def build_test_exports(tmp_path_factory, vocab_file):

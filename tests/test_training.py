@@ -220,3 +220,25 @@ def test_progress_helpers_and_eval_results_format(tmp_path):
     path = tmp_path / "eval_results.txt"
     training.write_eval_results(str(path), {"masked_lm_accuracy": 0.5, "global_step": 10, "loss": 1.25})
     assert path.read_text() == "global_step = 10\nloss = 1.25\nmasked_lm_accuracy = 0.5\n"
+
+
+def test_checkpoint_step_of_a_converted_model_dir_is_0(tmp_path):
+    # A model directory from convert_checkpoint has no step: run_pretraining may continue from it.
+    config = modeling.BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=16, max_position_embeddings=16)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(f"t{i}" for i in range(10)) + "\n")
+    modeling.write_model_dir(str(tmp_path / "model"), config, str(vocab), modeling.build_encoder(config))
+    assert training.checkpoint_step(str(tmp_path / "model")) == 0
+    assert training.checkpoint_step(str(tmp_path / "empty")) == 0
+    step = tf.Variable(42, dtype=tf.int64)
+    tf.train.CheckpointManager(tf.train.Checkpoint(step=step), str(tmp_path / "run"), 1, checkpoint_name="ckpt").save()
+    assert training.checkpoint_step(str(tmp_path / "run")) == 42
+
+
+def test_loop_flags_become_the_loop_config():
+    args = training.LoopArgs(steps_per_loop=7, keep_checkpoint_max=2, mixed_precision="float16", jit_compile=True)
+    loop = args.loop_config(30, checkpoint_iterator=False)
+    assert (loop.num_train_steps, loop.steps_per_loop, loop.max_checkpoints_to_keep) == (30, 7, 2)
+    assert loop.loss_scaling and loop.jit_compile and not loop.checkpoint_iterator
+    assert not training.LoopArgs(mixed_precision="bfloat16").loop_config(1).loss_scaling

@@ -39,6 +39,16 @@ def require_file(path, what="input"):
     return path
 
 
+def decoded_lines(path):
+    """(line number, text without its line ending) for each line of `path` (.gz too); bad UTF-8 names the line."""
+    with io_utils.open_text(path) as f:
+        for line_number, raw in enumerate(f, start=1):
+            try:
+                yield line_number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
+
+
 def truncated_lengths(lengths, max_total):
     """The segment lengths after the original rule: trim the end of the longest one (the last on ties).
 
@@ -139,16 +149,6 @@ def write_records(path, features):
                     feature={name: _feature(array[i]) for name, array in zip(names, arrays)}))
                 writer.write(example.SerializeToString())
     return count
-
-
-def record_spec(features):
-    """The tf.io.parse_example spec that reads back `features` (name -> array [n, ...]) as written."""
-    spec = {}
-    for name, array in features.items():
-        array = np.asarray(array)
-        is_int = np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_
-        spec[name] = tf.io.FixedLenFeature(list(array.shape[1:]), tf.int64 if is_int else tf.float32)
-    return spec
 
 
 def _to_model_batch(batch):

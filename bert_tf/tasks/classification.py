@@ -28,9 +28,6 @@ from absl import logging
 from bert_tf import io_utils, tasks
 from bert_tf.tasks import metrics
 
-SPLIT_NAMES = ("train", "dev", "dev_matched", "dev_mismatched", "test", "test_matched", "test_mismatched")
-
-
 @dataclasses.dataclass(frozen=True)
 class InputExample:
     """One example: its id, one or two texts, its label (None in test sets) and where it came from."""
@@ -181,16 +178,6 @@ def split_file(task, data_dir, split):
     raise io_utils.UsageError(f"split file not found: {' or '.join(candidates)}")
 
 
-def _decoded_lines(path):
-    """(line number, text) for each line of `path`, without its line ending; bad UTF-8 names the line."""
-    with io_utils.open_text(path) as f:
-        for line_number, raw in enumerate(f, start=1):
-            try:
-                yield line_number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise tasks.DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
-
-
 def read_rows(path):
     """(line number, fields) for each non-blank row of a TSV (split on tabs) or CSV (quoted) file.
 
@@ -209,7 +196,7 @@ def read_rows(path):
             except (csv.Error, UnicodeDecodeError) as e:
                 raise tasks.DataFormatError(f"{path}:{reader.line_num}: {e}") from None
         return
-    for line_number, line in _decoded_lines(path):
+    for line_number, line in tasks.decoded_lines(path):
         if line.strip():
             yield line_number, line.split("\t")
 

@@ -68,24 +68,20 @@ def read_conll(path):
             sentences.append(Sentence(words, bio, start))
         words, tags = [], []
 
-    with io_utils.open_text(path) as f:
-        for line_number, raw in enumerate(f, start=1):
-            where = f"{path}:{line_number}"
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as e:
-                raise tasks.DataFormatError(f"{where}: not UTF-8 ({e})") from None
-            if not line or line.startswith("-DOCSTART-"):
-                finish()
-                continue
-            columns = line.split()
-            if len(columns) < 2:
-                raise tasks.DataFormatError(f"{where}: expected a token and a tag, got {line!r}")
-            _check_tag(columns[-1], where)
-            if not words:
-                start = where
-            words.append(columns[0])
-            tags.append(columns[-1])
+    for line_number, line in tasks.decoded_lines(path):
+        where = f"{path}:{line_number}"
+        line = line.strip()
+        if not line or line.startswith("-DOCSTART-"):
+            finish()
+            continue
+        columns = line.split()
+        if len(columns) < 2:
+            raise tasks.DataFormatError(f"{where}: expected a token and a tag, got {line!r}")
+        _check_tag(columns[-1], where)
+        if not words:
+            start = where
+        words.append(columns[0])
+        tags.append(columns[-1])
     finish()
     if converted:
         logging.info("%s: IOB1 tags converted to BIO (%d tags changed)", path, converted)
