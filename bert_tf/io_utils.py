@@ -93,9 +93,8 @@ def expand_globs(patterns, what="input"):
 
 
 def open_text(path):
-    """Opens a text file for reading as bytes lines; `.gz` files are decompressed."""
-    if path.endswith(".gz"):
-        return gzip.open(path, "rb")
+    """Opens a text file for reading as bytes lines; `.gz` files are decompressed (gs:// ones too)."""
     if is_remote(path):
-        return _gfile().GFile(path, "rb")
-    return open(path, "rb")
+        raw = _gfile().GFile(path, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")

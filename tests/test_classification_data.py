@@ -399,3 +399,11 @@ def test_text_readers_name_the_line_of_bad_utf8_and_read_gzip(tmp_path):
         f.write("text\tlabel\r\ncafé au lait\t1\n")
     assert list(tasks.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café au lait\t1")]
     assert list(classification.read_rows(path)) == [(1, ["text", "label"]), (2, ["café au lait", "1"])]
+
+
+def test_gz_on_a_tensorflow_file_system_is_decompressed():
+    # ram:// goes through tf.io.gfile as gs:// does; gzip.open alone cannot open such a path.
+    path = "ram://decoded_lines/train.tsv.gz"
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(gzip.compress("text\tlabel\r\ncafé\t1\n".encode("utf-8")))
+    assert list(tasks.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café\t1")]
