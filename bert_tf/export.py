@@ -62,13 +62,17 @@ convert_single_example (`if tokens_b:`) and bert_tf.tasks.classification pack it
 The graphs use only TensorFlow core and tensorflow_text ops.
 """
 
+import contextlib
+import dataclasses
 import os
 import uuid
 
+import keras
 import tensorflow as tf
-from absl import flags, logging
+from absl import logging
 
-from bert_tf import export_graph, io_utils, modeling
+from bert_tf import cli, export_graph, io_utils, modeling, warmup
+from bert_tf.cli import arg
 from bert_tf.model_dir import ModelDir
 from bert_tf.serve import list_versions
 from bert_tf.tasks import pack_inputs, registry
@@ -76,6 +80,45 @@ from bert_tf.tasks import pack_inputs, registry
 ENCODER_KIND = "encoder"
 PREPROCESS_SUBDIR = "preprocess"
 DEFAULT_ENCODER_SEQ_LENGTH = 128
+# --precision -> the Keras dtype policy the model is rebuilt under. Variables stay float32 (the
+# checkpoint's); bfloat16 computes the encoder in bfloat16, and every output stays float32.
+PRECISION_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+
+
+@dataclasses.dataclass
+class ExportArgs:
+    """One export: which model directory, where, and how the serving graph pads and computes."""
+
+    model_dir: str = arg(
+        None,
+        "The model directory to export: a fine-tuned one (with task.json) "
+        "or a pretrained one (exported as a TF Hub style encoder + preprocessor).",
+    )
+    export_dir: str = arg(
+        None,
+        "Where versions go: EXPORT_DIR/N/ is one SavedModel version, "
+        "TF Serving's --model_base_path.",
+    )
+    version: int = arg(
+        None,
+        "The version number to write. Default: one more than the highest "
+        "numeric version already in --export_dir (1 if none).",
+    )
+    max_seq_length: int = arg(
+        None,
+        "Tokens per packed input at most (the truncation limit). Default: the "
+        "model directory's task.json max_seq_length, or 128 for an encoder.",
+    )
+    pad_to_max_seq_length: bool = arg(
+        False,
+        "Pad every batch to max_seq_length (static shapes, as before) instead of to its own "
+        "longest input rounded up to a multiple of 16.",
+    )
+    precision: str = arg(
+        "float32",
+        "The compute precision of the exported model; outputs keep their dtypes.",
+        choices=PRECISION_POLICIES,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,9 +134,10 @@ DEFAULT_ENCODER_SEQ_LENGTH = 128
 class EncoderModule(export_graph.ServingModule):
     """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output, encoder_outputs, default."""
 
-    def __init__(self, encoder, assets):
+    def __init__(self, encoder, assets, packer):
         super().__init__(assets)
         self.encoder = encoder
+        self.packer = packer  # the preprocessor's, whose lengths the warm-up requests follow
         self.vocab_file = assets.vocab_file
         self.do_lower_case = assets.do_lower_case
         inputs_spec = {
@@ -106,11 +150,15 @@ class EncoderModule(export_graph.ServingModule):
     def _call(self, inputs):
         """The TF Hub call: a dict of the three int32 inputs -> the outputs dict (encoder_outputs a list)."""
         outputs = self.encoder(inputs, training=False)
+        # float32 whatever the compute precision (--precision=bfloat16), so callers see one dtype.
+        sequence_output, pooled_output = (
+            tf.cast(outputs[name], tf.float32) for name in ("sequence_output", "pooled_output")
+        )
         return {
-            "sequence_output": outputs["sequence_output"],
-            "pooled_output": outputs["pooled_output"],
-            "encoder_outputs": list(outputs["encoder_outputs"]),
-            "default": outputs["pooled_output"],
+            "sequence_output": sequence_output,
+            "pooled_output": pooled_output,
+            "encoder_outputs": [tf.cast(x, tf.float32) for x in outputs["encoder_outputs"]],
+            "default": pooled_output,
         }
 
     def _serve(self, input_word_ids, input_mask, input_type_ids):
@@ -174,7 +222,9 @@ class PreprocessModule(export_graph.ServingModule):
 # ----------------------------------------------------------------------------------------------
 
 
-def build_serving_modules(model_dir, max_seq_length=None):
+def build_serving_modules(
+    model_dir, max_seq_length=None, pad_to_max_seq_length=False, precision="float32"
+):
     """The module(s) to save for MODEL_DIR: {subdirectory ("" = the version dir) -> module}, and the kind."""
     directory = ModelDir(model_dir)
     config = directory.load_config()
@@ -192,16 +242,34 @@ def build_serving_modules(model_dir, max_seq_length=None):
         )
     if seq_length < 3:
         raise io_utils.UsageError(f"max_seq_length must be at least 3, got {seq_length}")
-    packer = export_graph.TextPacker(model_dir, config, seq_length)
+    if precision not in PRECISION_POLICIES:
+        raise io_utils.UsageError(
+            f"--precision={precision} is not one of {', '.join(PRECISION_POLICIES)}"
+        )
+    packer = export_graph.TextPacker(
+        model_dir, config, seq_length, dynamic_length=not pad_to_max_seq_length
+    )
     assets = export_graph.Assets(model_dir, config)
-    if spec is None:
-        encoder = directory.load_encoder()
-        return {
-            "": EncoderModule(encoder, assets),
-            PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
-        }, ENCODER_KIND
-    model, _, _, spec = directory.load_task_model()
+    with dtype_policy(PRECISION_POLICIES[precision]):
+        if spec is None:
+            encoder = directory.load_encoder()
+            return {
+                "": EncoderModule(encoder, assets, packer),
+                PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
+            }, ENCODER_KIND
+        model, _, _, spec = directory.load_task_model()
     return {"": registry.get(spec.kind).serving_module(model, packer, spec, assets)}, spec.kind
+
+
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Keras' global dtype policy set to `name` while models are built inside, then restored."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def save_module(module, path):
@@ -251,6 +319,17 @@ def set_method_names(path, methods):
             tf.io.gfile.remove(fingerprint)
 
 
+def write_warmup_requests(version_dir, module, model_dir):
+    """Writes TF Serving's warm-up file for `module`'s serving_default: one request per padded length."""
+    function, _ = module.signatures()["serving_default"]
+    input_specs = {spec.name: spec for spec in function.input_signature}
+    packer = module.packer
+    lengths = warmup.padded_lengths(packer.seq_length, packer.dynamic_length)
+    warmup.write_requests(
+        version_dir, "serving_default", input_specs, lengths, ModelDir(model_dir).vocab_file
+    )
+
+
 def numeric_versions(export_dir):
     """The integer version numbers of the versions already in EXPORT_DIR (TF Serving ignores other names)."""
     return sorted(list_versions(export_dir))
@@ -262,7 +341,14 @@ def next_version(export_dir):
     return versions[-1] + 1 if versions else 1
 
 
-def export(model_dir, export_dir, version=None, max_seq_length=None):
+def export(
+    model_dir,
+    export_dir,
+    version=None,
+    max_seq_length=None,
+    pad_to_max_seq_length=False,
+    precision="float32",
+):
     """Exports MODEL_DIR as EXPORT_DIR/VERSION (default: the next version); returns (path, kind).
 
     The version is saved into a temporary directory beside it and renamed into place complete;
@@ -277,7 +363,9 @@ def export(model_dir, export_dir, version=None, max_seq_length=None):
             f"{os.path.join(export_dir, str(version))} already exists; "
             "pick another --version or leave it out"
         )
-    modules, kind = build_serving_modules(model_dir, max_seq_length)
+    modules, kind = build_serving_modules(
+        model_dir, max_seq_length, pad_to_max_seq_length, precision
+    )
     tf.io.gfile.makedirs(export_dir)
     version = next_version(export_dir) if version is None else version
     final = os.path.join(export_dir, str(version))
@@ -290,6 +378,7 @@ def export(model_dir, export_dir, version=None, max_seq_length=None):
     try:
         for subdir, module in modules.items():
             save_module(module, os.path.join(tmp, subdir) if subdir else tmp)
+        write_warmup_requests(tmp, modules[""], model_dir)
         tf.io.gfile.rename(tmp, final)
     except BaseException:
         try:
@@ -301,57 +390,12 @@ def export(model_dir, export_dir, version=None, max_seq_length=None):
     return final, kind
 
 
-# ----------------------------------------------------------------------------------------------
-# CLI
-# ----------------------------------------------------------------------------------------------
-
-
-def define_flags():
-    """The export flags."""
-    flags.DEFINE_string(
-        "model_dir",
-        None,
-        "The model directory to export: a fine-tuned one (with task.json) "
-        "or a pretrained one (exported as a TF Hub style encoder + preprocessor).",
-    )
-    flags.DEFINE_string(
-        "export_dir",
-        None,
-        "Where versions go: EXPORT_DIR/N/ is one SavedModel version, "
-        "TF Serving's --model_base_path.",
-    )
-    flags.DEFINE_integer(
-        "version",
-        None,
-        "The version number to write. Default: one more than the highest "
-        "numeric version already in --export_dir (1 if none).",
-    )
-    flags.DEFINE_integer(
-        "max_seq_length",
-        None,
-        "Tokens per packed input (after truncation). Default: the "
-        "model directory's task.json max_seq_length, or 128 for an encoder.",
-    )
-
-
-def main(argv):
-    """Runs the export from flags."""
-    del argv
-    flags_values = flags.FLAGS
-    for name in ("model_dir", "export_dir"):
-        if not flags_values[name].value:
-            raise io_utils.UsageError(f"--{name} is required")
-    path, kind = export(
-        flags_values.model_dir,
-        flags_values.export_dir,
-        flags_values.version,
-        flags_values.max_seq_length,
-    )
+def run(args):
+    """Runs one export from its arguments and prints where it went."""
+    path, kind = export(**dataclasses.asdict(args))
     print(f"exported {kind} model to {path}")
 
 
 if __name__ == "__main__":
-    from bert_tf import cli  # pylint: disable=import-outside-toplevel
-
-    define_flags()
-    cli.run(main)
+    cli.define_flags(ExportArgs)
+    cli.run(cli.job_main(ExportArgs, run, "export", required=("model_dir", "export_dir")))

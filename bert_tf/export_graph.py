@@ -10,7 +10,7 @@ import tensorflow as tf
 from bert_tf import io_utils
 from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import pack_inputs
+from bert_tf.tasks import bucketed_length, pack_inputs, trim_to_longest
 
 
 class Assets(tf.Module):
@@ -92,13 +92,16 @@ class TextPacker:
     needs, are not serialized (tracing them took most of the export time).
     """
 
-    def __init__(self, model_dir, config, seq_length):
+    def __init__(self, model_dir, config, seq_length, dynamic_length=True):
         vocab_file = ModelDir(model_dir).vocab_file
         self.tokenizer = GraphTokenizer(vocab_file, config.do_lower_case)
         missing = [t for t in ("[CLS]", "[SEP]") if t not in self.tokenizer.special_ids]
         if missing:
             raise io_utils.UsageError(f"{vocab_file} has no {' or '.join(missing)} token")
         self.seq_length = seq_length
+        # Pad each batch to its longest input (in LENGTH_BUCKET steps), not to seq_length, which
+        # stays the truncation limit: short requests stop paying for the longest one allowed.
+        self.dynamic_length = dynamic_length
         self.cls_id = self.tokenizer.special_ids["[CLS]"]
         self.sep_id = self.tokenizer.special_ids["[SEP]"]
 
@@ -107,9 +110,21 @@ class TextPacker:
         return self.pack_ids([self.tokenizer.tokenize(text) for text in texts])
 
     def pack_ids(self, segments):
-        """Packs ragged token ids [b, (tokens)] (one per segment) to seq_length."""
+        """Packs ragged token ids [b, (tokens)] (one per segment): truncated to seq_length, padded
+        to the batch's bucketed longest row (or to seq_length without dynamic_length)."""
         # A pair's b with no tokens packs as a single sentence, as fine-tuning packed it.
-        return pack_inputs(segments, self.seq_length, self.cls_id, self.sep_id, drop_empty_b=True)
+        packed = pack_inputs(segments, self.seq_length, self.cls_id, self.sep_id, drop_empty_b=True)
+        return self.trim(packed)
+
+    def trim(self, inputs):
+        """Packed inputs [..., seq_length] cut to the batch's bucketed longest row when dynamic."""
+        return trim_to_longest(inputs, self.seq_length) if self.dynamic_length else inputs
+
+    def padded_length(self, row_lengths):
+        """How many positions rows of these token counts are padded to: bucketed, or seq_length."""
+        if self.dynamic_length:
+            return bucketed_length(row_lengths, self.seq_length)
+        return tf.constant(self.seq_length, tf.int32)
 
 
 class ServingModule(tf.Module):

@@ -68,7 +68,7 @@ from google.protobuf import json_format, text_format
 from tensorflow.core.framework import types_pb2
 from tensorflow.core.protobuf import saved_model_pb2
 
-from bert_tf import cli
+from bert_tf import cli, warmup
 from bert_tf.io_utils import UsageError
 
 PREDICT_METHOD = "tensorflow/serving/predict"
@@ -423,14 +423,29 @@ class Servable:
             self._warm_up()
 
     def _warm_up(self):
-        """Calls each signature once on a one-row dummy batch before the version serves.
+        """Replays the version's warm-up requests, then calls each signature they left out once on a
+        one-row dummy batch, before the version serves.
 
         A loaded function's first call instantiates and optimizes its graph, which takes seconds;
-        doing it here keeps that out of the first requests (and out of a version switch). A dummy
-        input the graph rejects (an empty tf.Example, say) still pays that cost, so errors are ignored.
+        doing it here keeps that out of the first requests (and out of a version switch). The
+        warm-up file (assets.extra/tf_serving_warmup_requests, as TF Serving reads it) covers every
+        padded length the export produces; a request of it that fails fails the load, as in TF
+        Serving. A dummy input the graph rejects (an empty tf.Example, say) still pays the
+        instantiation, so errors of the dummy calls are ignored.
         """
         start = time.perf_counter()
+        requests = warmup.read_requests(self.path)
+        for signature_name, inputs in requests:
+            if signature_name not in self.signatures:
+                raise ValueError(
+                    f"{warmup.requests_path(self.path)}: a warm-up request names signature "
+                    f"{signature_name!r}, which the model does not have"
+                )
+            call_signature(self.signatures[signature_name], inputs)
+        replayed = {signature_name for signature_name, _ in requests}
         for signature in self.signatures.values():
+            if signature.name in replayed:
+                continue
             dummies = {}
             for name, spec in signature.inputs.items():
                 dims = spec.shape.as_list() if spec.shape.rank is not None else [None]
@@ -444,10 +459,11 @@ class Servable:
             except Exception:  # Only the graph's instantiation matters here.
                 pass
         logging.info(
-            "model %s version %d: warmed up %d signatures in %.1fs",
+            "model %s version %d: warmed up %d signatures (%d warm-up requests) in %.1fs",
             self.name,
             self.version,
             len(self.signatures),
+            len(requests),
             time.perf_counter() - start,
         )
 
@@ -1297,6 +1313,26 @@ def _batchable(signature):
     )
 
 
+# Texts up to this many bytes are one length class; above it each class spans a factor of two.
+_SHORTEST_LENGTH_CLASS_BYTES = 32
+
+
+def _length_class(arrays):
+    """A request's text length class: the bit length of its longest string (in bytes) / 32.
+
+    A string model pads a merged call to its longest text, so merging one long request with short
+    ones would make every short row pay for the long one's length. Only requests whose longest
+    texts are within about a factor of two of each other are merged (bytes stand in for tokens,
+    which the server cannot count). Requests without strings are one class: their shapes, part of
+    the batching key already, say their lengths.
+    """
+    longest = 0
+    for array in arrays.values():
+        if array.dtype == object and array.size:
+            longest = max(longest, max(len(x) for x in array.reshape(-1)))
+    return (longest // _SHORTEST_LENGTH_CLASS_BYTES).bit_length()
+
+
 class _Batcher:
     """Merges concurrent requests to one signature into one call: waits up to `timeout_s` for more."""
 
@@ -1366,11 +1402,12 @@ class _Batcher:
                         self._run_batch([item])
 
     def _run_batch(self, batch):
-        """Runs requests with equal trailing shapes together and hands each its rows."""
+        """Runs requests with equal trailing shapes and text lengths of one class together, and
+        hands each its rows."""
         groups = {}
         for item in batch:
             key = tuple((name, a.shape[1:]) for name, a in sorted(item[0].items()))
-            groups.setdefault(key, []).append(item)
+            groups.setdefault((key, _length_class(item[0])), []).append(item)
         for items in groups.values():
             if len(items) == 1:
                 self._run_alone(items[0])

@@ -877,6 +877,36 @@ def test_batching_gives_the_same_answers(tmp_path, exports, direct):
         assert status == 400
 
 
+def test_batching_does_not_merge_a_long_request_with_short_ones(tmp_path, exports, monkeypatch):
+    """Issue 12: a merged call pads every row to its longest text, so a long request waiting with
+    short ones runs on its own and the short ones together."""
+    calls, real = [], serve.call_signature
+
+    def recording(signature, arrays):  # (rows, longest text) of each call
+        texts = [t for a in arrays.values() if a.dtype == object for t in a.reshape(-1)]
+        calls.append((len(texts), max(map(len, texts), default=0)))
+        return real(signature, arrays)
+
+    monkeypatch.setattr(serve, "call_signature", recording)
+    base = make_base(tmp_path, exports)
+    short = [f"short {i}" for i in range(4)]
+    long = "a much longer text " * 40
+    with serve.ModelServer(
+        {"clf": base},
+        port=0,
+        poll_seconds=0,
+        enable_batching=True,
+        batch_timeout_micros=500000,
+        warmup=False,
+    ) as server:
+        results, errors = _run_clients(
+            server.port, 5, 1, lambda c, i: {"instances": [short[c] if c < 4 else long]}
+        )
+    assert not errors and all(status == 200 for _, _, status, _ in results)
+    assert (1, len(long)) in calls, calls  # the long one alone
+    assert sum(rows for rows, _ in calls) == 5 and max(rows for rows, _ in calls) > 1, calls
+
+
 class _WordSplitter(tf.Module):
     """Words of each text padded to the batch's longest row: an output size set by the data (as NER's)."""
 

@@ -31,8 +31,10 @@ class MultipleChoiceModule(export_graph.ServingModule):
         shape = tf.shape(endings)
         # Every (context, ending) pair is one sequence, as in training.
         packed = self.packer.pack([tf.repeat(context, shape[1]), tf.reshape(endings, [-1])])
+        # The packed length spelled out: a -1 cannot be inferred for an empty batch.
         inputs = {
-            name: tf.reshape(value, [shape[0], shape[1], -1]) for name, value in packed.items()
+            name: tf.reshape(value, [shape[0], shape[1], tf.shape(value)[1]])
+            for name, value in packed.items()
         }
         logits = self.model(inputs, training=False)["logits"]
         probabilities = tf.nn.softmax(logits, axis=-1)

@@ -56,7 +56,11 @@ class SquadModule(export_graph.ServingModule):
             tf.gather(doc_lengths, example) - window_start, tf.gather(max_tokens, example)
         )
 
-        position = tf.range(seq_length, dtype=tf.int64)[tf.newaxis, :]
+        # Windows are cut at seq_length as in run_squad.py, but padded only as far as the longest
+        # window of the batch needs: a short context does not pay for a full window.
+        window_tokens = tf.gather(query_lengths, example) + window_length + 3
+        width = tf.cast(self.packer.padded_length(window_tokens), tf.int64)
+        position = tf.range(width)[tf.newaxis, :]
         q_len = tf.gather(query_lengths, example)[:, tf.newaxis]
         w_len = window_length[:, tf.newaxis]
         doc_begin = q_len + 2  # the first context position
@@ -125,12 +129,10 @@ class SquadModule(export_graph.ServingModule):
         pad = [[0, 0], [0, MAX_ANSWER_LENGTH - 1]]
         end_padded = tf.pad(end_logits, pad)
         valid_end_padded = tf.pad(valid_end, pad)
-        seq_length = self.seq_length
-        ends = tf.stack(
-            [end_padded[:, k : k + seq_length] for k in range(MAX_ANSWER_LENGTH)], axis=-1
-        )
+        width = tf.shape(end_logits)[1]
+        ends = tf.stack([end_padded[:, k : k + width] for k in range(MAX_ANSWER_LENGTH)], axis=-1)
         ends_valid = tf.stack(
-            [valid_end_padded[:, k : k + seq_length] for k in range(MAX_ANSWER_LENGTH)], axis=-1
+            [valid_end_padded[:, k : k + width] for k in range(MAX_ANSWER_LENGTH)], axis=-1
         )
         scores = start_logits[:, :, tf.newaxis] + ends
         scores = tf.where(valid_start[:, :, tf.newaxis] & ends_valid, scores, -float("inf"))

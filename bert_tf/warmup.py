@@ -1,0 +1,128 @@
+"""TF Serving's SavedModel warm-up: requests an export carries, replayed by a server before it serves.
+
+TF Serving reads `VERSION/assets.extra/tf_serving_warmup_requests`, a TFRecord file of
+`tensorflow.serving.PredictionLog` protos (at most 1,000), and runs each request once while the
+version loads, so the first real requests pay no graph instantiation, tracing or allocation. A
+request that fails fails the load. `bert_tf.export` writes one predict request per padded length
+the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), so every shape the
+graph will see has run once; `bert_tf.serve` replays the file the same way.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+from bert_tf import io_utils
+from bert_tf.tasks import LENGTH_BUCKET
+
+ASSETS_EXTRA = "assets.extra"
+REQUESTS_FILE = "tf_serving_warmup_requests"
+# TF Serving refuses a warm-up file with more records than this (WarmupConsts::kMaxNumRecords).
+MAX_RECORDS = 1000
+
+
+def requests_path(version_dir):
+    """VERSION_DIR/assets.extra/tf_serving_warmup_requests."""
+    return os.path.join(version_dir, ASSETS_EXTRA, REQUESTS_FILE)
+
+
+def filler_word(vocab_file):
+    """A vocabulary entry that is one whole lower-case word, so that N of them make N tokens."""
+    with tf.io.gfile.GFile(vocab_file) as f:
+        for line in f:
+            word = line.strip()
+            if word.isascii() and word.isalpha() and word.islower():
+                return word
+    raise io_utils.UsageError(f"{vocab_file} has no plain lower-case word to build warm-up inputs")
+
+
+def padded_lengths(seq_length, dynamic_length):
+    """The lengths a graph pads batches to: every LENGTH_BUCKET multiple, or seq_length alone."""
+    if not dynamic_length:
+        return [seq_length]
+    lengths = list(range(LENGTH_BUCKET, seq_length, LENGTH_BUCKET))
+    return lengths + [seq_length]
+
+
+def signature_inputs(input_specs, length, word, ids):
+    """One batch-1 input for every spec of a signature, about `length` tokens once packed.
+
+    Strings [b] get words (the token budget shared among the text inputs; [CLS] and [SEP]s take 3),
+    strings [b, n] two such texts, int32 [b, s] the encoder's ids, mask and type ids.
+    """
+    texts = [spec for spec in input_specs.values() if spec.dtype == tf.string]
+    words_each = max(1, (length - 3) // max(1, len(texts)))
+    text = " ".join([word] * words_each)
+    inputs = {}
+    for name, spec in input_specs.items():
+        if spec.dtype == tf.string:
+            inputs[name] = np.array([[text, text]] if spec.shape.rank == 2 else [text], object)
+        elif name == "input_word_ids":
+            inputs[name] = np.array([[ids["[CLS]"]] + [ids[word]] * (length - 2) + [ids["[SEP]"]]])
+        elif name == "input_mask":
+            inputs[name] = np.ones([1, length], spec.dtype.as_numpy_dtype)
+        else:
+            inputs[name] = np.zeros([1, length], spec.dtype.as_numpy_dtype)
+    return {
+        name: value.astype(input_specs[name].dtype.as_numpy_dtype) for name, value in inputs.items()
+    }
+
+
+def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file):
+    """Writes one batch-1 predict request per length into VERSION_DIR's warm-up file; returns the count."""
+    word = filler_word(vocab_file)
+    with tf.io.gfile.GFile(vocab_file) as f:
+        ids = {line.rstrip("\n"): i for i, line in enumerate(f)}
+    records = []
+    for length in lengths[:MAX_RECORDS]:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.signature_name = signature_name
+        for name, value in signature_inputs(input_specs, length, word, ids).items():
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+        log = prediction_log_pb2.PredictionLog()
+        log.predict_log.request.CopyFrom(request)
+        records.append(log.SerializeToString())
+    path = requests_path(version_dir)
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    return len(records)
+
+
+def read_requests(version_dir):
+    """The predict requests of VERSION_DIR's warm-up file: [(signature name, {input: ndarray})].
+
+    No file gives []. A record that is not a PredictionLog or more than MAX_RECORDS records is a
+    ValueError naming the file, as TF Serving then fails the load; other logs than predict are
+    skipped with a warning.
+    """
+    path = requests_path(version_dir)
+    if not tf.io.gfile.exists(path):
+        return []
+    requests = []
+    for number, record in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator(), 1):
+        if number > MAX_RECORDS:
+            raise ValueError(f"{path}: more than {MAX_RECORDS} warm-up records")
+        log = prediction_log_pb2.PredictionLog()
+        try:
+            log.ParseFromString(record)
+        except Exception as e:  # protobuf's DecodeError, whose module differs between versions
+            raise ValueError(f"{path}: record {number} is not a PredictionLog ({e})") from None
+        if log.WhichOneof("log_type") != "predict_log":
+            # TF Serving also replays classify, regress and multi-inference logs; the exports
+            # write predict logs only, whose graph those signatures share.
+            logging.warning(
+                "%s: record %d is a %s; bert_tf.serve replays predict requests only, skipped",
+                path,
+                number,
+                log.WhichOneof("log_type"),
+            )
+            continue
+        request = log.predict_log.request
+        inputs = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
+        requests.append((request.model_spec.signature_name or "serving_default", inputs))
+    return requests

@@ -1,0 +1,245 @@
+"""Length-aware exports: each batch padded to its own longest input answers as the padded export did.
+
+Every kind is exported three ways from one random-weight model directory: the default (dynamic
+length), `pad_to_max_seq_length=True` (today's static shapes, the reference) and
+`precision="bfloat16"`. The dynamic export must give the reference's probabilities within 1e-5 and
+the same labels, spans and entities, on short, mixed, megabyte-long and invalid-UTF-8 inputs; an
+empty batch gives empty outputs of the right dtypes; the warm-up file covers every padded length.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import prediction_log_pb2
+
+from bert_tf import export, modeling, serve, warmup
+from bert_tf.export_graph import TextPacker
+from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import LENGTH_BUCKET, models
+
+pytestmark = pytest.mark.slow
+
+CONFIG = modeling.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)
+SEQ_LENGTH = 80  # not a multiple of LENGTH_BUCKET: the last bucket is cut to it
+SPECS = {
+    "classifier": models.TaskSpec("classifier", labels=["a", "b", "c"], max_seq_length=SEQ_LENGTH),
+    "regressor": models.TaskSpec("regressor", is_pair=True, max_seq_length=SEQ_LENGTH),
+    "squad": models.TaskSpec(
+        "squad",
+        max_seq_length=SEQ_LENGTH,
+        max_query_length=12,
+        doc_stride=24,
+        version_2_with_negative=True,
+    ),
+    "ner": models.TaskSpec(
+        "ner", labels=["O", "B-PER", "I-PER", "B-LOC"], max_seq_length=SEQ_LENGTH
+    ),
+    "multiple_choice": models.TaskSpec("multiple_choice", max_seq_length=SEQ_LENGTH),
+}
+BFLOAT16_KINDS = ["classifier", "multiple_choice", "squad"]
+MEGABYTE = ("Ünïcode wörds and plain words, " * 40000)[: 1 << 20]
+INVALID_UTF8 = b"caf\xc3 broken \xff\xfe bytes"
+SHORT = ["Good.", "A fine film about a dog."]
+MIXED = SHORT + ["word " * 50, "", MEGABYTE.encode(), INVALID_UTF8]
+QUESTIONS = ["who is it?", "where", "", "what is the name of the town?"]
+CONTEXTS = [
+    "Jane lives in Bath.",
+    "The café is in Zürich, near the lake. " * 12,
+    "",
+    MEGABYTE[:5000],
+]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, real_vocab):
+    """{kind: {"dynamic" | "static" | "bfloat16": loaded export}} and the export paths."""
+    root = tmp_path_factory.mktemp("lengths")
+    tf.keras.utils.set_random_seed(3)
+    loaded, paths = {}, {}
+    for kind, spec in list(SPECS.items()) + [("encoder", None)]:
+        model_dir = str(root / "models" / kind)
+        if spec is None:
+            ModelDir(model_dir).write(CONFIG, real_vocab, modeling.build_encoder(CONFIG))
+        else:
+            model, encoder = models.build_task_model(CONFIG, spec)
+            head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
+            rng = np.random.default_rng(7)  # large head weights: outputs differ between texts
+            head.set_weights(
+                [rng.normal(0, 1, w.shape).astype(np.float32) for w in head.get_weights()]
+            )
+            ModelDir(model_dir).write(CONFIG, real_vocab, encoder, spec=spec, model=model)
+        loaded[kind], paths[kind] = {}, {}
+        for variant, options in (
+            ("dynamic", {}),
+            ("static", {"pad_to_max_seq_length": True}),
+            ("bfloat16", {"precision": "bfloat16"}),
+        ):
+            if variant == "bfloat16" and kind not in BFLOAT16_KINDS:
+                continue  # each export takes seconds; three kinds show the precision
+            path, _ = export.export(
+                model_dir,
+                str(root / "export" / kind / variant),
+                max_seq_length=SEQ_LENGTH,
+                **options,
+            )
+            paths[kind][variant] = path
+            loaded[kind][variant] = tf.saved_model.load(path)
+    return loaded, paths
+
+
+def call_default(module, **inputs):
+    """serving_default on numpy/str inputs -> {name: ndarray}."""
+    outputs = module.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def assert_same(dynamic, static, atol=1e-5):
+    """Every output equal (strings, ints) or within atol (floats)."""
+    assert dynamic.keys() == static.keys()
+    for name in static:
+        assert dynamic[name].dtype == static[name].dtype, name
+        if static[name].dtype.kind == "f":
+            np.testing.assert_allclose(dynamic[name], static[name], atol=atol, err_msg=name)
+        else:
+            np.testing.assert_array_equal(dynamic[name], static[name], err_msg=name)
+
+
+# The inputs of each kind's serving_default, for one batch of `texts`.
+def kind_inputs(kind, texts):
+    """serving_default's inputs of `kind` for the batch of `texts`."""
+    texts = list(texts)
+    if kind in ("classifier", "ner"):
+        return {"text": texts}
+    if kind == "regressor":
+        return {"text_a": texts, "text_b": texts[::-1]}
+    if kind == "squad":
+        return {
+            "question": [QUESTIONS[i % len(QUESTIONS)] for i in range(len(texts))],
+            "context": texts,
+        }
+    return {"context": texts, "endings": [[t, "a cat.", "the end"] for t in texts[::-1]]}
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_dynamic_length_answers_as_the_padded_export(exports, kind):
+    loaded, _ = exports
+    for batch in (SHORT, MIXED, [SHORT[0]], CONTEXTS):
+        inputs = kind_inputs(kind, batch)
+        assert_same(
+            call_default(loaded[kind]["dynamic"], **inputs),
+            call_default(loaded[kind]["static"], **inputs),
+        )
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_empty_batch_gives_empty_outputs_of_the_right_dtypes(exports, kind):
+    loaded, _ = exports
+    empty = {
+        name: np.zeros([0] + ([3] if name == "endings" else []), object)
+        for name in kind_inputs(kind, ["x"])
+    }
+    outputs = call_default(loaded[kind]["dynamic"], **empty)
+    reference = call_default(loaded[kind]["static"], **kind_inputs(kind, SHORT))
+    for name, value in outputs.items():
+        assert value.shape[0] == 0, name
+        assert value.dtype == reference[name].dtype, name
+        if kind in ("classifier", "multiple_choice") and name == "probabilities":
+            assert value.shape[1:] == reference[name].shape[1:]
+
+
+def test_preprocessor_pads_to_the_bucketed_longest_input_and_encoder_agrees(exports):
+    loaded, _ = exports
+    preprocess = tf.saved_model.load(
+        exports[1]["encoder"]["dynamic"] + "/" + export.PREPROCESS_SUBDIR
+    )
+    static = tf.saved_model.load(exports[1]["encoder"]["static"] + "/" + export.PREPROCESS_SUBDIR)
+    short = preprocess(tf.constant(SHORT))
+    assert short["input_word_ids"].shape == (2, LENGTH_BUCKET)  # "a fine film about a dog" + 2
+    assert static(tf.constant(SHORT))["input_word_ids"].shape == (2, SEQ_LENGTH)
+    assert preprocess(tf.constant(["word " * 20]))["input_mask"].shape == (1, 32)  # 22 tokens
+    assert preprocess(tf.constant([MEGABYTE]))["input_mask"].shape == (1, SEQ_LENGTH)
+    # A caller that asks for a seq_length gets it, as from TF Hub's preprocessors.
+    segments = [preprocess.tokenize(tf.constant(SHORT))]
+    assert preprocess.bert_pack_inputs(segments, seq_length=40)["input_word_ids"].shape == (2, 40)
+    full = static(tf.constant(SHORT))
+    encoder = loaded["encoder"]["dynamic"]
+    trimmed = encoder(short)["pooled_output"].numpy()
+    np.testing.assert_allclose(trimmed, encoder(full)["pooled_output"].numpy(), atol=1e-5)
+
+
+def test_text_packer_lengths_follow_buckets(tmp_path, real_vocab):
+    (tmp_path / "vocab.txt").write_bytes(open(real_vocab, "rb").read())
+    packer = TextPacker(str(tmp_path), CONFIG, 80)
+    static = TextPacker(str(tmp_path), CONFIG, 80, dynamic_length=False)
+    for words, expected in ((1, 16), (14, 16), (15, 32), (60, 64), (78, 80), (500, 80)):
+        texts = [tf.constant(["word " * words, "short"])]
+        assert packer.pack(texts)["input_word_ids"].shape == (2, expected), words
+        assert static.pack(texts)["input_word_ids"].shape == (2, 80), words
+
+
+@pytest.mark.parametrize("kind", BFLOAT16_KINDS)
+def test_bfloat16_export_keeps_dtypes_and_answers(exports, kind):
+    loaded, _ = exports
+    inputs = kind_inputs(kind, SHORT + ["word " * 30])
+    bf16 = call_default(loaded[kind]["bfloat16"], **inputs)
+    reference = call_default(loaded[kind]["static"], **inputs)
+    for name in reference:
+        assert bf16[name].dtype == reference[name].dtype, name
+    if "probabilities" in reference:
+        # bfloat16 keeps 8 bits of mantissa: close, not equal.
+        np.testing.assert_allclose(bf16["probabilities"], reference["probabilities"], atol=0.05)
+
+
+@pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
+def test_warmup_file_has_a_request_per_padded_length_that_the_export_answers(exports, kind):
+    loaded, paths = exports
+    expected = {
+        "dynamic": list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH],
+        "static": [SEQ_LENGTH],
+    }
+    for variant, lengths in expected.items():
+        path = warmup.requests_path(paths[kind][variant])
+        records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
+        assert len(records) == len(lengths)
+        for record in records:  # TF Serving's own proto parses them
+            log = prediction_log_pb2.PredictionLog.FromString(record)
+            assert log.predict_log.request.model_spec.signature_name == "serving_default"
+        requests = warmup.read_requests(paths[kind][variant])
+        for signature_name, inputs in requests:
+            outputs = call_default(loaded[kind][variant], **inputs)
+            assert all(value.shape[0] == 1 for value in outputs.values())
+        if kind == "encoder":
+            assert [inputs["input_word_ids"].shape[1] for _, inputs in requests] == lengths
+
+
+def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, monkeypatch):
+    _, paths = exports
+    calls, real = [], serve.call_signature
+
+    def recording(signature, arrays):
+        calls.append((signature.name, {name: a.shape for name, a in arrays.items()}))
+        return real(signature, arrays)
+
+    monkeypatch.setattr(serve, "call_signature", recording)
+    serve.Servable("clf", 1, paths["classifier"]["dynamic"])
+    replayed = [shapes for name, shapes in calls if name == "serving_default"]
+    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5
+    # A signature the warm-up file left out still gets its dummy call.
+    assert [name for name, _ in calls if name != "serving_default"] == ["classification"]
+
+    # A broken warm-up file fails the load (TF Serving's behaviour), naming the file.
+    broken = tmp_path / "broken" / "1"
+    shutil.copytree(paths["classifier"]["dynamic"], broken)
+    with tf.io.TFRecordWriter(warmup.requests_path(str(broken))) as writer:
+        writer.write(b"\xff not a PredictionLog")
+    with pytest.raises(ValueError, match="tf_serving_warmup_requests: record 1"):
+        serve.Servable("clf", 1, str(broken))
