@@ -1,6 +1,7 @@
 """SavedModels with tokenization baked in: strings in, answers out, for TF Serving and tf.saved_model.load.
 
     python -m bert_tf.export --model_dir=DIR --export_dir=export/NAME [--version=N] [--max_seq_length=N]
+        [--pad_to_max_seq_length] [--precision=float32|bfloat16]
 
 writes EXPORT_DIR/N/ in TF Serving's layout (saved_model.pb, variables/, assets/vocab.txt). N
 defaults to one more than the highest numeric version already there. The version is written into
@@ -47,14 +48,20 @@ serving module (bert_tf/tasks/<task>/serving.py, found through bert_tf.tasks.reg
     encoder_outputs stacked batch-first, [b, layers, s, h] (TF Serving's row format needs every
     output batch-first).
   - EXPORT_DIR/N/preprocess/ is the preprocessor. `__call__` and `serving_default` map `text` to
-    the three inputs at --max_seq_length (default 128, at most max_position_embeddings);
+    the three inputs, padded to the batch's bucketed longest row (at most --max_seq_length,
+    default 128, at most max_position_embeddings; exactly it with --pad_to_max_seq_length);
     `tokenize(text)` gives the ids as a RaggedTensor int32 [b, (tokens)];
     `bert_pack_inputs(segments, seq_length)` packs a list of one or two such tensors (a row whose
     second segment is empty is packed as a single sentence, see below).
   Both have `vocab_file` (the asset) and `do_lower_case` (a bool tf.Variable).
 
-Every export carries assets/vocab.txt and assets/bert_config.json (with do_lower_case), and task
-exports assets/task.json. Inputs are tokenized by GraphTokenizer (FullTokenizer's ids) and packed
+Every call pads its batch to its own longest packed input rounded up to LENGTH_BUCKET (16), at
+most max_seq_length, which stays the truncation limit (`--pad_to_max_seq_length`: always
+max_seq_length, static shapes); outputs equal the padded graph's. `--precision=bfloat16` computes
+in bfloat16, outputs keep their dtypes.
+
+Every export carries assets/vocab.txt and assets/bert_config.json (with do_lower_case), task
+exports assets/task.json, and every version assets.extra/tf_serving_warmup_requests (bert_tf.warmup). Inputs are tokenized by GraphTokenizer (FullTokenizer's ids) and packed
 as in training: `[CLS] a [SEP] (b [SEP])`, truncated by the original rule to max_seq_length (the
 model directory's, or --max_seq_length), so an empty string and a megabyte-long one both work. A
 text_b with no tokens (such as "" or "\u200b") gives `[CLS] a [SEP]`, as the original's
