@@ -16,6 +16,7 @@ from helpers import (
     old_model_dir,
     reference_inputs,
     round_trip,
+    tiny_config,
     tiny_inputs,
     write_tiny_vocab,
 )
@@ -228,17 +229,13 @@ def test_an_empty_or_absent_directory(tmp_path):
 
 def test_checkpoint_of_another_size_is_refused(complete_dir):
     path = complete_dir.path
-    modeling.BertConfig(**{**TINY_CONFIG.to_dict(), "num_hidden_layers": 3}).to_json_file(
-        os.path.join(path, "bert_config.json")
-    )
+    tiny_config(num_hidden_layers=3).to_json_file(os.path.join(path, "bert_config.json"))
     with pytest.raises(
         ModelDirError,
         match=r"does not fit bert_config.json.*18 weights of encoder are not in it.*(transformer_layer_2|pooled_dense)",
     ):
         complete_dir.load_encoder()
-    modeling.BertConfig(**{**TINY_CONFIG.to_dict(), "intermediate_size": 12}).to_json_file(
-        os.path.join(path, "bert_config.json")
-    )
+    tiny_config(intermediate_size=12).to_json_file(os.path.join(path, "bert_config.json"))
     hidden, intermediate = TINY_CONFIG.hidden_size, TINY_CONFIG.intermediate_size
     with pytest.raises(
         ModelDirError, match=rf"shape \({hidden}, {intermediate}\).*shape \({hidden}, 12\)"
