@@ -17,6 +17,7 @@ CLI:
 
 import collections
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import time
@@ -25,7 +26,8 @@ from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 from tqdm import tqdm
 
-from bert_tf import io_utils
+from bert_tf import cli, io_utils
+from bert_tf.cli import arg
 from bert_tf.tokenization import (
     MAX_INPUT_CHARS_PER_WORD,
     SPECIAL_TOKENS,
@@ -267,23 +269,48 @@ def build_vocab(
     }
 
 
-def main(argv):
-    """CLI: reads the flags, builds the vocabulary, prints a summary."""
-    del argv
-    if FLAGS.vocab_size < len(SPECIAL_TOKENS) + 1:
+@dataclasses.dataclass
+class BuildVocabArgs:
+    """A build_vocab run: its fields are the CLI's flags."""
+
+    input_file: str = arg(
+        None,
+        "Input text files: comma-separated globs, one sentence per line (.gz files are "
+        "decompressed).",
+    )
+    output_file: str = arg(None, "Where to write vocab.txt, one token per line.")
+    vocab_size: int = arg(
+        30522,
+        "The largest vocabulary to produce, reserved tokens included. The learner lands at or a "
+        "few percent below it.",
+    )
+    do_lower_case: bool = arg(
+        True,
+        "Whether to lower case and strip accents; must match the tokenizer that will use the "
+        "vocabulary.",
+    )
+    num_workers: int = arg(
+        min(2, os.cpu_count() or 1),
+        "Processes that count words. The vocabulary does not depend on it.",
+    )
+
+
+def run(args):
+    """Builds the vocabulary of a `BuildVocabArgs` and prints a summary; bad arguments are UsageErrors."""
+    if args.vocab_size < len(SPECIAL_TOKENS) + 1:
         raise io_utils.UsageError(
-            f"--vocab_size must be more than {len(SPECIAL_TOKENS)}, got {FLAGS.vocab_size}"
+            f"--vocab_size must be more than {len(SPECIAL_TOKENS)}, got {args.vocab_size}"
         )
-    if FLAGS.num_workers < 1:
-        raise io_utils.UsageError(f"--num_workers must be at least 1, got {FLAGS.num_workers}")
-    files = io_utils.expand_globs(FLAGS.input_file, what="--input_file")
+    if args.num_workers < 1:
+        raise io_utils.UsageError(f"--num_workers must be at least 1, got {args.num_workers}")
+    files = io_utils.expand_globs(args.input_file, what="--input_file")
     try:
         summary = build_vocab(
-            files, FLAGS.output_file, FLAGS.vocab_size, FLAGS.do_lower_case, FLAGS.num_workers
+            files, args.output_file, args.vocab_size, args.do_lower_case, args.num_workers
         )
     except ValueError as e:
         raise io_utils.UsageError(
-            f"{e} (--input_file={FLAGS.input_file}, --vocab_size={FLAGS.vocab_size})"
+            f"{e} (--input_file={args.input_file}, --vocab_size={args.vocab_size})"
         ) from e
     print(
         f"wrote {summary['vocab_size']} tokens (asked for at most {summary['requested_vocab_size']}) "
@@ -297,37 +324,11 @@ def main(argv):
             f"note: {summary['chars_left_out']} rare characters beyond the {MAX_UNIQUE_CHARS} most "
             "frequent are not in the vocabulary; words containing them become [UNK]"
         )
+    return summary
 
 
 if __name__ == "__main__":
-    from absl import flags
-
-    from bert_tf import cli
-
-    FLAGS = flags.FLAGS
-    flags.DEFINE_string(
-        "input_file",
-        None,
-        "Input text files: comma-separated globs, one sentence "
-        "per line (.gz files are decompressed).",
+    cli.define_flags(BuildVocabArgs)
+    cli.run(
+        cli.job_main(BuildVocabArgs, run, "build_vocab", required=("input_file", "output_file"))
     )
-    flags.DEFINE_string("output_file", None, "Where to write vocab.txt, one token per line.")
-    flags.DEFINE_integer(
-        "vocab_size",
-        30522,
-        "The largest vocabulary to produce, reserved tokens "
-        "included. The learner lands at or a few percent below it.",
-    )
-    flags.DEFINE_bool(
-        "do_lower_case",
-        True,
-        "Whether to lower case and strip accents; must match "
-        "the tokenizer that will use the vocabulary.",
-    )
-    flags.DEFINE_integer(
-        "num_workers",
-        min(2, os.cpu_count() or 1),
-        "Processes that count words. The vocabulary does not depend on it.",
-    )
-    flags.mark_flags_as_required(["input_file", "output_file"])
-    cli.run(main)

@@ -2,10 +2,10 @@
 
 The contract: a job's library takes one arguments dataclass; each field made with `arg()` carries its
 flag's help, and `define_flags` turns those fields into absl flags (same names, defaults from the
-dataclass, types from the annotations). Only a CLI module reads FLAGS, through `args_from_flags`
-or `job_main`. `run` gives every job the same exits: 2 with one line for a usage error (a bad flag,
-a missing or bad input), 1 with the message for a run that cannot go on (a JobFailure such as a
-diverged loss).
+dataclass, types from the annotations; a `list` field is a comma-separated flag). Only a CLI
+module reads FLAGS, through `args_from_flags` or `job_main`. `run` gives every job the same exits:
+2 with one line for a usage error (a bad flag, a missing or bad input), 1 with the message for a
+run that cannot go on (a JobFailure such as a diverged loss).
 """
 
 import dataclasses
@@ -41,8 +41,8 @@ def flag_fields(args_class):
 def define_flags(args_class, flag_values=flags.FLAGS, module_name=None, **defaults):
     """Defines an absl flag for every `arg()` field of `args_class`; `defaults` override the dataclass's.
 
-    The type follows the annotation (bool, int, float, else string; an enum where the field lists
-    choices). A flag already defined (by another job's args in this process) is left as it is. The
+    The type follows the annotation (bool, int, float, list: comma-separated, else string; an enum
+    where the field lists choices). A flag already defined (by another job's args in this process) is left as it is. The
     flags belong to the calling module (`module_name` by default), so `--help` lists them.
     """
     module_name = module_name or sys._getframe(1).f_globals.get("__name__")
@@ -66,6 +66,8 @@ def define_flags(args_class, flag_values=flags.FLAGS, module_name=None, **defaul
             flags.DEFINE_integer(field.name, default, help_text, **common)
         elif field.type is float:
             flags.DEFINE_float(field.name, default, help_text, **common)
+        elif field.type is list:
+            flags.DEFINE_list(field.name, default, help_text, **common)
         else:
             flags.DEFINE_string(field.name, default, help_text, **common)
 

@@ -16,6 +16,7 @@ CLI:
 
 import ast
 import contextlib
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -24,7 +25,8 @@ import sysconfig
 import time
 import warnings
 
-from bert_tf import io_utils
+from bert_tf import cli, io_utils
+from bert_tf.cli import arg
 
 # Directories that hold test fixtures, vendored wheels or generated data rather than library prose.
 SKIPPED_DIRS = frozenset(
@@ -46,6 +48,7 @@ DEFAULT_PACKAGES = ("numpy", "keras", "keras_hub")
 MIN_SENTENCE_WORDS = 3
 MAX_SENTENCE_CHARS = 1000
 MIN_DOCUMENT_SENTENCES = 2
+
 
 # reST and Sphinx markup that wraps ordinary words: keep the words, drop the markup.
 _ROLE = re.compile(r":(?:[\w-]+:)*[\w-]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`~os.path.join`
@@ -405,53 +408,49 @@ def repeat_corpus(src, dst, target_bytes):
     return written
 
 
-def main(argv):
-    """CLI: writes the default corpus and prints what it wrote."""
-    del argv
-    if FLAGS.max_mb is not None and FLAGS.max_mb <= 0:
-        raise io_utils.UsageError(f"--max_mb must be positive, got {FLAGS.max_mb}")
-    if FLAGS.num_workers < 1:
-        raise io_utils.UsageError(f"--num_workers must be at least 1, got {FLAGS.num_workers}")
-    max_bytes = None if FLAGS.max_mb is None else int(FLAGS.max_mb * 1e6)
-    roots = corpus_source_dirs(FLAGS.packages)
-    started = time.time()
-    stats = write_default_corpus(
-        FLAGS.output_file, max_bytes=max_bytes, roots=roots, processes=FLAGS.num_workers
+@dataclasses.dataclass
+class CorpusArgs:
+    """A `python -m bert_tf.corpus` run: its fields are the CLI's flags."""
+
+    output_file: str = arg(
+        None, "Where to write the corpus: one sentence per line, a blank line between documents."
     )
-    print(
-        f"wrote {stats['documents']} documents, {stats['sentences']} sentences, "
-        f"{stats['bytes'] / 1e6:.2f} MB to {FLAGS.output_file} in {time.time() - started:.1f} s "
-        f"(docstrings of the standard library and of: {', '.join(FLAGS.packages) or 'nothing else'})"
-    )
-
-
-if __name__ == "__main__":
-    from absl import flags
-
-    from bert_tf import cli
-
-    FLAGS = flags.FLAGS
-    flags.DEFINE_string(
-        "output_file",
+    max_mb: float = arg(
         None,
-        "Where to write the corpus: one sentence per line, a blank line between documents.",
+        "Stop before the corpus would exceed this many megabytes (10**6 bytes). Default: "
+        "everything found.",
     )
-    flags.DEFINE_float(
-        "max_mb",
-        None,
-        "Stop before the corpus would exceed this many megabytes "
-        "(10**6 bytes). Default: everything found.",
+    packages: list = arg(
+        help="Installed packages whose docstrings are added after the standard library's. Empty: "
+        "the standard library only.",
+        default_factory=lambda: list(DEFAULT_PACKAGES),
     )
-    flags.DEFINE_list(
-        "packages",
-        list(DEFAULT_PACKAGES),
-        "Installed packages whose docstrings are "
-        "added after the standard library's. Empty: the standard library only.",
-    )
-    flags.DEFINE_integer(
-        "num_workers",
+    num_workers: int = arg(
         min(2, os.cpu_count() or 1),
         "Processes that parse source files. The output does not depend on it.",
     )
-    flags.mark_flag_as_required("output_file")
-    cli.run(main)
+
+
+def run(args):
+    """Writes the default corpus of a `CorpusArgs` and prints what it wrote; returns the counts."""
+    if args.max_mb is not None and args.max_mb <= 0:
+        raise io_utils.UsageError(f"--max_mb must be positive, got {args.max_mb}")
+    if args.num_workers < 1:
+        raise io_utils.UsageError(f"--num_workers must be at least 1, got {args.num_workers}")
+    max_bytes = None if args.max_mb is None else int(args.max_mb * 1e6)
+    roots = corpus_source_dirs(args.packages)
+    started = time.time()
+    stats = write_default_corpus(
+        args.output_file, max_bytes=max_bytes, roots=roots, processes=args.num_workers
+    )
+    print(
+        f"wrote {stats['documents']} documents, {stats['sentences']} sentences, "
+        f"{stats['bytes'] / 1e6:.2f} MB to {args.output_file} in {time.time() - started:.1f} s "
+        f"(docstrings of the standard library and of: {', '.join(args.packages) or 'nothing else'})"
+    )
+    return stats
+
+
+if __name__ == "__main__":
+    cli.define_flags(CorpusArgs)
+    cli.run(cli.job_main(CorpusArgs, run, "corpus", required=("output_file",)))

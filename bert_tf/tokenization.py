@@ -25,6 +25,7 @@ only: a word holding one becomes `[UNK]` here and loses the character there.
 """
 
 import collections
+import dataclasses
 import functools
 import itertools
 import os
@@ -33,7 +34,8 @@ import unicodedata
 
 import numpy as np
 
-from bert_tf import io_utils
+from bert_tf import cli, io_utils
+from bert_tf.cli import arg
 
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -403,32 +405,49 @@ class CachedTokenizer(FullTokenizer):
         return list(itertools.chain.from_iterable(map(cache.__getitem__, keys)))
 
 
-def main(argv):
-    """CLI: tokenizes the first lines of a file with both tokenizers and prints them side by side."""
-    del argv
-    import tensorflow as tf
-    from absl import flags
+@dataclasses.dataclass
+class CompareArgs:
+    """A `python -m bert_tf.tokenization` run: its fields are the CLI's flags."""
 
-    from bert_tf.graph_tokenizer import GraphTokenizer
+    vocab_file: str = arg(None, "The vocabulary file, one token per line.")
+    do_lower_case: bool = arg(True, "Lower-case and strip accents (uncased models).")
+    input_file: str = arg(None, "Comma-separated globs of text files to sample.")
+    num_lines: int = arg(3, "How many non-empty lines to tokenize and print.")
 
-    FLAGS = flags.FLAGS
-    try:
-        full = FullTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
-        graph = GraphTokenizer(FLAGS.vocab_file, do_lower_case=FLAGS.do_lower_case)
-    except VocabError as e:
-        raise io_utils.UsageError(str(e)) from e
+
+def read_sample_lines(input_file, num_lines):
+    """The first `num_lines` non-empty lines (raw bytes, line ends stripped) of the --input_file globs."""
     lines = []
-    for path in io_utils.expand_globs(FLAGS.input_file, what="--input_file"):
+    for path in io_utils.expand_globs(input_file, what="--input_file"):
         with io_utils.open_text(path) as f:
             for raw in f:
                 if raw.strip():
                     lines.append(raw.rstrip(b"\r\n"))
-                if len(lines) == FLAGS.num_lines:
+                if len(lines) == num_lines:
                     break
-        if len(lines) == FLAGS.num_lines:
+        if len(lines) == num_lines:
             break
     if not lines:
-        raise io_utils.UsageError(f"--input_file: no non-empty lines in {FLAGS.input_file}")
+        raise io_utils.UsageError(f"--input_file: no non-empty lines in {input_file}")
+    return lines
+
+
+def compare(args):
+    """Tokenizes the first lines of a file with both tokenizers and prints them side by side.
+
+    A line on which GraphTokenizer's ids differ from FullTokenizer's is a JobFailure (exit code 1).
+    """
+    # TensorFlow only here: the tokenizers above must stay importable without it (see the top).
+    import tensorflow as tf
+
+    from bert_tf.graph_tokenizer import GraphTokenizer
+
+    try:
+        full = FullTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+        graph = GraphTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+    except VocabError as e:
+        raise io_utils.UsageError(str(e)) from e
+    lines = read_sample_lines(args.input_file, args.num_lines)
     graph_ids = graph.tokenize(tf.constant(lines)).to_list()
     for raw, ids in zip(lines, graph_ids):
         tokens = full.tokenize(raw)
@@ -436,19 +455,15 @@ def main(argv):
         print(f"tokens: {' '.join(tokens)}")
         print(f"ids:    {' '.join(map(str, ids))}")
         same = ids == full.convert_tokens_to_ids(tokens)
-        print(f"GraphTokenizer agrees with FullTokenizer: {'yes' if same else 'NO'}\n")
+        print(f"GraphTokenizer agrees with FullTokenizer: {'yes' if same else 'NO'}\n", flush=True)
         if not same:
-            raise SystemExit(1)
+            raise io_utils.JobFailure(
+                f"GraphTokenizer and FullTokenizer disagree on: {to_text(raw)}"
+            )
 
 
 if __name__ == "__main__":
-    from absl import flags
-
-    from bert_tf import cli
-
-    flags.DEFINE_string("vocab_file", None, "The vocabulary file, one token per line.")
-    flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
-    flags.DEFINE_string("input_file", None, "Comma-separated globs of text files to sample.")
-    flags.DEFINE_integer("num_lines", 3, "How many non-empty lines to tokenize and print.")
-    flags.mark_flags_as_required(["vocab_file", "input_file"])
-    cli.run(main)
+    cli.define_flags(CompareArgs)
+    cli.run(
+        cli.job_main(CompareArgs, compare, "tokenization", required=("vocab_file", "input_file"))
+    )

@@ -1,13 +1,18 @@
-"""What several test files share: the fine-tuning CLI runner, tiny vocabularies and model directories.
+"""What several test files share: the CLI runner, the one tiny model, its round trip, tiny vocabularies
+and model directories.
 
-Test files import these from here (and fixtures come from conftest.py), never from each other.
+Test files import these from here or from a cohesive helpers_*.py beside it (helpers_google: Google's
+checkpoint layout and a NumPy BERT; helpers_records: pretraining records; helpers_serve: the serving
+tests' SavedModels), and fixtures come from conftest.py; never from each other.
 """
 
+import dataclasses
 import os
 import subprocess
 import sys
 import tarfile
 
+import numpy as np
 import tensorflow as tf
 
 from bert_tf import modeling, tokenization
@@ -54,17 +59,59 @@ def write_vocab(path, texts, extra_words=()):
     return path
 
 
-def tiny_config(vocab_file, hidden=32, layers=2, max_positions=64):
-    """A tiny BertConfig for the vocab."""
-    vocab_size = sum(1 for line in open(vocab_file) if line.strip())
-    return modeling.BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=max_positions,
-    )
+# ----------------------------------------------------------------------------------------------
+# The one tiny model
+# ----------------------------------------------------------------------------------------------
+
+# The one tiny BertConfig of the tests. Every test model is this config, sized to the test's
+# vocabulary by tiny_config(vocab_file), or it with fields overridden where a test's assertions
+# need another value (each such test says why). Two layers of width 32 learn the demo sets in
+# seconds and build in a fraction of one.
+TINY_CONFIG = modeling.BertConfig(
+    vocab_size=23,  # write_tiny_vocab's: the special tokens (ids 0..4), then w0..w17 (ids 5..22)
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+# Dropout off, for tests that compare two runs number for number.
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# Masked positions in the two rows of tiny_inputs(), for comparing pretraining outputs.
+TINY_POSITIONS = np.array([[1, 2], [0, 5]], np.int32)
+
+
+def count_tokens(vocab_file):
+    """The number of tokens in a vocab.txt (its non-empty lines)."""
+    with open(vocab_file, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def tiny_config(vocab_file=None, **overrides):
+    """TINY_CONFIG with `overrides` (BertConfig fields); with `vocab_file`, sized to that vocabulary."""
+    if vocab_file is not None:
+        overrides = dict(vocab_size=count_tokens(vocab_file), **overrides)
+    return dataclasses.replace(TINY_CONFIG, **overrides)
+
+
+def write_tiny_vocab(path, size=TINY_CONFIG.vocab_size):
+    """A vocab.txt of `size` tokens: the special tokens, then w0, w1, ..."""
+    tokens = SPECIAL_TOKENS + [f"w{i}" for i in range(size - len(SPECIAL_TOKENS))]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(tokens) + "\n")
+    return str(path)
+
+
+def tiny_inputs(batch=2, seq=7, seed=0, vocab_size=TINY_CONFIG.vocab_size):
+    """Random encoder inputs: the last row padded at its last two positions, the second half segment 1."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocab_size, size=(batch, seq)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[-1, seq - 2 :] = 0
+    ids[-1, seq - 2 :] = 0
+    types = np.zeros_like(ids)
+    types[:, seq // 2 :] = 1
+    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
 
 
 def write_tiny_model_dir(path, vocab_file, seed=0, **config_overrides):
@@ -73,6 +120,44 @@ def write_tiny_model_dir(path, vocab_file, seed=0, **config_overrides):
     config = tiny_config(vocab_file, **config_overrides)
     ModelDir(str(path)).write(config, vocab_file, modeling.build_encoder(config))
     return str(path)
+
+
+def assert_same_outputs(got, want, names):
+    """Asserts that the named outputs of two models' output dicts are identical, value for value."""
+    for name in names:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def round_trip(
+    path, config, vocab_file, encoder, pretraining_model=None, spec=None, model=None, inputs=None
+):
+    """Writes a model directory, loads it back and asserts that it rebuilds the same networks.
+
+    The config (and task spec) must read back equal, and the loaded encoder, and the pretraining or
+    task model when one is written, must give outputs identical to the originals' on `inputs`
+    (tiny_inputs() by default; two rows, as the heads are compared at TINY_POSITIONS). Returns
+    (the ModelDir, the checkpoint path written).
+    """
+    directory = ModelDir(str(path))
+    prefix = directory.write(config, vocab_file, encoder, pretraining_model, spec=spec, model=model)
+    x = tiny_inputs() if inputs is None else inputs
+    assert directory.load_config() == config
+    assert directory.read_task_spec() == spec
+    assert_same_outputs(
+        directory.load_encoder()(x), encoder(x), ("sequence_output", "pooled_output")
+    )
+    if pretraining_model is not None:
+        loaded, _ = directory.load_pretraining_model()
+        x_positions = {**x, "masked_lm_positions": TINY_POSITIONS}
+        assert_same_outputs(
+            loaded(x_positions), pretraining_model(x_positions), ("mlm_logits", "nsp_logits")
+        )
+    if spec is not None:
+        loaded, _, loaded_config, loaded_spec = directory.load_task_model()
+        assert (loaded_config, loaded_spec) == (config, spec)
+        want = model(x, training=False)
+        assert_same_outputs(loaded(x, training=False), want, want)
+    return directory, prefix
 
 
 def demo_texts(glue_dir):

@@ -4,15 +4,13 @@ import collections
 import gzip
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from helpers import run_module_cli
 
 from bert_tf import build_vocab, corpus
 from bert_tf.tokenization import SPECIAL_TOKENS, BasicTokenizer, FullTokenizer, load_vocab
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB_SIZE = 400
 # A word of 60 characters: the learner ignores words over 50, yet its letter 'ж' must not be [UNK].
 LONG_WORD = "ж" + "abcdefghij" * 5 + "klmnopqrs"
@@ -177,13 +175,7 @@ def test_too_small_vocab_and_empty_input_are_value_errors():
 
 def run_cli(*args):
     """Runs `python -m bert_tf.build_vocab` as a real subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "bert_tf.build_vocab", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_module_cli("bert_tf.build_vocab", *args)
 
 
 def test_cli_builds_the_same_vocab_as_the_library(corpus_file, learned, tmp_path):

@@ -1,212 +1,38 @@
 """Checkpoint conversion: Google's original names against a NumPy BERT, real HF weights against transformers."""
 
 import json
-import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import FIXTURES, run_module_cli, tiny_inputs
+from helpers_google import (
+    GOOGLE_TINY,
+    np_bert,
+    np_gelu_exact,
+    original_shapes,
+    random_weights,
+    write_google_dir,
+)
 from safetensors.numpy import save_file
 
 from bert_tf import checkpoints, modeling
 from bert_tf.model_dir import ModelDir
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 TINY_HF_DIR = os.path.join(FIXTURES, "tiny_hf_pretraining")
 
-# A tiny config, in bert_config.json's own terms (no do_lower_case, like Google's files).
-TINY = dict(
-    vocab_size=23,
-    hidden_size=8,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=16,
-    hidden_act="gelu",
-    hidden_dropout_prob=0.1,
-    attention_probs_dropout_prob=0.1,
-    max_position_embeddings=12,
-    type_vocab_size=2,
-    initializer_range=0.02,
-)
 
-
-def original_shapes(c, with_heads=True):
-    """Every variable of Google's bert_model.ckpt with its shape, written out from the BERT source."""
-    h, i_size = c["hidden_size"], c["intermediate_size"]
-    shapes = {
-        "bert/embeddings/word_embeddings": (c["vocab_size"], h),
-        "bert/embeddings/token_type_embeddings": (c["type_vocab_size"], h),
-        "bert/embeddings/position_embeddings": (c["max_position_embeddings"], h),
-        "bert/embeddings/LayerNorm/gamma": (h,),
-        "bert/embeddings/LayerNorm/beta": (h,),
-        "bert/pooler/dense/kernel": (h, h),
-        "bert/pooler/dense/bias": (h,),
-    }
-    for n in range(c["num_hidden_layers"]):
-        p = f"bert/encoder/layer_{n}"
-        for part in (
-            "attention/self/query",
-            "attention/self/key",
-            "attention/self/value",
-            "attention/output/dense",
-        ):
-            shapes[f"{p}/{part}/kernel"], shapes[f"{p}/{part}/bias"] = (h, h), (h,)
-        shapes[f"{p}/intermediate/dense/kernel"], shapes[f"{p}/intermediate/dense/bias"] = (
-            (h, i_size),
-            (i_size,),
-        )
-        shapes[f"{p}/output/dense/kernel"], shapes[f"{p}/output/dense/bias"] = (i_size, h), (h,)
-        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
-            shapes[f"{p}/{ln}/gamma"], shapes[f"{p}/{ln}/beta"] = (h,), (h,)
-    if with_heads:
-        shapes.update(
-            {
-                "cls/predictions/transform/dense/kernel": (h, h),
-                "cls/predictions/transform/dense/bias": (h,),
-                "cls/predictions/transform/LayerNorm/gamma": (h,),
-                "cls/predictions/transform/LayerNorm/beta": (h,),
-                "cls/predictions/output_bias": (c["vocab_size"],),
-                "cls/seq_relationship/output_weights": (2, h),
-                "cls/seq_relationship/output_bias": (2,),
-            }
-        )
-    return shapes
-
-
-def write_name_based_checkpoint(prefix, tensors):
-    """Writes a TF1-style (name-based, tensor bundle V2) checkpoint, the format of bert_model.ckpt."""
-    names = sorted(tensors)
-    tf.raw_ops.SaveV2(
-        prefix=prefix,
-        tensor_names=names,
-        shape_and_slices=[""] * len(names),
-        tensors=[tf.constant(tensors[n]) for n in names],
-    )
-
-
-def random_weights(c, seed=0, with_heads=True):
-    """Random float32 weights under the original names; LayerNorm gammas near 1 like trained ones."""
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in original_shapes(c, with_heads).items():
-        scale = 0.5 if "embeddings" in name else 0.3
-        value = rng.normal(0, scale, size=shape)
-        if name.endswith("gamma"):
-            value = 1 + 0.1 * value
-        weights[name] = value.astype(np.float32)
-    return weights
-
-
-# --- An independent NumPy forward pass of the original BERT (modeling.py of google-research/bert). ---
-
-
-def np_gelu(x):
-    # The original's `gelu` (google-research/bert modeling.py, since Feb 2019) is the tanh approximation:
-    # cdf = 0.5 * (1.0 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))); return x * cdf.
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def np_gelu_exact(x):
-    """The exact erf GELU: Hugging Face's "gelu", and not what a Google checkpoint was trained with."""
-    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-
-
-def np_layer_norm(x, gamma, beta, eps=1e-12):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def np_bert(w, c, ids, mask, types, positions, gelu=np_gelu):
-    """Returns sequence_output, pooled_output, all layer outputs, MLM logits, NSP logits (float64)."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
-    b, s = ids.shape
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    d = h // heads
-    x = (
-        w["bert/embeddings/word_embeddings"][ids]
-        + w["bert/embeddings/token_type_embeddings"][types]
-        + w["bert/embeddings/position_embeddings"][:s][None]
-    )
-    x = np_layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"])
-    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
-    layers = []
-    for n in range(c["num_hidden_layers"]):
-        p = f"bert/encoder/layer_{n}/"
-
-        def dense(t, name):
-            return t @ w[p + name + "/kernel"] + w[p + name + "/bias"]
-
-        def split(t):
-            return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
-
-        q, k, v = (split(dense(x, f"attention/self/{part}")) for part in ("query", "key", "value"))
-        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h)
-        attention = np_layer_norm(
-            dense(context, "attention/output/dense") + x,
-            w[p + "attention/output/LayerNorm/gamma"],
-            w[p + "attention/output/LayerNorm/beta"],
-        )
-        ff = dense(gelu(dense(attention, "intermediate/dense")), "output/dense")
-        x = np_layer_norm(
-            ff + attention, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"]
-        )
-        layers.append(x)
-    pooled = np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
-    gathered = np.take_along_axis(x, positions[:, :, None], axis=1)
-    t = gelu(
-        gathered @ w["cls/predictions/transform/dense/kernel"]
-        + w["cls/predictions/transform/dense/bias"]
-    )
-    t = np_layer_norm(
-        t,
-        w["cls/predictions/transform/LayerNorm/gamma"],
-        w["cls/predictions/transform/LayerNorm/beta"],
-    )
-    mlm = t @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
-    nsp = (
-        pooled @ w["cls/seq_relationship/output_weights"].T + w["cls/seq_relationship/output_bias"]
-    )
-    return x, pooled, layers, mlm, nsp
-
-
-def tiny_inputs():
-    """Two rows, the second padded, with segment ids and masked positions."""
-    rng = np.random.default_rng(1)
-    ids = rng.integers(1, TINY["vocab_size"], size=(2, 9)).astype(np.int32)
-    mask = np.ones_like(ids)
-    mask[1, 6:] = 0
-    ids[1, 6:] = 0
-    types = np.zeros_like(ids)
-    types[:, 5:] = 1
+def google_inputs():
+    """(ids, mask, type ids, masked positions) of two rows of 9 tokens, the second padded."""
+    x = tiny_inputs(seq=9, seed=1)
     positions = np.array([[1, 4, 7], [0, 2, 5]], np.int32)
-    return ids, mask, types, positions
-
-
-def write_google_dir(path, weights, config=TINY, extra_tensors=None):
-    """A directory laid out like Google's release: bert_model.ckpt.*, bert_config.json, vocab.txt."""
-    os.makedirs(path, exist_ok=True)
-    write_name_based_checkpoint(
-        os.path.join(path, "bert_model.ckpt"), {**weights, **(extra_tensors or {})}
-    )
-    with open(os.path.join(path, "bert_config.json"), "w") as f:
-        json.dump(config, f)
-    with open(os.path.join(path, "vocab.txt"), "w") as f:
-        f.write(
-            "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(18)])
-            + "\n"
-        )
-    return os.path.join(path, "bert_model.ckpt")
+    return x["input_word_ids"], x["input_mask"], x["input_type_ids"], positions
 
 
 def test_google_checkpoint_matches_numpy_bert(tmp_path):
-    weights = random_weights(TINY)
+    weights = random_weights(GOOGLE_TINY)
     # Optimizer slots and the step counter, as in checkpoints from the original run_pretraining.py.
     slots = {
         f"{name}/adam_{m}": np.zeros_like(value)
@@ -218,28 +44,28 @@ def test_google_checkpoint_matches_numpy_bert(tmp_path):
     # The file is a real TF1 name-based checkpoint: load_checkpoint reads it like Google's.
     assert tf.train.load_checkpoint(prefix).get_variable_to_shape_map()[
         "cls/seq_relationship/output_weights"
-    ] == [2, 8]
+    ] == [2, GOOGLE_TINY["hidden_size"]]
 
     out_dir = str(tmp_path / "model")
     checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
     model, encoder = ModelDir(out_dir).load_pretraining_model()
     assert ModelDir(out_dir).load_config().do_lower_case is True
 
-    ids, mask, types, positions = tiny_inputs()
+    ids, mask, types, positions = google_inputs()
     inputs = {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
     got = model({**inputs, "masked_lm_positions": positions})
     enc = encoder(inputs)
-    sequence, pooled, layers, mlm, nsp = np_bert(weights, TINY, ids, mask, types, positions)
+    sequence, pooled, layers, mlm, nsp = np_bert(weights, GOOGLE_TINY, ids, mask, types, positions)
     np.testing.assert_allclose(enc["sequence_output"].numpy(), sequence, atol=1e-5)
     np.testing.assert_allclose(enc["pooled_output"].numpy(), pooled, atol=1e-5)
-    assert len(enc["encoder_outputs"]) == TINY["num_hidden_layers"]
+    assert len(enc["encoder_outputs"]) == GOOGLE_TINY["num_hidden_layers"]
     for mine, ref in zip(enc["encoder_outputs"], layers):
         np.testing.assert_allclose(mine.numpy(), ref, atol=1e-5)
     np.testing.assert_allclose(got["mlm_logits"].numpy(), mlm, atol=1e-5)
     np.testing.assert_allclose(got["nsp_logits"].numpy(), nsp, atol=1e-5)
     # 1e-5 tells the GELU forms apart: the erf form is much further from the original than that.
     sequence_exact, *_, mlm_exact, _ = np_bert(
-        weights, TINY, ids, mask, types, positions, gelu=np_gelu_exact
+        weights, GOOGLE_TINY, ids, mask, types, positions, gelu=np_gelu_exact
     )
     assert np.abs(enc["sequence_output"].numpy() - sequence_exact).max() > 1e-4
     assert np.abs(got["mlm_logits"].numpy() - mlm_exact).max() > 1e-4
@@ -249,17 +75,17 @@ def test_google_checkpoint_matches_numpy_bert(tmp_path):
 
 
 def test_google_encoder_only_checkpoint(tmp_path):
-    weights = random_weights(TINY, with_heads=False)
+    weights = random_weights(GOOGLE_TINY, with_heads=False)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     out_dir = str(tmp_path / "model")
     checkpoints.convert(
         "google", str(tmp_path / "google"), out_dir, do_lower_case=False
     )  # a directory works too
     encoder = ModelDir(out_dir).load_encoder()
-    ids, mask, types, positions = tiny_inputs()
+    ids, mask, types, positions = google_inputs()
     got = encoder({"input_word_ids": ids, "input_mask": mask, "input_type_ids": types})
-    full = {**random_weights(TINY), **weights}
-    sequence, pooled, *_ = np_bert(full, TINY, ids, mask, types, positions)
+    full = {**random_weights(GOOGLE_TINY), **weights}
+    sequence, pooled, *_ = np_bert(full, GOOGLE_TINY, ids, mask, types, positions)
     np.testing.assert_allclose(got["sequence_output"].numpy(), sequence, atol=1e-5)
     np.testing.assert_allclose(got["pooled_output"].numpy(), pooled, atol=1e-5)
     assert ModelDir(out_dir).load_config().do_lower_case is False
@@ -267,9 +93,10 @@ def test_google_encoder_only_checkpoint(tmp_path):
 
 
 def test_mismatch_lists_every_name_and_shape_and_writes_nothing(tmp_path):
-    weights = random_weights(TINY)
+    h, i = GOOGLE_TINY["hidden_size"], GOOGLE_TINY["intermediate_size"]
+    weights = random_weights(GOOGLE_TINY)
     del weights["bert/encoder/layer_1/output/dense/bias"]
-    weights["bert/encoder/layer_0/intermediate/dense/kernel"] = np.zeros((8, 17), np.float32)
+    weights["bert/encoder/layer_0/intermediate/dense/kernel"] = np.zeros((h, i + 1), np.float32)
     weights["bert/encoder/layer_9/unexpected"] = np.zeros((3,), np.float32)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     out_dir = str(tmp_path / "model")
@@ -277,20 +104,20 @@ def test_mismatch_lists_every_name_and_shape_and_writes_nothing(tmp_path):
         checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
     message = str(error.value)
     assert (
-        "missing from checkpoint: bert/encoder/layer_1/output/dense/bias (expected shape [8])"
+        f"missing from checkpoint: bert/encoder/layer_1/output/dense/bias (expected shape [{h}])"
         in message
     )
     assert "not in the model: bert/encoder/layer_9/unexpected (shape [3])" in message
     assert (
-        "shape mismatch: bert/encoder/layer_0/intermediate/dense/kernel: checkpoint [8, 17] vs config [8, 16]"
-        in message
+        "shape mismatch: bert/encoder/layer_0/intermediate/dense/kernel: "
+        f"checkpoint [{h}, {i + 1}] vs config [{h}, {i}]" in message
     )
     assert not os.path.exists(out_dir)
 
 
 def test_config_from_another_size_lists_all_mismatches(tmp_path):
-    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
-    bigger = dict(TINY, num_hidden_layers=3, intermediate_size=12)
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    bigger = dict(GOOGLE_TINY, num_hidden_layers=3, intermediate_size=12)
     config_file = tmp_path / "other_config.json"
     config_file.write_text(json.dumps(bigger))
     with pytest.raises(checkpoints.CheckpointMismatchError) as error:
@@ -312,13 +139,13 @@ def test_config_from_another_size_lists_all_mismatches(tmp_path):
 
 
 def test_google_without_do_lower_case_is_an_error(tmp_path):
-    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
     with pytest.raises(ValueError, match="--do_lower_case"):
         checkpoints.convert("google", prefix, str(tmp_path / "model"))
 
 
 def test_missing_or_malformed_config_is_named(tmp_path):
-    prefix = write_google_dir(str(tmp_path / "google"), random_weights(TINY))
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
     missing = str(tmp_path / "nowhere.json")
     with pytest.raises(FileNotFoundError, match="nowhere.json does not exist"):
         checkpoints.convert("google", prefix, str(tmp_path / "model"), bert_config_file=missing)
@@ -455,18 +282,12 @@ def test_real_minilm_weights_reproduce_transformers(tmp_path):
 
 
 def run_cli(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run(
-        [sys.executable, "-m", "bert_tf.convert_checkpoint", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    """Runs `python -m bert_tf.convert_checkpoint` as a real subprocess."""
+    return run_module_cli("bert_tf.convert_checkpoint", *args)
 
 
 def test_cli_converts_google_checkpoint(tmp_path):
-    weights = random_weights(TINY)
+    weights = random_weights(GOOGLE_TINY)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     out_dir = tmp_path / "model"
     result = run_cli(
@@ -494,7 +315,9 @@ def test_cli_converts_google_checkpoint(tmp_path):
 
 
 def test_cli_refuses_a_casing_that_contradicts_a_google_release_name(tmp_path):
-    prefix = write_google_dir(str(tmp_path / "multi_cased_L-12_H-768_A-12"), random_weights(TINY))
+    prefix = write_google_dir(
+        str(tmp_path / "multi_cased_L-12_H-768_A-12"), random_weights(GOOGLE_TINY)
+    )
     result = run_cli(
         "--format=google",
         f"--checkpoint={os.path.dirname(prefix)}",
@@ -532,7 +355,7 @@ def test_cli_unknown_format_is_a_flag_error(tmp_path):
 )
 def test_released_shapes_load(layers, hidden, vocab):
     c = dict(
-        TINY,
+        GOOGLE_TINY,
         vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=layers,

@@ -7,9 +7,13 @@ import sys
 
 import pytest
 from absl import flags
+from helpers import run_module_cli
 
 from bert_tf import (
+    build_vocab,
     cli,
+    convert_checkpoint,
+    corpus,
     extract_features,
     io_utils,
     pretraining,
@@ -18,6 +22,7 @@ from bert_tf import (
     run_ner,
     run_pretraining,
     run_squad,
+    tokenization,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +34,10 @@ JOB_ARGS = [
     run_pretraining.PretrainingArgs,
     extract_features.ExtractArgs,
     pretraining.PretrainingDataArgs,
+    build_vocab.BuildVocabArgs,
+    convert_checkpoint.ConvertArgs,
+    corpus.CorpusArgs,
+    tokenization.CompareArgs,
 ]
 
 
@@ -39,16 +48,18 @@ class ToyArgs:
     rate: float = cli.arg(0.5, "A rate.")
     on: bool = cli.arg(None, "A switch (None: decided later).")
     mode: str = cli.arg("a", "A mode.", choices=("a", "b"))
+    names: list = cli.arg(help="Names.", default_factory=lambda: ["p", "q"])
     internal: int = 7  # not a flag
 
 
 def test_fields_become_typed_flags_and_flags_become_args():
     flag_values = flags.FlagValues()
     cli.define_flags(ToyArgs, flag_values=flag_values, count=4)
-    assert {name for name in flag_values} == {"name", "count", "rate", "on", "mode"}
+    assert {name for name in flag_values} == {"name", "count", "rate", "on", "mode", "names"}
     assert flag_values["count"].default == 4 and flag_values["name"].help == "A name."
-    flag_values(["prog", "--name=y", "--count=5", "--rate=0.25", "--on", "--mode=b"])
-    assert cli.args_from_flags(ToyArgs, flag_values) == ToyArgs("y", 5, 0.25, True, "b")
+    assert flag_values["names"].default == ["p", "q"]
+    flag_values(["prog", "--name=y", "--count=5", "--rate=0.25", "--on", "--mode=b", "--names=a,b"])
+    assert cli.args_from_flags(ToyArgs, flag_values) == ToyArgs("y", 5, 0.25, True, "b", ["a", "b"])
     with pytest.raises(flags.IllegalFlagValueError):
         flag_values(["prog", "--mode=c"])
 
@@ -108,3 +119,32 @@ def test_a_failed_run_exits_1_and_a_usage_error_2_in_every_job():
     )
     assert missing.returncode == 2 and "error: --input_file is required" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "module,flag",
+    [
+        ("bert_tf.build_vocab", "--input_file"),
+        ("bert_tf.convert_checkpoint", "--format"),
+        ("bert_tf.corpus", "--output_file"),
+        ("bert_tf.tokenization", "--vocab_file"),
+    ],
+)
+def test_a_missing_required_flag_exits_2_naming_it(module, flag):
+    missing = run_module_cli(module)
+    assert missing.returncode == 2 and f"error: {flag} is required" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_tokenization_cli_prints_both_tokenizers_side_by_side(real_vocab, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("\nHello, World!\nunaffable tokens\nnot read\n")
+    result = run_module_cli(
+        "bert_tf.tokenization",
+        f"--vocab_file={real_vocab}",
+        f"--input_file={text}",
+        "--num_lines=2",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("GraphTokenizer agrees with FullTokenizer: yes") == 2
+    assert "tokens: hello , world !" in result.stdout and "not read" not in result.stdout

@@ -1,15 +1,12 @@
 """Tests for the embedded default corpus (bert_tf.corpus)."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers import run_module_cli
 
 from bert_tf import corpus, io_utils
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODULE_SOURCE = textwrap.dedent('''
     """Tools for counting apples in baskets.
@@ -222,13 +219,7 @@ def test_repeat_corpus_reaches_the_target_at_document_boundaries(tmp_path):
 
 def run_cli(*args):
     """Runs `python -m bert_tf.corpus` as a real subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "bert_tf.corpus", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_module_cli("bert_tf.corpus", *args)
 
 
 def test_cli_writes_the_corpus_and_reports_it(tmp_path):

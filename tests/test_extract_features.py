@@ -2,17 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from test_checkpoints import TINY, np_bert, random_weights, write_google_dir
+from helpers import run_module_cli
+from helpers_google import GOOGLE_TINY, np_bert, random_weights, write_google_dir
 
 from bert_tf import checkpoints, extract_features, io_utils, tokenization
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
 SEQ = 10
 # Google's vocab in write_google_dir: [PAD] [UNK] [CLS] [SEP] [MASK] w0..w17 -> ids 0..4, 5..22.
 LINES = ["w1 w2 w3", "W4 w5 ||| w6 w7 w8", "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 ||| w11 w12 w13"]
@@ -46,7 +43,7 @@ def expected_packing():
 def google(tmp_path_factory):
     """An original-layout checkpoint (with cls/ heads, which feature extraction ignores) and its weights."""
     root = tmp_path_factory.mktemp("google")
-    weights = random_weights(TINY, seed=5)
+    weights = random_weights(GOOGLE_TINY, seed=5)
     prefix = write_google_dir(str(root / "google"), weights)
     input_file = root / "input.txt"
     input_file.write_text("\n".join(LINES) + "\n")
@@ -66,14 +63,16 @@ def read_lines(path):
 def check_against_numpy(lines, weights, layers):
     """Every token's values equal the NumPy BERT's layer activations (to the 6 written decimals)."""
     tokens, ids, mask, types = expected_packing()
-    _, _, np_layers, _, _ = np_bert(weights, TINY, ids, mask, types, np.zeros((3, 1), np.int32))
+    _, _, np_layers, _, _ = np_bert(
+        weights, GOOGLE_TINY, ids, mask, types, np.zeros((3, 1), np.int32)
+    )
     assert [line["linex_index"] for line in lines] == [0, 1, 2]
     for row, line in enumerate(lines):
         assert [f["token"] for f in line["features"]] == tokens[row]
         for position, feature in enumerate(line["features"]):
             assert [layer["index"] for layer in feature["layers"]] == layers
             for layer in feature["layers"]:
-                assert len(layer["values"]) == TINY["hidden_size"]
+                assert len(layer["values"]) == GOOGLE_TINY["hidden_size"]
                 np.testing.assert_allclose(
                     layer["values"], np_layers[layer["index"]][row, position], atol=2e-5
                 )
@@ -82,25 +81,16 @@ def check_against_numpy(lines, weights, layers):
 @pytest.mark.slow
 def test_cli_from_an_original_checkpoint_matches_numpy_bert(google, tmp_path):
     output_file = tmp_path / "features.jsonl"
-    process = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bert_tf.extract_features",
-            f"--input_file={google['input_file']}",
-            f"--output_file={output_file}",
-            f"--init_checkpoint={google['prefix']}",
-            f"--bert_config_file={google['dir']}/bert_config.json",
-            f"--vocab_file={google['dir']}/vocab.txt",
-            f"--max_seq_length={SEQ}",
-            "--layers=-1,-2",
-            "--batch_size=2",
-        ],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    process = run_module_cli(
+        "bert_tf.extract_features",
+        f"--input_file={google['input_file']}",
+        f"--output_file={output_file}",
+        f"--init_checkpoint={google['prefix']}",
+        f"--bert_config_file={google['dir']}/bert_config.json",
+        f"--vocab_file={google['dir']}/vocab.txt",
+        f"--max_seq_length={SEQ}",
+        "--layers=-1,-2",
+        "--batch_size=2",
     )
     assert process.returncode == 0, process.stderr[-3000:]
     lines = read_lines(output_file)

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import DEMO_TRAINING, run_module_cli
-from test_checkpoints import TINY, random_weights, write_google_dir
+from helpers import DEMO_TRAINING, TINY_CONFIG, run_module_cli
+from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 
 from bert_tf import (
     extract_features,
@@ -36,15 +36,8 @@ def np_xent(logits, labels):
 def tiny_batch():
     """Random encoder inputs for 5 rows of 7 tokens (some padding) and a tiny config."""
     rng = np.random.default_rng(3)
-    config = modeling.BertConfig(
-        vocab_size=30,
-        hidden_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        max_position_embeddings=16,
-    )
-    ids = rng.integers(5, 30, size=(5, 7)).astype(np.int32)
+    config = TINY_CONFIG
+    ids = rng.integers(5, config.vocab_size, size=(5, 7)).astype(np.int32)
     mask = np.ones_like(ids)
     mask[2, 4:] = 0
     return config, {"input_word_ids": ids, "input_mask": mask, "input_type_ids": np.zeros_like(ids)}
@@ -240,7 +233,7 @@ def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path
 def google_releases(tmp_path_factory):
     """Tiny original-layout checkpoints under the names of a cased and an uncased release, and another name."""
     root = tmp_path_factory.mktemp("releases")
-    weights = random_weights(TINY)
+    weights = random_weights(GOOGLE_TINY)
     return {
         name: write_google_dir(str(root / name), weights)
         for name in ("cased_L-12_H-768_A-12", "uncased_L-12_H-768_A-12", "my_bert")

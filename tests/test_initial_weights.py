@@ -5,8 +5,8 @@ import os
 
 import numpy as np
 import pytest
-from helpers import OLD_CLASSIFIER_SPEC, old_model_dir, reference_inputs
-from test_checkpoints import TINY, random_weights, write_google_dir
+from helpers import OLD_CLASSIFIER_SPEC, old_model_dir, reference_inputs, tiny_config
+from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 
 from bert_tf import initial_weights, io_utils, model_dir, modeling
 from bert_tf.model_dir import ModelDir, ModelDirError
@@ -31,8 +31,8 @@ def warnings(monkeypatch):
 def google(tmp_path_factory):
     """A directory laid out like Google's release (bert_config.json, vocab.txt, bert_model.ckpt.* with
     cls/ heads and a TF1 task head) and its weights."""
-    weights = random_weights(TINY)
-    head = {"output_weights": np.ones((3, TINY["hidden_size"]), np.float32)}
+    weights = random_weights(GOOGLE_TINY)
+    head = {"output_weights": np.ones((3, GOOGLE_TINY["hidden_size"]), np.float32)}
     prefix = write_google_dir(
         str(tmp_path_factory.mktemp("google") / "my_bert"), weights, extra_tensors=head
     )
@@ -47,7 +47,7 @@ def google(tmp_path_factory):
 def test_a_model_directory_brings_its_config_vocab_and_weights(reference, tmp_path, warnings):
     init = old_dir("pretrained", tmp_path)
     other_config = str(tmp_path / "other_config.json")
-    modeling.BertConfig(vocab_size=50, do_lower_case=False).to_json_file(other_config)
+    tiny_config(vocab_size=50, do_lower_case=False).to_json_file(other_config)
     source = initial_weights.resolve(init, bert_config_file=other_config, model_size="base")
     assert (
         source.init_is_model_dir
@@ -168,7 +168,7 @@ def test_an_original_checkpoint_by_prefix_or_directory(google, given, tmp_path):
 
 
 def test_an_original_checkpoint_with_heads_loads_them(tmp_path):
-    weights = random_weights(TINY, seed=3)
+    weights = random_weights(GOOGLE_TINY, seed=3)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     source = initial_weights.resolve(
         prefix,
@@ -222,7 +222,7 @@ def test_a_config_must_come_from_somewhere(tmp_path, google):
     source = initial_weights.resolve(vocab_file=vocab, model_size="tiny", do_lower_case=False)
     assert (source.config.hidden_size, source.config.vocab_size, source.config.do_lower_case) == (
         128,
-        23,
+        GOOGLE_TINY["vocab_size"],
         False,
     )
     assert source.load_weights(modeling.build_encoder(source.config)) == []
@@ -230,6 +230,7 @@ def test_a_config_must_come_from_somewhere(tmp_path, google):
 
 def test_the_vocab_and_sequence_length_must_fit_the_config(tmp_path, google):
     config_file = os.path.join(google["dir"], "bert_config.json")
+    positions = GOOGLE_TINY["max_position_embeddings"]
     with pytest.raises(
         io_utils.UsageError, match="--vocab_file is required unless --init_checkpoint is a model"
     ):
@@ -239,35 +240,34 @@ def test_the_vocab_and_sequence_length_must_fit_the_config(tmp_path, google):
     with pytest.raises(
         io_utils.UsageError,
         match=r"--vocab_file: .*vocab.txt has 31 tokens but the config's "
-        r"vocab_size is 23",
+        rf"vocab_size is {GOOGLE_TINY['vocab_size']}",
     ):
         initial_weights.resolve(bert_config_file=config_file, vocab_file=str(big))
     with pytest.raises(io_utils.UsageError, match="--vocab_file: vocabulary file not found"):
         initial_weights.resolve(bert_config_file=config_file, vocab_file=str(tmp_path / "none.txt"))
     with pytest.raises(
         io_utils.UsageError,
-        match="--max_seq_length=13 exceeds the model's max_position_embeddings=12",
+        match=f"--max_seq_length={positions + 1} exceeds the model's "
+        f"max_position_embeddings={positions}",
     ):
         initial_weights.resolve(
             bert_config_file=config_file,
             vocab_file=os.path.join(google["dir"], "vocab.txt"),
-            max_seq_length=13,
+            max_seq_length=positions + 1,
         )
 
 
-def test_a_resumed_output_dir_gives_its_config_and_must_keep_it(tmp_path, google):
+def test_a_resumed_output_dir_gives_its_config_and_must_keep_it(tmp_path):
     output_dir = old_dir("pretrained", tmp_path)
     source = initial_weights.resolve(output_dir=output_dir, model_size="")
     assert source.config == ModelDir(output_dir).load_config() and source.vocab_file.startswith(
         output_dir
     )
     assert not source.init_checkpoint
-    with open(os.path.join(google["dir"], "bert_config.json")) as f:
-        values = json.load(f)
+    # The run's own config but for one field.
+    values = ModelDir(output_dir).load_config().to_dict()
     other = tmp_path / "other.json"
-    other.write_text(
-        json.dumps(dict(values, vocab_size=20, max_position_embeddings=16, hidden_dropout_prob=0.2))
-    )
+    other.write_text(json.dumps(dict(values, hidden_dropout_prob=0.2)))
     with pytest.raises(
         io_utils.UsageError,
         match=r"--output_dir=.* holds a run with a different model config "

@@ -9,8 +9,17 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import OLD_CLASSIFIER_SPEC, old_model_dir, reference_inputs
-from test_modeling import TINY, inputs, write_vocab
+from helpers import (
+    OLD_CLASSIFIER_SPEC,
+    TINY_CONFIG,
+    TINY_POSITIONS,
+    old_model_dir,
+    reference_inputs,
+    round_trip,
+    tiny_config,
+    tiny_inputs,
+    write_tiny_vocab,
+)
 
 from bert_tf import io_utils, model_dir, modeling
 from bert_tf.model_dir import ModelDir, ModelDirError
@@ -52,10 +61,12 @@ def record_warnings(monkeypatch):
 
 
 def test_round_trip_of_a_pretrained_model_dir(tmp_path):
-    model, encoder = modeling.build_pretraining_model(TINY)
-    directory = ModelDir(tmp_path / "model")
-    assert not directory.exists()
-    prefix = directory.write(TINY, write_vocab(tmp_path / "vocab.txt"), encoder, model)
+    model, encoder = modeling.build_pretraining_model(TINY_CONFIG)
+    assert not ModelDir(tmp_path / "model").exists()
+    # The config, and the encoder's and the heads' outputs, come back the same.
+    directory, prefix = round_trip(
+        tmp_path / "model", TINY_CONFIG, write_tiny_vocab(tmp_path / "vocab.txt"), encoder, model
+    )
     assert sorted(os.listdir(directory.path)) == [
         "bert_config.json",
         "checkpoint",
@@ -67,54 +78,42 @@ def test_round_trip_of_a_pretrained_model_dir(tmp_path):
     assert directory.checkpoint_objects() - {"save_counter"} == {"encoder", "pretraining_model"}
     assert directory.latest_step() == 0  # no training step in a written (not trained) directory
     assert directory.read_task_spec() is None
-    assert directory.load_config() == TINY
-    x = inputs()
-    positions = np.array([[1, 2], [0, 5]], np.int32)
-    want = model({**x, "masked_lm_positions": positions})
-    want_encoder = encoder(x)
-
-    got = directory.load_encoder()(x)
-    for name in ("sequence_output", "pooled_output"):
-        np.testing.assert_array_equal(got[name].numpy(), want_encoder[name].numpy())
+    assert directory.load_config() == TINY_CONFIG
     # The documented entry point, with a plain path.
+    x = tiny_inputs()
     got = model_dir.load_encoder(str(tmp_path / "model"))(x)
     np.testing.assert_array_equal(
-        got["sequence_output"].numpy(), want_encoder["sequence_output"].numpy()
+        got["sequence_output"].numpy(), encoder(x)["sequence_output"].numpy()
     )
-    loaded_model, _ = directory.load_pretraining_model()
-    got = loaded_model({**x, "masked_lm_positions": positions})
-    for name in ("mlm_logits", "nsp_logits"):
-        np.testing.assert_array_equal(got[name].numpy(), want[name].numpy())
 
 
 def test_round_trip_of_a_fine_tuned_model_dir(tmp_path):
-    model, encoder = models.build_task_model(TINY, CLASSIFIER)
+    model, encoder = models.build_task_model(TINY_CONFIG, CLASSIFIER)
     randomize(model)
-    directory = ModelDir(tmp_path / "finetuned")
-    directory.write(
-        TINY, write_vocab(tmp_path / "vocab.txt"), encoder, spec=CLASSIFIER, model=model
+    # The config, the spec, and the classifier's and its encoder's outputs come back the same.
+    directory, _ = round_trip(
+        tmp_path / "finetuned",
+        TINY_CONFIG,
+        write_tiny_vocab(tmp_path / "vocab.txt"),
+        encoder,
+        spec=CLASSIFIER,
+        model=model,
     )
     assert "task.json" in os.listdir(directory.path)
     assert directory.read_task_spec() == CLASSIFIER
     assert directory.checkpoint_objects() - {"save_counter"} == {"encoder", "model"}
-    loaded, loaded_encoder, config, spec = directory.load_task_model()
-    assert (config, spec) == (TINY, CLASSIFIER)
-    x = inputs()
-    np.testing.assert_array_equal(loaded(x)["logits"], model(x)["logits"])
-    np.testing.assert_array_equal(
-        directory.load_encoder()(x)["pooled_output"], encoder(x)["pooled_output"]
-    )
     # A task spec and a task model go together.
     with pytest.raises(ValueError, match="both the task spec and the task model"):
-        directory.write(TINY, directory.vocab_file, encoder, spec=CLASSIFIER)
+        directory.write(TINY_CONFIG, directory.vocab_file, encoder, spec=CLASSIFIER)
 
 
 def test_a_failed_write_leaves_no_directory_that_loads(tmp_path):
     """The checkpoint is written last: a vocab refused after the config was written leaves no checkpoint."""
-    too_big = write_vocab(tmp_path / "vocab.txt", n=TINY.vocab_size + 1)
+    too_big = write_tiny_vocab(tmp_path / "vocab.txt", TINY_CONFIG.vocab_size + 1)
     directory = ModelDir(tmp_path / "model")
-    with pytest.raises(ValueError, match="21 tokens but vocab_size is 20"):
-        directory.write(TINY, too_big, modeling.build_encoder(TINY))
+    size = TINY_CONFIG.vocab_size
+    with pytest.raises(ValueError, match=f"{size + 1} tokens but vocab_size is {size}"):
+        directory.write(TINY_CONFIG, too_big, modeling.build_encoder(TINY_CONFIG))
     assert os.listdir(directory.path) == ["bert_config.json"]
     assert not directory.exists()
     with pytest.raises(ModelDirError, match="missing: vocab.txt, checkpoint"):
@@ -123,20 +122,21 @@ def test_a_failed_write_leaves_no_directory_that_loads(tmp_path):
 
 def test_training_loop_checkpoint_is_a_model_dir(tmp_path):
     # What run_pretraining writes: encoder, pretraining_model, optimizer and step in one checkpoint.
-    model, encoder = modeling.build_pretraining_model(TINY)
+    model, encoder = modeling.build_pretraining_model(TINY_CONFIG)
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     step = tf.Variable(7, dtype=tf.int64)
     path = tmp_path / "run"
     path.mkdir()
-    TINY.to_json_file(str(path / "bert_config.json"))
-    write_vocab(path / "vocab.txt")
+    TINY_CONFIG.to_json_file(str(path / "bert_config.json"))
+    write_tiny_vocab(path / "vocab.txt")
     ckpt = tf.train.Checkpoint(
         encoder=encoder, pretraining_model=model, optimizer=optimizer, step=step
     )
     manager = tf.train.CheckpointManager(ckpt, str(path), max_to_keep=2, checkpoint_name="ckpt")
     manager.save(checkpoint_number=7)
-    encoder.get_layer("pooled_dense").bias.assign(np.full((8,), 0.5, np.float32))
+    hidden = TINY_CONFIG.hidden_size
+    encoder.get_layer("pooled_dense").bias.assign(np.full((hidden,), 0.5, np.float32))
     step.assign(9)
     manager.save(checkpoint_number=9)
     directory = ModelDir(path)
@@ -148,19 +148,23 @@ def test_training_loop_checkpoint_is_a_model_dir(tmp_path):
         "step",
     }
     loaded = directory.load_encoder()
-    np.testing.assert_array_equal(loaded.get_layer("pooled_dense").bias.numpy(), np.full((8,), 0.5))
+    np.testing.assert_array_equal(
+        loaded.get_layer("pooled_dense").bias.numpy(), np.full((hidden,), 0.5)
+    )
 
 
 def test_encoder_only_dir_gives_fresh_heads(tmp_path, monkeypatch):
     warnings = record_warnings(monkeypatch)
-    encoder = modeling.build_encoder(TINY)
-    directory = ModelDir(tmp_path / "model")
-    directory.write(TINY, write_vocab(tmp_path / "vocab.txt"), encoder)
+    encoder = modeling.build_encoder(TINY_CONFIG)
+    directory, _ = round_trip(
+        tmp_path / "model", TINY_CONFIG, write_tiny_vocab(tmp_path / "vocab.txt"), encoder
+    )
     model, loaded = directory.load_pretraining_model()
     np.testing.assert_array_equal(
-        loaded(inputs())["pooled_output"].numpy(), encoder(inputs())["pooled_output"].numpy()
+        loaded(tiny_inputs())["pooled_output"].numpy(),
+        encoder(tiny_inputs())["pooled_output"].numpy(),
     )
-    assert model.get_layer("nsp_head").kernel.shape == (8, 2)
+    assert model.get_layer("nsp_head").kernel.shape == (TINY_CONFIG.hidden_size, 2)
     assert len(warnings) == 1 and "has no pretraining heads" in warnings[0]
 
 
@@ -173,7 +177,9 @@ def test_encoder_only_dir_gives_fresh_heads(tmp_path, monkeypatch):
 def complete_dir(tmp_path):
     """A complete pretrained model directory (encoder only)."""
     directory = ModelDir(tmp_path / "model")
-    directory.write(TINY, write_vocab(tmp_path / "vocab.txt"), modeling.build_encoder(TINY))
+    directory.write(
+        TINY_CONFIG, write_tiny_vocab(tmp_path / "vocab.txt"), modeling.build_encoder(TINY_CONFIG)
+    )
     return directory
 
 
@@ -223,18 +229,17 @@ def test_an_empty_or_absent_directory(tmp_path):
 
 def test_checkpoint_of_another_size_is_refused(complete_dir):
     path = complete_dir.path
-    modeling.BertConfig(**{**TINY.to_dict(), "num_hidden_layers": 3}).to_json_file(
-        os.path.join(path, "bert_config.json")
-    )
+    tiny_config(num_hidden_layers=3).to_json_file(os.path.join(path, "bert_config.json"))
     with pytest.raises(
         ModelDirError,
         match=r"does not fit bert_config.json.*18 weights of encoder are not in it.*(transformer_layer_2|pooled_dense)",
     ):
         complete_dir.load_encoder()
-    modeling.BertConfig(**{**TINY.to_dict(), "intermediate_size": 12}).to_json_file(
-        os.path.join(path, "bert_config.json")
-    )
-    with pytest.raises(ModelDirError, match=r"shape \(8, 16\).*shape \(8, 12\)"):
+    tiny_config(intermediate_size=12).to_json_file(os.path.join(path, "bert_config.json"))
+    hidden, intermediate = TINY_CONFIG.hidden_size, TINY_CONFIG.intermediate_size
+    with pytest.raises(
+        ModelDirError, match=rf"shape \({hidden}, {intermediate}\).*shape \({hidden}, 12\)"
+    ):
         complete_dir.load_encoder()
 
 
@@ -245,13 +250,13 @@ def test_checkpoint_of_another_size_is_refused(complete_dir):
 
 def test_legacy_model_dir_keeps_its_erf_gelu_and_warns_once(tmp_path, monkeypatch):
     warnings = record_warnings(monkeypatch)
-    exact = dataclasses.replace(TINY, hidden_act="gelu_exact")
+    exact = dataclasses.replace(TINY_CONFIG, hidden_act="gelu_exact")
     model, encoder = modeling.build_pretraining_model(exact)
     randomize(model)
     directory = ModelDir(tmp_path / "model")
-    directory.write(exact, write_vocab(tmp_path / "vocab.txt"), encoder, model)
-    x = inputs()
-    positions = np.array([[1, 2], [0, 5]], np.int32)
+    directory.write(exact, write_tiny_vocab(tmp_path / "vocab.txt"), encoder, model)
+    x = tiny_inputs()
+    positions = TINY_POSITIONS
     want = model({**x, "masked_lm_positions": positions})
     # What bert_tf wrote before config_version: "gelu", which then meant erf.
     path = rewrite_config(directory.path, hidden_act="gelu", config_version=None)
@@ -275,31 +280,29 @@ def test_legacy_model_dir_keeps_its_erf_gelu_and_warns_once(tmp_path, monkeypatc
     assert '"hidden_act": "gelu_exact"' in warnings[0] and '"config_version": 2' in warnings[0]
 
     # Migrated by hand as the warning says: the same outputs, no warning.
-    migrated = ModelDir(tmp_path / "migrated")
-    migrated.write(config, write_vocab(tmp_path / "vocab.txt"), encoder)
-    assert json.load(open(migrated.config_file))["hidden_act"] == "gelu_exact"
-    np.testing.assert_array_equal(
-        migrated.load_encoder()(x)["sequence_output"].numpy(), encoder(x)["sequence_output"].numpy()
+    migrated, _ = round_trip(
+        tmp_path / "migrated", config, write_tiny_vocab(tmp_path / "vocab.txt"), encoder
     )
+    assert json.load(open(migrated.config_file))["hidden_act"] == "gelu_exact"
     assert len(warnings) == 1
 
 
 def test_current_model_dir_gelu_is_the_tanh_form(tmp_path, monkeypatch):
     warnings = record_warnings(monkeypatch)
-    encoder = modeling.build_encoder(TINY)
+    encoder = modeling.build_encoder(TINY_CONFIG)
     randomize(encoder)
-    directory = ModelDir(tmp_path / "model")
-    directory.write(TINY, write_vocab(tmp_path / "vocab.txt"), encoder)
+    directory, _ = round_trip(
+        tmp_path / "model", TINY_CONFIG, write_tiny_vocab(tmp_path / "vocab.txt"), encoder
+    )
     assert json.load(open(directory.config_file))["hidden_act"] == "gelu"
-    x = inputs()
+    x = tiny_inputs()
     got = directory.load_encoder()(x)["sequence_output"].numpy()
-    np.testing.assert_array_equal(got, encoder(x)["sequence_output"].numpy())
-    erf_encoder = modeling.build_encoder(dataclasses.replace(TINY, hidden_act="gelu_exact"))
+    erf_encoder = modeling.build_encoder(dataclasses.replace(TINY_CONFIG, hidden_act="gelu_exact"))
     erf_encoder.set_weights(encoder.get_weights())
     assert np.abs(got - erf_encoder(x)["sequence_output"].numpy()).max() > 1e-4
     # A relu model directory from before config_version reads as it always did, without a warning.
     rewrite_config(directory.path, hidden_act="relu", config_version=None)
-    assert directory.load_config() == dataclasses.replace(TINY, hidden_act="relu")
+    assert directory.load_config() == dataclasses.replace(TINY_CONFIG, hidden_act="relu")
     assert warnings == []
 
 

@@ -7,34 +7,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import TINY_CONFIG, tiny_inputs
 
 from bert_tf import modeling
-
-TINY = modeling.BertConfig(
-    vocab_size=20,
-    hidden_size=8,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=16,
-    max_position_embeddings=16,
-    do_lower_case=True,
-)
-
-
-def inputs(batch=2, seq=7, seed=0):
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, TINY.vocab_size, size=(batch, seq)).astype(np.int32)
-    mask = np.ones_like(ids)
-    mask[-1, seq - 2 :] = 0
-    ids[-1, seq - 2 :] = 0
-    types = np.zeros_like(ids)
-    types[:, seq // 2 :] = 1
-    return {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
-
-
-def write_vocab(path, n=TINY.vocab_size):
-    path.write_text("\n".join(f"t{i}" for i in range(n)) + "\n")
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -61,14 +36,14 @@ def test_named_sizes(name, layers, hidden):
 
 def test_config_json_round_trip_and_errors(tmp_path):
     path = str(tmp_path / "bert_config.json")
-    TINY.to_json_file(path)
-    assert modeling.BertConfig.from_json_file(path) == TINY
+    TINY_CONFIG.to_json_file(path)
+    assert modeling.BertConfig.from_json_file(path) == TINY_CONFIG
     assert json.load(open(path))["do_lower_case"] is True
     # Google's multilingual config carries extra pooler_* fields: ignored.
-    values = dict(TINY.to_dict(), pooler_type="first_token_transform", directionality="bidi")
+    values = dict(TINY_CONFIG.to_dict(), pooler_type="first_token_transform", directionality="bidi")
     (tmp_path / "extra.json").write_text(json.dumps(values))
-    assert modeling.BertConfig.from_json_file(str(tmp_path / "extra.json")) == TINY
-    values = TINY.to_dict()
+    assert modeling.BertConfig.from_json_file(str(tmp_path / "extra.json")) == TINY_CONFIG
+    values = TINY_CONFIG.to_dict()
     del values["vocab_size"]
     (tmp_path / "missing.json").write_text(json.dumps(values))
     with pytest.raises(ValueError, match="missing.json: missing field.*vocab_size"):
@@ -79,17 +54,17 @@ def test_config_json_round_trip_and_errors(tmp_path):
         modeling.BertConfig(vocab_size=10, hidden_act="gelu_fancy")
     # Every config we write says which version of the names it uses; a newer one is refused.
     assert json.load(open(path))["config_version"] == modeling.CONFIG_VERSION == 2
-    (tmp_path / "newer.json").write_text(json.dumps(dict(TINY.to_dict(), config_version=3)))
+    (tmp_path / "newer.json").write_text(json.dumps(dict(TINY_CONFIG.to_dict(), config_version=3)))
     with pytest.raises(ValueError, match="newer.json: BertConfig.config_version must be 2"):
         modeling.BertConfig.from_json_file(str(tmp_path / "newer.json"))
 
 
 def test_encoder_outputs_and_layer_names():
-    encoder = modeling.build_encoder(TINY)
+    encoder = modeling.build_encoder(TINY_CONFIG)
     assert set(encoder.input) == set(modeling.ENCODER_INPUTS)
-    out = encoder(inputs())
-    assert out["sequence_output"].shape == (2, 7, 8)
-    assert out["pooled_output"].shape == (2, 8)
+    out = encoder(tiny_inputs())
+    assert out["sequence_output"].shape == (2, 7, TINY_CONFIG.hidden_size)
+    assert out["pooled_output"].shape == (2, TINY_CONFIG.hidden_size)
     assert len(out["encoder_outputs"]) == 2
     np.testing.assert_array_equal(
         out["encoder_outputs"][-1].numpy(), out["sequence_output"].numpy()
@@ -109,8 +84,8 @@ def test_encoder_outputs_and_layer_names():
 
 
 def test_padding_does_not_change_real_tokens():
-    encoder = modeling.build_encoder(TINY)
-    x = inputs()
+    encoder = modeling.build_encoder(TINY_CONFIG)
+    x = tiny_inputs()
     other = {k: v.copy() for k, v in x.items()}
     other["input_word_ids"][-1, -2:] = 5  # different ids at the padded positions
     a, b = encoder(x), encoder(other)
@@ -138,9 +113,11 @@ def test_gelu_is_googles_tanh_form_and_gelu_exact_is_erf():
 
 
 def test_pretraining_model_shapes_and_tied_embeddings():
-    model, encoder = modeling.build_pretraining_model(TINY)
-    out = model({**inputs(), "masked_lm_positions": np.array([[1, 2, 3], [0, 4, 4]], np.int32)})
-    assert out["mlm_logits"].shape == (2, 3, TINY.vocab_size)
+    model, encoder = modeling.build_pretraining_model(TINY_CONFIG)
+    out = model(
+        {**tiny_inputs(), "masked_lm_positions": np.array([[1, 2, 3], [0, 4, 4]], np.int32)}
+    )
+    assert out["mlm_logits"].shape == (2, 3, TINY_CONFIG.vocab_size)
     assert out["nsp_logits"].shape == (2, 2)
     # The MLM projection is the word embedding matrix itself: no separate [H, V] kernel.
     paths = [v.path for v in model.weights]
@@ -158,11 +135,11 @@ def test_pretraining_model_shapes_and_tied_embeddings():
 def test_mixed_precision_logits_are_float32(policy):
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model, encoder = modeling.build_pretraining_model(TINY)
-        out = model({**inputs(), "masked_lm_positions": np.array([[1, 2], [0, 4]], np.int32)})
+        model, encoder = modeling.build_pretraining_model(TINY_CONFIG)
+        out = model({**tiny_inputs(), "masked_lm_positions": np.array([[1, 2], [0, 4]], np.int32)})
         assert out["mlm_logits"].dtype == tf.float32 and out["nsp_logits"].dtype == tf.float32
         assert (
-            encoder(inputs())["sequence_output"].dtype
+            encoder(tiny_inputs())["sequence_output"].dtype
             == keras.mixed_precision.global_policy().compute_dtype
         )
         assert all(v.dtype == "float32" for v in model.weights)

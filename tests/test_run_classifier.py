@@ -213,7 +213,7 @@ def test_mnli_reports_matched_and_mismatched_separately_and_stsb_correlations(tm
     rng = np.random.default_rng(0)
     words = [f"word{i}" for i in range(20)]
     vocab_file = write_vocab(str(tmp_path / "vocab.txt"), words)
-    model_dir = write_tiny_model_dir(tmp_path / "pretrained", vocab_file, hidden=16, layers=1)
+    model_dir = write_tiny_model_dir(tmp_path / "pretrained", vocab_file)
     data_dir = tmp_path / "mnli"
     data_dir.mkdir()
     write_mnli_like(data_dir, rng, words)

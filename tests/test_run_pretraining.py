@@ -14,10 +14,11 @@ from unittest import mock
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_checkpoints import TINY, random_weights, write_google_dir
-from test_input_pipeline import write_numbered_records, write_real_text_records
+from helpers import tiny_config
+from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
+from helpers_records import write_numbered_records, write_real_text_records
 
-from bert_tf import distribution, io_utils, modeling, run_pretraining, training
+from bert_tf import distribution, io_utils, run_pretraining, training
 from bert_tf.model_dir import ModelDir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,19 +32,11 @@ ENV = dict(
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """Real-text records, the vocab and a tiny (L2/H32) bert_config.json."""
+    """Real-text records, the vocab and the tiny model's bert_config.json (helpers.TINY_CONFIG)."""
     directory = tmp_path_factory.mktemp("data")
     files, vocab_file = write_real_text_records(str(directory), SEQ, PRED, num_files=2)
     config_file = str(directory / "bert_config.json")
-    vocab_size = len(open(vocab_file).read().split("\n")) - 1
-    modeling.BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=SEQ,
-    ).to_json_file(config_file)
+    tiny_config(vocab_file).to_json_file(config_file)
     return {
         "input_file": os.path.join(str(directory), "records-*.tfrecord"),
         "vocab_file": vocab_file,
@@ -436,7 +429,7 @@ def test_records_in_the_original_schema_written_here_train(tmp_path):
 
 def test_an_original_init_checkpoint_must_match_the_casing_its_name_says(tmp_path):
     """cased_L-12_H-768_A-12 with --do_lower_case=true (given, or the default) is refused; false trains."""
-    prefix = write_google_dir(str(tmp_path / "cased_L-12_H-768_A-12"), random_weights(TINY))
+    prefix = write_google_dir(str(tmp_path / "cased_L-12_H-768_A-12"), random_weights(GOOGLE_TINY))
     records = write_numbered_records(str(tmp_path / "r.tfrecord"), 10, 8)
     values = dict(
         input_file=records,

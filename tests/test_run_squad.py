@@ -96,7 +96,7 @@ def squad_data(tmp_path_factory):
     )
     return {
         "files": files,
-        "model_dir": write_tiny_model_dir(root / "pretrained", vocab_file, hidden=32),
+        "model_dir": write_tiny_model_dir(root / "pretrained", vocab_file),
     }
 
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import tensorflow as tf
-from test_serve import build_test_exports, make_base
+from helpers_serve import build_test_exports, make_base
 
 from bert_tf import serve
 

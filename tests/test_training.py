@@ -10,7 +10,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_input_pipeline import write_real_text_records
+from helpers import NO_DROPOUT, tiny_config, write_tiny_vocab
+from helpers_records import write_real_text_records
 
 from bert_tf import input_pipeline, io_utils, modeling, optimization, training
 from bert_tf.model_dir import ModelDir
@@ -25,18 +26,9 @@ def records(tmp_path_factory):
     return write_real_text_records(str(tmp_path_factory.mktemp("records")), SEQ, PRED, num_files=2)
 
 
-def tiny_config(vocab_file, dropout=0.0):
-    """L2/H32 with the test vocab; dropout off where runs are compared number for number."""
-    return modeling.BertConfig(
-        vocab_size=len(open(vocab_file).read().split("\n")) - 1,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=SEQ,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
+def no_dropout_config(vocab_file):
+    """The tiny config with the test vocab; dropout off, since runs are compared number for number."""
+    return tiny_config(vocab_file, **NO_DROPOUT)
 
 
 def fixed_batches(files, n):
@@ -92,7 +84,7 @@ def make_trainer(
 
 def test_loss_is_the_global_weighted_mlm_mean_plus_mean_nsp(records, tmp_path):
     files, vocab_file = records
-    _, model = make_trainer(tiny_config(vocab_file), tmp_path)
+    _, model = make_trainer(no_dropout_config(vocab_file), tmp_path)
     task = PretrainingObjective(model)
     batch = fixed_batches(files, 1)[0]
     loss, stats = task.loss_and_stats(batch, task.denominators(batch), training=False)
@@ -119,7 +111,7 @@ def test_loss_is_the_global_weighted_mlm_mean_plus_mean_nsp(records, tmp_path):
 def test_mlm_denominator_is_the_originals_weight_sum_plus_1e5(records, tmp_path):
     # With one real prediction, sum(w) + 1e-5 differs from sum(w) by 1e-5 relative: visible in float32.
     files, vocab_file = records
-    _, model = make_trainer(tiny_config(vocab_file), tmp_path)
+    _, model = make_trainer(no_dropout_config(vocab_file), tmp_path)
     task = PretrainingObjective(model)
     batch = fixed_batches(files, 1)[0]
     weights = np.zeros(batch["masked_lm_weights"].shape, np.float32)
@@ -143,7 +135,7 @@ def test_mlm_denominator_is_the_originals_weight_sum_plus_1e5(records, tmp_path)
 
 def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records, tmp_path):
     files, vocab_file = records
-    config = tiny_config(vocab_file)
+    config = no_dropout_config(vocab_file)
     trainer, model = make_trainer(
         config,
         tmp_path / "a",
@@ -181,7 +173,7 @@ def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         trainer, model = make_trainer(
-            tiny_config(vocab_file),
+            no_dropout_config(vocab_file),
             tmp_path,
             loss_scaling=True,
             steps_per_loop=2,
@@ -210,7 +202,7 @@ def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_
 def test_nan_loss_stops_without_updating_or_saving(records, tmp_path):
     files, vocab_file = records
     trainer, model = make_trainer(
-        tiny_config(vocab_file), tmp_path, steps_per_loop=3, num_train_steps=3
+        no_dropout_config(vocab_file), tmp_path, steps_per_loop=3, num_train_steps=3
     )
     good, bad = fixed_batches(files, 2)
     bad = dict(bad, masked_lm_weights=bad["masked_lm_weights"] * np.nan)
@@ -246,7 +238,7 @@ def test_an_exploding_loss_stops_like_a_nan_and_names_the_last_healthy_checkpoin
     # A finite loss of 1.5e15 used to be saved, and its checkpoint called "the last good checkpoint".
     files, vocab_file = records
     trainer, _ = make_trainer(
-        tiny_config(vocab_file),
+        no_dropout_config(vocab_file),
         tmp_path,
         objective_class=BoostedObjective,
         steps_per_loop=1,
@@ -278,7 +270,7 @@ def test_an_exploding_loss_stops_like_a_nan_and_names_the_last_healthy_checkpoin
     )  # The exploding step (and the rest) applied nothing.
     # Off (0), the same loss trains on.
     trainer, _ = make_trainer(
-        tiny_config(vocab_file),
+        no_dropout_config(vocab_file),
         tmp_path / "off",
         objective_class=BoostedObjective,
         steps_per_loop=5,
@@ -298,7 +290,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     strategy = distribution.get_strategy(sys.argv[1], num_cpu_replicas=2)
     import test_training as t
     files = sys.argv[3].split(",")
-    config = t.tiny_config(sys.argv[4])
+    config = t.no_dropout_config(sys.argv[4])
     trainer, model = t.make_trainer(config, sys.argv[2], strategy=strategy, make_optimizer=t.sgd,
                                     steps_per_loop=3, num_train_steps=3)
     dataset = strategy.distribute_datasets_from_function(lambda ctx: t.input_pipeline.pretraining_dataset(
@@ -358,17 +350,9 @@ def test_progress_helpers_and_eval_results_format(tmp_path):
 
 def test_checkpoint_step_of_a_converted_model_dir_is_0(tmp_path):
     # A model directory from convert_checkpoint has no step: run_pretraining may continue from it.
-    config = modeling.BertConfig(
-        vocab_size=10,
-        hidden_size=8,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=16,
-        max_position_embeddings=16,
-    )
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(f"t{i}" for i in range(10)) + "\n")
-    ModelDir(str(tmp_path / "model")).write(config, str(vocab), modeling.build_encoder(config))
+    config = tiny_config()
+    vocab = write_tiny_vocab(tmp_path / "vocab.txt")
+    ModelDir(str(tmp_path / "model")).write(config, vocab, modeling.build_encoder(config))
     assert training.checkpoint_step(str(tmp_path / "model")) == 0
     assert training.checkpoint_step(str(tmp_path / "empty")) == 0
     step = tf.Variable(42, dtype=tf.int64)

@@ -1,0 +1,181 @@
+"""Google's original checkpoint layout, and an independent NumPy BERT to check conversions against.
+
+Shared by the tests that start from an original checkpoint (test_checkpoints, test_extract_features,
+test_finetuning, test_initial_weights, test_run_pretraining).
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+from helpers import TINY_CONFIG, write_tiny_vocab
+
+
+def google_config(config):
+    """`config` in bert_config.json's own terms, as Google's files hold it (no do_lower_case)."""
+    values = config.to_dict()
+    for name in ("do_lower_case", "config_version"):
+        values.pop(name, None)
+    return values
+
+
+# The one tiny config (helpers.TINY_CONFIG) as Google's bert_config.json would hold it.
+GOOGLE_TINY = google_config(TINY_CONFIG)
+
+
+def original_shapes(c, with_heads=True):
+    """Every variable of Google's bert_model.ckpt with its shape, written out from the BERT source."""
+    h, i_size = c["hidden_size"], c["intermediate_size"]
+    shapes = {
+        "bert/embeddings/word_embeddings": (c["vocab_size"], h),
+        "bert/embeddings/token_type_embeddings": (c["type_vocab_size"], h),
+        "bert/embeddings/position_embeddings": (c["max_position_embeddings"], h),
+        "bert/embeddings/LayerNorm/gamma": (h,),
+        "bert/embeddings/LayerNorm/beta": (h,),
+        "bert/pooler/dense/kernel": (h, h),
+        "bert/pooler/dense/bias": (h,),
+    }
+    for n in range(c["num_hidden_layers"]):
+        p = f"bert/encoder/layer_{n}"
+        for part in (
+            "attention/self/query",
+            "attention/self/key",
+            "attention/self/value",
+            "attention/output/dense",
+        ):
+            shapes[f"{p}/{part}/kernel"], shapes[f"{p}/{part}/bias"] = (h, h), (h,)
+        shapes[f"{p}/intermediate/dense/kernel"], shapes[f"{p}/intermediate/dense/bias"] = (
+            (h, i_size),
+            (i_size,),
+        )
+        shapes[f"{p}/output/dense/kernel"], shapes[f"{p}/output/dense/bias"] = (i_size, h), (h,)
+        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
+            shapes[f"{p}/{ln}/gamma"], shapes[f"{p}/{ln}/beta"] = (h,), (h,)
+    if with_heads:
+        shapes.update(
+            {
+                "cls/predictions/transform/dense/kernel": (h, h),
+                "cls/predictions/transform/dense/bias": (h,),
+                "cls/predictions/transform/LayerNorm/gamma": (h,),
+                "cls/predictions/transform/LayerNorm/beta": (h,),
+                "cls/predictions/output_bias": (c["vocab_size"],),
+                "cls/seq_relationship/output_weights": (2, h),
+                "cls/seq_relationship/output_bias": (2,),
+            }
+        )
+    return shapes
+
+
+def write_name_based_checkpoint(prefix, tensors):
+    """Writes a TF1-style (name-based, tensor bundle V2) checkpoint, the format of bert_model.ckpt."""
+    names = sorted(tensors)
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=names,
+        shape_and_slices=[""] * len(names),
+        tensors=[tf.constant(tensors[n]) for n in names],
+    )
+
+
+def random_weights(c, seed=0, with_heads=True):
+    """Random float32 weights under the original names; LayerNorm gammas near 1 like trained ones."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in original_shapes(c, with_heads).items():
+        scale = 0.5 if "embeddings" in name else 0.3
+        value = rng.normal(0, scale, size=shape)
+        if name.endswith("gamma"):
+            value = 1 + 0.1 * value
+        weights[name] = value.astype(np.float32)
+    return weights
+
+
+# --- An independent NumPy forward pass of the original BERT (modeling.py of google-research/bert). ---
+
+
+def np_gelu(x):
+    # The original's `gelu` (google-research/bert modeling.py, since Feb 2019) is the tanh approximation:
+    # cdf = 0.5 * (1.0 + tf.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * tf.pow(x, 3)))); return x * cdf.
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def np_gelu_exact(x):
+    """The exact erf GELU: Hugging Face's "gelu", and not what a Google checkpoint was trained with."""
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def np_layer_norm(x, gamma, beta, eps=1e-12):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def np_bert(w, c, ids, mask, types, positions, gelu=np_gelu):
+    """Returns sequence_output, pooled_output, all layer outputs, MLM logits, NSP logits (float64)."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    b, s = ids.shape
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    d = h // heads
+    x = (
+        w["bert/embeddings/word_embeddings"][ids]
+        + w["bert/embeddings/token_type_embeddings"][types]
+        + w["bert/embeddings/position_embeddings"][:s][None]
+    )
+    x = np_layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"])
+    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+    layers = []
+    for n in range(c["num_hidden_layers"]):
+        p = f"bert/encoder/layer_{n}/"
+
+        def dense(t, name):
+            return t @ w[p + name + "/kernel"] + w[p + name + "/bias"]
+
+        def split(t):
+            return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
+
+        q, k, v = (split(dense(x, f"attention/self/{part}")) for part in ("query", "key", "value"))
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h)
+        attention = np_layer_norm(
+            dense(context, "attention/output/dense") + x,
+            w[p + "attention/output/LayerNorm/gamma"],
+            w[p + "attention/output/LayerNorm/beta"],
+        )
+        ff = dense(gelu(dense(attention, "intermediate/dense")), "output/dense")
+        x = np_layer_norm(
+            ff + attention, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"]
+        )
+        layers.append(x)
+    pooled = np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
+    gathered = np.take_along_axis(x, positions[:, :, None], axis=1)
+    t = gelu(
+        gathered @ w["cls/predictions/transform/dense/kernel"]
+        + w["cls/predictions/transform/dense/bias"]
+    )
+    t = np_layer_norm(
+        t,
+        w["cls/predictions/transform/LayerNorm/gamma"],
+        w["cls/predictions/transform/LayerNorm/beta"],
+    )
+    mlm = t @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
+    nsp = (
+        pooled @ w["cls/seq_relationship/output_weights"].T + w["cls/seq_relationship/output_bias"]
+    )
+    return x, pooled, layers, mlm, nsp
+
+
+def write_google_dir(path, weights, config=GOOGLE_TINY, extra_tensors=None):
+    """A directory laid out like Google's release: bert_model.ckpt.*, bert_config.json, vocab.txt
+    (write_tiny_vocab's tokens: [PAD] [UNK] [CLS] [SEP] [MASK] w0 w1 ...)."""
+    os.makedirs(path, exist_ok=True)
+    write_name_based_checkpoint(
+        os.path.join(path, "bert_model.ckpt"), {**weights, **(extra_tensors or {})}
+    )
+    with open(os.path.join(path, "bert_config.json"), "w") as f:
+        json.dump(config, f)
+    write_tiny_vocab(os.path.join(path, "vocab.txt"), config["vocab_size"])
+    return os.path.join(path, "bert_model.ckpt")

@@ -1,0 +1,183 @@
+"""The serving tests' SavedModels: strings in, GraphTokenizer, the tiny BERT, named outputs.
+
+Built once per session and shared by test_serve and test_serve_fuzz.
+"""
+
+import shutil
+
+import tensorflow as tf
+from helpers import tiny_config
+
+from bert_tf import serve
+
+LABELS = ["negative", "positive", "neutral"]
+V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
+MAX_SEQ_LENGTH = 16
+SCRATCH_WIDTH = 1 << 15
+_BUILT = {}
+
+
+def _make_module(vocab_file):
+    """A tf.Module like the export will write: strings in, GraphTokenizer, tiny BERT, named outputs."""
+    import keras
+
+    from bert_tf import export_graph, modeling
+    from bert_tf.graph_tokenizer import GraphTokenizer
+
+    keras.utils.set_random_seed(7)
+    config = tiny_config(vocab_file)
+
+    class Classifier(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokenizer = GraphTokenizer(vocab_file, do_lower_case=True)
+            self.encoder = modeling.build_encoder(config)
+            self.head = keras.layers.Dense(len(LABELS), name="head")
+            self.head.build((None, config.hidden_size))
+            self.labels = tf.Variable(LABELS, dtype=tf.string, trainable=False)
+
+        def _pack(self, ids_a, ids_b=None):
+            """[CLS] a [SEP] (b [SEP]), truncated to MAX_SEQ_LENGTH and padded."""
+            cls = tf.fill([ids_a.nrows(), 1], self.tokenizer.special_ids["[CLS]"])
+            sep = tf.fill([ids_a.nrows(), 1], self.tokenizer.special_ids["[SEP]"])
+            if ids_b is None:
+                ids = tf.concat([cls, ids_a[:, : MAX_SEQ_LENGTH - 2], sep], axis=1)
+                types = tf.zeros_like(ids)
+            else:
+                half = (MAX_SEQ_LENGTH - 3) // 2
+                a = tf.concat([cls, ids_a[:, :half], sep], axis=1)
+                b = tf.concat([ids_b[:, :half], sep], axis=1)
+                ids = tf.concat([a, b], axis=1)
+                types = tf.concat([tf.zeros_like(a), tf.ones_like(b)], axis=1)
+            word_ids = ids.to_tensor(shape=[None, MAX_SEQ_LENGTH])
+            return {
+                "input_word_ids": word_ids,
+                "input_mask": tf.cast(word_ids != 0, tf.int32),
+                "input_type_ids": types.to_tensor(shape=[None, MAX_SEQ_LENGTH]),
+            }
+
+        def _probabilities(self, inputs):
+            pooled = self.encoder(inputs, training=False)["pooled_output"]
+            return tf.nn.softmax(self.head(pooled), axis=-1)
+
+        def _named(self, probabilities):
+            label_id = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+            return {
+                "probabilities": probabilities,
+                "label_id": label_id,
+                "label": tf.gather(self.labels, label_id),
+            }
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def predict(self, text):
+            return self._named(self._probabilities(self._pack(self.tokenizer.tokenize(text))))
+
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.string, name="text_a"),
+                tf.TensorSpec([None], tf.string, name="text_b"),
+            ]
+        )
+        def predict_pair(self, text_a, text_b):
+            packed = self._pack(self.tokenizer.tokenize(text_a), self.tokenizer.tokenize(text_b))
+            return self._named(self._probabilities(packed))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def classify(self, inputs):
+            features = export_graph.parse_examples(
+                inputs, {"text": tf.io.FixedLenFeature([], tf.string)}
+            )
+            probabilities = self._probabilities(
+                self._pack(self.tokenizer.tokenize(features["text"]))
+            )
+            classes = tf.tile(self.labels[tf.newaxis, :], [tf.shape(inputs)[0], 1])
+            return {"classes": classes, "scores": probabilities}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def regress(self, inputs):
+            # A bare parse_example, as in exports written before export_graph.parse_examples: the
+            # server's handling of its undecodable errors stays covered.
+            features = tf.io.parse_example(inputs, {"text": tf.io.FixedLenFeature([], tf.string)})
+            probabilities = self._probabilities(
+                self._pack(self.tokenizer.tokenize(features["text"]))
+            )
+            return {"outputs": probabilities[:, 1]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def echo_bytes(self, text):
+            return {"text_bytes": text}
+
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 2], tf.float32, name="x"),
+                tf.TensorSpec([None], tf.int32, name="n"),
+            ]
+        )
+        def scale(self, x, n):
+            checked = tf.debugging.assert_non_negative(n, message="n must be non-negative")
+            with tf.control_dependencies([checked]):
+                return {"y": x * tf.cast(n, tf.float32)[:, tf.newaxis]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+        def complex_out(self, x):
+            return {"z": tf.complex(x, x)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def scratch(self, text):
+            # 256 KiB of working memory per row (two [rows, 32768] float32 tensors), summed away:
+            # a call's memory grows with its rows as BERT's activations do, so a test can see
+            # whether a big request runs in chunks. tile and sin are not folded away by Grappler.
+            length = tf.cast(tf.strings.length(text), tf.float32)
+            work = tf.sin(tf.tile(length[:, tf.newaxis], [1, SCRATCH_WIDTH]))
+            return {"total": tf.reduce_sum(work, axis=1)}
+
+    return Classifier()
+
+
+def _signatures(module):
+    """Every signature the server is tested on."""
+    return {
+        "serving_default": module.predict.get_concrete_function(),
+        "pair": module.predict_pair.get_concrete_function(),
+        "classification": module.classify.get_concrete_function(),
+        "regression": module.regress.get_concrete_function(),
+        "echo": module.echo_bytes.get_concrete_function(),
+        "scale": module.scale.get_concrete_function(),
+        "complex": module.complex_out.get_concrete_function(),
+        "scratch": module.scratch.get_concrete_function(),
+    }
+
+
+def _save(module, path, signatures):
+    """Saves a SavedModel, then marks the classify/regress signatures' methods."""
+    from bert_tf import export
+
+    tf.saved_model.save(module, path, signatures=signatures)
+    # tf.saved_model.save writes every signature as "predict"; the exporter's fix-up sets the rest.
+    export.set_method_names(
+        path, {"classification": serve.CLASSIFY_METHOD, "regression": serve.REGRESS_METHOD}
+    )
+
+
+def build_test_exports(tmp_path_factory, vocab_file):
+    """{"v1": dir, "v2": dir}: two versions of the test model (v2 has upper-case label names)."""
+    if not _BUILT:
+        root = tmp_path_factory.mktemp("serve_models")
+        module = _make_module(vocab_file)
+        _save(module, str(root / "v1"), _signatures(module))
+        # Version 2: the same graphs with other label names (re-saving the loaded model is fast).
+        loaded = tf.saved_model.load(str(root / "v1"))
+        loaded.labels.assign(V2_LABELS)
+        _save(loaded, str(root / "v2"), dict(loaded.signatures))
+        _BUILT.update(v1=str(root / "v1"), v2=str(root / "v2"))
+    return dict(_BUILT)
+
+
+def make_base(tmp_path, exports, versions=(1,)):
+    """A TF Serving model base path with the given versions of v1 (plus a non-numeric decoy dir)."""
+    base = tmp_path / "clf"
+    base.mkdir()
+    (base / "not_a_version").mkdir()
+    for version in versions:
+        shutil.copytree(exports["v1"], base / str(version))
+    return str(base)
