@@ -26,15 +26,9 @@ from bert_tf.tasks.ner import metrics as ner_metrics
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import postprocess as squad_postprocess
 from bert_tf.tokenization import FullTokenizer
+from tests.helpers import tiny_config
 
-CONFIG = modeling.BertConfig(
-    vocab_size=30522,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
+CONFIG = tiny_config(vocab_size=30522)  # the real vocabulary's size
 SPECS = {
     "classifier": models.TaskSpec(
         "classifier",
@@ -723,14 +717,7 @@ def test_squad_v1_context_without_tokens_has_no_answer(tmp_path, real_vocab):
     spec = models.TaskSpec(
         "squad", max_seq_length=32, max_query_length=8, doc_stride=8, version_2_with_negative=False
     )
-    config = modeling.BertConfig(
-        vocab_size=30522,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
+    config = tiny_config(real_vocab, max_position_embeddings=32)
     keras.utils.set_random_seed(2)
     model, encoder = models.build_task_model(config, spec)
     model_dir = str(tmp_path / "squad_v1")
@@ -775,14 +762,7 @@ def test_pair_with_a_b_without_tokens_serves_as_fine_tuning_packed_it(tmp_path, 
     fine-tuning, like the original, packed the single sentence.
     """
     spec = models.TaskSpec("classifier", labels=["0", "1"], is_pair=True, max_seq_length=8)
-    config = modeling.BertConfig(
-        vocab_size=30522,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=8,
-    )
+    config = tiny_config(real_vocab, max_position_embeddings=8)
     keras.utils.set_random_seed(3)
     model, encoder = models.build_task_model(config, spec)
     model_dir = str(tmp_path / "pair")
@@ -813,14 +793,7 @@ def test_pair_with_a_b_without_tokens_serves_as_fine_tuning_packed_it(tmp_path, 
 def test_ner_entities_keep_trailing_combining_marks(tmp_path, real_vocab):
     """With every word tagged B-PER, the entities are the whitespace words, accents of NFD text included."""
     spec = models.TaskSpec("ner", labels=["O", "B-PER", "I-PER"], max_seq_length=32)
-    config = modeling.BertConfig(
-        vocab_size=30522,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
+    config = tiny_config(real_vocab, max_position_embeddings=32)
     model, encoder = models.build_task_model(config, spec)
     head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
     kernel = head.get_weights()[0]
@@ -848,14 +821,7 @@ def test_ner_entities_keep_trailing_combining_marks(tmp_path, real_vocab):
 
 def test_max_seq_length_zero_is_refused_not_defaulted(tmp_path, real_vocab):
     """--max_seq_length=0 is an error, not "use the default" (regression: `0 or default`)."""
-    config = modeling.BertConfig(
-        vocab_size=30522,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
+    config = tiny_config(real_vocab, max_position_embeddings=32)
     model_dir = str(tmp_path / "encoder")
     ModelDir(model_dir).write(config, real_vocab, modeling.build_encoder(config))
     for bad in (0, 2, 33):

@@ -18,17 +18,11 @@ from bert_tf import export, modeling, serve, warmup
 from bert_tf.export_graph import TextPacker
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import LENGTH_BUCKET, models
+from tests.helpers import tiny_config
 
 pytestmark = pytest.mark.slow
 
-CONFIG = modeling.BertConfig(
-    vocab_size=30522,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=128,
-)
+CONFIG = tiny_config(vocab_size=30522, max_position_embeddings=128)  # the real vocabulary
 SEQ_LENGTH = 80  # not a multiple of LENGTH_BUCKET: the last bucket is cut to it
 SPECS = {
     "classifier": models.TaskSpec("classifier", labels=["a", "b", "c"], max_seq_length=SEQ_LENGTH),
