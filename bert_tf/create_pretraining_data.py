@@ -24,8 +24,6 @@ This module only reads the flags into a `pretraining.PretrainingDataArgs` and ca
 `pretraining.run`; bert_tf/pretraining/ does the work (see its docstring).
 """
 
-import dataclasses
-
 from absl import flags
 
 from bert_tf import cli, pretraining
@@ -62,13 +60,13 @@ def main(argv):
     """Runs the job on the flags; the resolved flags go beside the output once it is this run's."""
     args = cli.args_from_flags(pretraining.PretrainingDataArgs)
     beam_args = pipeline_args(argv, args.runner, FLAGS["num_workers"].present, args.num_workers)
-    args = dataclasses.replace(args, pipeline_args=beam_args)
     # The flags file goes beside the outputs only once the location is this run's (see run()).
     pretraining.run(
         args,
         log_flags=lambda output_dir: cli.log_flags(
             output_dir, JOB_NAME, flagfile_lines(argv[1:]), write_text=files.write_text
         ),
+        pipeline_args=beam_args,
     )
 
 

@@ -68,19 +68,19 @@ class InjectedFailure(RuntimeError):
 # ---------------------------------------------------------------------------------------------
 
 
-def validate(args, outputs, output_flag):
+def validate(args, pipeline_args, outputs, output_flag):
     """UsageErrors for a Beam run that cannot start: an unknown runner or pipeline option, Beam
     options without --runner, Dataflow without its required options or with local paths."""
     if not args.runner:
         raise io_utils.UsageError(
-            f"unknown flags {' '.join(args.pipeline_args)}: Beam's pipeline options need --runner"
+            f"unknown flags {' '.join(pipeline_args)}: Beam's pipeline options need --runner"
         )
     if args.runner not in job.RUNNERS:
         raise io_utils.UsageError(
             f"--runner: unknown runner {args.runner!r}; the known runners are "
             f"{', '.join(job.RUNNERS)}"
         )
-    pipeline_options(args.runner, args.pipeline_args)
+    pipeline_options(args.runner, pipeline_args)
     if args.runner == "DataflowRunner":
         paths = [(output_flag, outputs[0])]
         if args.input_file:
@@ -142,16 +142,17 @@ def make_runner(name, options):
 # ---------------------------------------------------------------------------------------------
 
 
-def run_units(args, config, plan, finished):
-    """Runs the units left in `finished` as a Beam pipeline on `args.runner`, and waits for it.
+def run_units(runner, pipeline_args, config, plan, finished):
+    """Runs the units left in `finished` as a Beam pipeline on `runner` with the options
+    `pipeline_args`, and waits for it.
 
     Returns (stats per output file, text bytes tokenized in this run), as the local path does.
     """
     if len(finished.outputs) == len(plan.outputs):
         return dict(finished.outputs), 0
-    options = pipeline_options(args.runner, args.pipeline_args)
+    options = pipeline_options(runner, pipeline_args)
     job_file = write_job_file(plan, config)
-    pipeline = beam.Pipeline(runner=make_runner(args.runner, options), options=options)
+    pipeline = beam.Pipeline(runner=make_runner(runner, options), options=options)
     output_of_unit = planning.output_of_unit(plan)
     tokenized = (
         pipeline
@@ -182,7 +183,7 @@ def run_units(args, config, plan, finished):
     except Exception as e:
         raise io_utils.JobFailure(f"the Beam pipeline failed: {e}") from e
     finally:
-        if args.runner == "DirectRunner":  # this machine's copies of a remote work directory
+        if runner == "DirectRunner":  # this machine's copies of a remote work directory
             shutil.rmtree(local_work_dir(plan), ignore_errors=True)
     files.remove(job_file)
     done = planning.find_finished(plan)

@@ -108,13 +108,12 @@ class PretrainingDataArgs:
         "run the job.",
         choices=RUNNERS,
     )
-    # Beam's pipeline options as command-line arguments: the CLI's arguments that are not its flags.
-    pipeline_args: tuple = ()
 
 
-def validate(args):
-    """Errors in `args` found before any work, each a UsageError (the CLI's exit code 2) naming the
-    flag; returns the output paths, whose directories it creates (empty) to try them."""
+def validate(args, pipeline_args=()):
+    """Errors in `args` (and Beam's `pipeline_args`) found before any work, each a UsageError (the
+    CLI's exit code 2) naming the flag; returns the output paths, whose directories it creates
+    (empty) to try them."""
     if args.vocab_file is None:
         raise io_utils.UsageError("--vocab_file is required")
     if args.max_seq_length < 5:
@@ -143,11 +142,11 @@ def validate(args):
         args.output_file, args.output_dir, args.num_shards, args.output_prefix, args.compression
     )
     output_flag = "--output_file" if args.output_file else "--output_dir"
-    if args.runner or args.pipeline_args:
+    if args.runner or pipeline_args:
         # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
         from bert_tf.pretraining import beam
 
-        beam.validate(args, outputs, output_flag)
+        beam.validate(args, pipeline_args, outputs, output_flag)
     elif files.is_remote(outputs[0]):
         raise io_utils.UsageError(
             f"{output_flag}: a remote output ({outputs[0]}) needs --runner (e.g. "
@@ -181,15 +180,16 @@ def generation_config(args, vocab_file=None):
     )
 
 
-def run(args, log_flags=None):
+def run(args, log_flags=None, pipeline_args=()):
     """Writes the pretraining records `args` asks for; returns the summary (as in summary.json).
 
     `log_flags(output_dir)`, when given, runs once the output location is this run's and before
     any work: the CLI writes its resolved flags there. With `args.runner` the units run as an Apache
-    Beam pipeline (beam.py), else in `args.num_workers` processes here.
+    Beam pipeline (beam.py) with Beam's options `pipeline_args` (command-line arguments such as
+    "--direct_num_workers=2"), else in `args.num_workers` processes here.
     """
     start = time.time()
-    outputs = validate(args)
+    outputs = validate(args, pipeline_args)
     if not tfrecord.has_fast_crc32c():
         logging.warning(
             "google-crc32c runs without its C extension here: writing records will be slow"
@@ -198,7 +198,7 @@ def run(args, log_flags=None):
         config = generation_config(args, vocab_file)
         pool = None if args.runner else start_workers(args.num_workers, config)
         try:
-            return _run_planned(args, config, outputs, pool, start, log_flags)
+            return _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -216,7 +216,7 @@ def _local_copy(path):
         yield local
 
 
-def _run_planned(args, config, outputs, pool, start, log_flags):
+def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args):
     """run() once the workers are starting: vocabulary, plan, units, outputs, summary."""
     try:
         vocab = VocabInfo.from_file(config.vocab_file)
@@ -256,7 +256,9 @@ def _run_planned(args, config, outputs, pool, start, log_flags):
     if args.runner:
         from bert_tf.pretraining import beam
 
-        output_stats, run_text_bytes = beam.run_units(args, config, plan, finished)
+        output_stats, run_text_bytes = beam.run_units(
+            args.runner, pipeline_args, config, plan, finished
+        )
     else:
         output_stats, run_text_bytes = _run_units_here(args, config, plan, finished, pool)
 
