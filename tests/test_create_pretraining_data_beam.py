@@ -289,7 +289,7 @@ def test_dataflow_refuses_paths_its_workers_cannot_reach(corpus_file, tmp_path):
         (
             None,
             ("--direct_num_workers=2",),
-            "--direct_num_workers=2: Beam's pipeline options need --runner",
+            r"--direct_num_workers=2 \(Beam's pipeline options need --runner\)",
         ),
         ("DirectRunner", ("--no_such_option=1",), "unknown flags --no_such_option: neither"),
         ("DirectRunner", ("stray",), "unexpected argument 'stray'"),

@@ -142,7 +142,11 @@ def validate(args, pipeline_args=()):
         args.output_file, args.output_dir, args.num_shards, args.output_prefix, args.compression
     )
     output_flag = "--output_file" if args.output_file else "--output_dir"
-    if args.runner or pipeline_args:
+    if pipeline_args and not args.runner:
+        raise io_utils.UsageError(
+            f"unknown flags {' '.join(pipeline_args)} (Beam's pipeline options need --runner)"
+        )
+    if args.runner:
         # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
         from bert_tf.pretraining import beam
 
