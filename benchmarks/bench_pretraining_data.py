@@ -31,6 +31,7 @@ import glob
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -143,7 +144,8 @@ def measure(command, timeout=None):
 
 def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
     """Runs our CLI once, on Beam's DirectRunner with `beam_workers` processes when given; returns
-    (seconds, summary dict, peak RSS bytes, peak PSS bytes, SHA-256 of the output files)."""
+    (seconds, summary dict, peak RSS bytes, peak PSS bytes, SHA-256 of the output files, CPU
+    seconds of the process tree)."""
     output_dir = os.path.join(out_dir, "records")
     shutil.rmtree(output_dir, ignore_errors=True)
     beam_flags = [
@@ -163,7 +165,11 @@ def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
         *COMMON_FLAGS,
         *(beam_flags if beam_workers else []),
     ]
+    # CPU time of every descendant that was waited for: the CLI and its (Beam or local) workers.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds, rss, pss, _ = measure(command)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     with open(os.path.join(output_dir, "summary.json")) as f:
         summary = json.load(f)
     digest = hashlib.sha256()
@@ -172,7 +178,7 @@ def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
             while chunk := f.read(1 << 22):
                 digest.update(chunk)
     shutil.rmtree(output_dir, ignore_errors=True)  # ~15 MB of records per MB of text
-    return seconds, summary, rss, pss, digest.hexdigest()
+    return seconds, summary, rss, pss, digest.hexdigest(), cpu
 
 
 def run_original(corpus_path, out_dir, timeout):
@@ -210,7 +216,7 @@ def beam_rows(corpus_path, out_dir):
     rows, digests, local_rate = [], set(), {}
     for workers in (1, 2):
         for beam_workers in (None, workers):
-            seconds, summary, rss, pss, digest = run_ours(
+            seconds, summary, rss, pss, digest, cpu = run_ours(
                 corpus_path, out_dir, workers, beam_workers
             )
             digests.add(digest)
@@ -221,6 +227,7 @@ def beam_rows(corpus_path, out_dir):
                     f"{'Beam DirectRunner' if beam_workers else 'local path'}, {mb:.1f}",
                     workers,
                     f"{seconds:.1f}",
+                    f"{cpu:.1f}",
                     f"{rate:.3f}",
                     f"{summary['instances'] / seconds:,.0f}",
                     f"{rss / 2**20:,.0f}",
@@ -271,7 +278,7 @@ def main():
             f"{load_after[0]:.1f} after; every run wrote the same bytes\n"
         )
         print_table(
-            "| run, corpus MB | processes | wall s | MB/s of text | instances/s "
+            "| run, corpus MB | processes | wall s | CPU s | MB/s of text | instances/s "
             "| peak RSS MiB (sum over processes) | peak PSS MiB | vs local path, same processes |",
             rows,
         )
@@ -299,7 +306,7 @@ def main():
     for megabytes in sizes:
         corpus_path = build_corpus(args.out_dir, megabytes)
         mb = os.path.getsize(corpus_path) / 1e6
-        seconds, summary, rss, pss, _ = run_ours(corpus_path, args.out_dir, args.num_workers)
+        seconds, summary, rss, pss, *_ = run_ours(corpus_path, args.out_dir, args.num_workers)
         rate = mb / seconds
         rows.append(
             (
