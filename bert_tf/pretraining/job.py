@@ -8,6 +8,8 @@ concatenated into it (a temp file, then a rename) and deleted; the token files g
 is complete. summary.json (counts, label balance, truncations, invalid UTF-8, elapsed time) is
 written atomically beside the outputs, the first records are logged readably as the original logs
 its first instances, and input that looks wrong (no instances, much invalid UTF-8) is warned about.
+With `runner` set, beam.py runs the same units, phases and assembly as an Apache Beam pipeline
+instead of the processes here; everything before and after (plan, claim, summary) is shared.
 
 With tfds input this process reads each unit's slice and hands the documents to a worker, since
 tensorflow-datasets needs TensorFlow and the workers never import it. Nothing here reads absl flags:
@@ -148,8 +150,10 @@ def validate(args, pipeline_args=()):
         )
     if args.runner:
         # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
-        from bert_tf.pretraining import beam
-
+        try:
+            from bert_tf.pretraining import beam
+        except ImportError as e:
+            raise io_utils.UsageError(f"--runner needs apache-beam ({e}): pip install it") from e
         beam.validate(args, pipeline_args, outputs, output_flag)
     elif files.is_remote(outputs[0]):
         raise io_utils.UsageError(
