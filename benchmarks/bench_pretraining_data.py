@@ -18,11 +18,20 @@ TensorFlow libraries that the processes share are counted once per process), "PS
 
   python benchmarks/bench_pretraining_data.py              # 10 MB and 100 MB
   python benchmarks/bench_pretraining_data.py --sizes=10   # the quick one
+  python benchmarks/bench_pretraining_data.py --beam --sizes=10
+
+--beam measures Apache Beam's cost instead (`--runner=DirectRunner --direct_running_mode=
+multi_processing`): on the smallest corpus, the local path and Beam with 1 and with 2 worker
+processes, each pair on the same corpus and flags in the same invocation, and checks that every run
+wrote the same bytes.
 """
 
 import argparse
+import glob
+import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -133,10 +142,17 @@ def measure(command, timeout=None):
     return seconds, memory.peak_rss, memory.peak_pss, stderr
 
 
-def run_ours(corpus_path, out_dir, num_workers):
-    """Runs our CLI once; returns (seconds, summary dict, peak RSS bytes, peak PSS bytes)."""
+def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
+    """Runs our CLI once, on Beam's DirectRunner with `beam_workers` processes when given; returns
+    (seconds, summary dict, peak RSS bytes, peak PSS bytes, SHA-256 of the output files, CPU
+    seconds of the process tree)."""
     output_dir = os.path.join(out_dir, "records")
     shutil.rmtree(output_dir, ignore_errors=True)
+    beam_flags = [
+        "--runner=DirectRunner",
+        "--direct_running_mode=multi_processing",
+        f"--direct_num_workers={beam_workers}",
+    ]
     command = [
         sys.executable,
         "-m",
@@ -147,12 +163,22 @@ def run_ours(corpus_path, out_dir, num_workers):
         "--num_shards=4",
         f"--num_workers={num_workers}",
         *COMMON_FLAGS,
+        *(beam_flags if beam_workers else []),
     ]
+    # CPU time of every descendant that was waited for: the CLI and its (Beam or local) workers.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     seconds, rss, pss, _ = measure(command)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     with open(os.path.join(output_dir, "summary.json")) as f:
         summary = json.load(f)
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(output_dir, "*.tfrecord"))):
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
     shutil.rmtree(output_dir, ignore_errors=True)  # ~15 MB of records per MB of text
-    return seconds, summary, rss, pss
+    return seconds, summary, rss, pss, digest.hexdigest(), cpu
 
 
 def run_original(corpus_path, out_dir, timeout):
@@ -184,6 +210,36 @@ def run_original(corpus_path, out_dir, timeout):
     return seconds, instances, rss, pss
 
 
+def beam_rows(corpus_path, out_dir):
+    """Local path and DirectRunner, 1 then 2 processes each: the table rows of --beam."""
+    mb = os.path.getsize(corpus_path) / 1e6
+    rows, digests, local_rate = [], set(), {}
+    for workers in (1, 2):
+        for beam_workers in (None, workers):
+            seconds, summary, rss, pss, digest, cpu = run_ours(
+                corpus_path, out_dir, workers, beam_workers
+            )
+            digests.add(digest)
+            rate = mb / seconds
+            local_rate.setdefault(workers, rate)
+            rows.append(
+                (
+                    f"{'Beam DirectRunner' if beam_workers else 'local path'}, {mb:.1f}",
+                    workers,
+                    f"{seconds:.1f}",
+                    f"{cpu:.1f}",
+                    f"{rate:.3f}",
+                    f"{summary['instances'] / seconds:,.0f}",
+                    f"{rss / 2**20:,.0f}",
+                    f"{pss / 2**20:,.0f}",
+                    f"{rate / local_rate[workers]:.2f}x",
+                )
+            )
+    if len(digests) != 1:
+        raise SystemExit(f"the runs wrote different bytes: {sorted(digests)}")
+    return rows
+
+
 def main():
     """Parses arguments, runs the original on the smallest corpus and ours on each, prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,6 +253,11 @@ def main():
     )
     parser.add_argument("--skip_original", action="store_true")
     parser.add_argument(
+        "--beam",
+        action="store_true",
+        help="measure Beam's DirectRunner against the local path instead (on the smallest size)",
+    )
+    parser.add_argument(
         "--out_dir", default=os.path.join(REPO, "benchmarks", "out", "pretraining_data")
     )
     args = parser.parse_args()
@@ -208,6 +269,20 @@ def main():
     original_rate, original_note = RECORDED_ORIGINAL_MB_PER_SECOND, "recorded earlier, not run"
     corpus_path = build_corpus(args.out_dir, min(sizes))
     mb = os.path.getsize(corpus_path) / 1e6
+    if args.beam:
+        rows = beam_rows(corpus_path, args.out_dir)
+        load_after = os.getloadavg()
+        print(
+            f"create_pretraining_data, seq 128, dupe_factor=5, real uncased vocab, "
+            f"{os.cpu_count()} cores; load average {load_before[0]:.1f} before, "
+            f"{load_after[0]:.1f} after; every run wrote the same bytes\n"
+        )
+        print_table(
+            "| run, corpus MB | processes | wall s | CPU s | MB/s of text | instances/s "
+            "| peak RSS MiB (sum over processes) | peak PSS MiB | vs local path, same processes |",
+            rows,
+        )
+        return
     original = (
         None
         if args.skip_original
@@ -231,7 +306,7 @@ def main():
     for megabytes in sizes:
         corpus_path = build_corpus(args.out_dir, megabytes)
         mb = os.path.getsize(corpus_path) / 1e6
-        seconds, summary, rss, pss = run_ours(corpus_path, args.out_dir, args.num_workers)
+        seconds, summary, rss, pss, *_ = run_ours(corpus_path, args.out_dir, args.num_workers)
         rate = mb / seconds
         rows.append(
             (
@@ -252,11 +327,17 @@ def main():
         f"original: {original_rate:.3f} MB/s ({original_note}); load average "
         f"{load_before[0]:.1f} before, {load_after[0]:.1f} after\n"
     )
-    print(
+    print_table(
         "| run, corpus MB | processes building instances | wall s | MB/s of text | instances/s "
-        "| peak RSS MiB (sum over processes) | peak PSS MiB | vs original MB/s |"
+        "| peak RSS MiB (sum over processes) | peak PSS MiB | vs original MB/s |",
+        rows,
     )
-    print("|---|---|---|---|---|---|---|---|")
+
+
+def print_table(header, rows):
+    """Prints a markdown table."""
+    print(header)
+    print("|---" * header.count(" | ") + "|---|")
     for row in rows:
         print("| " + " | ".join(str(x) for x in row) + " |")
 

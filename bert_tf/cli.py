@@ -14,7 +14,7 @@ import sys
 
 from absl import app, flags, logging
 
-from bert_tf.io_utils import JobFailure, UsageError, atomic_path
+from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text
 
 
 def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A002 (absl's own name)
@@ -114,19 +114,26 @@ def job_main(args_class, run_fn, job_name, required=(), flag_values=flags.FLAGS)
     return main
 
 
-def _parse_flags_or_exit(argv):
-    """Parses absl flags; a bad flag exits with code 2 (absl's own parser exits with 1)."""
+def _parse_flags_or_exit(argv, known_only=False):
+    """Parses absl flags; a bad flag exits with code 2 (absl's own parser exits with 1).
+
+    With `known_only`, arguments that are not this process's flags are returned (after argv[0])
+    instead of refused."""
     try:
-        return flags.FLAGS(argv)
+        return flags.FLAGS(argv, known_only=known_only)
     except flags.Error as e:
         print(f"error: {e}", file=sys.stderr)
         print("Try --helpfull for the list of flags.", file=sys.stderr)
         sys.exit(2)
 
 
-def run(main):
+def run(main, pass_unknown_flags=False):
     """Runs an absl `main`; a UsageError or flag error prints one line and exits with code 2, a
-    JobFailure logs its message and exits with code 1."""
+    JobFailure logs its message and exits with code 1.
+
+    With `pass_unknown_flags`, `main(argv)` gets the arguments absl does not know (another
+    library's options, such as Beam's) in argv[1:], and must refuse those it cannot use.
+    """
 
     def guarded(argv):
         try:
@@ -139,12 +146,17 @@ def run(main):
             print(f"error: {e}", flush=True)
             sys.exit(1)
 
-    app.run(guarded, flags_parser=_parse_flags_or_exit)
+    app.run(
+        guarded, flags_parser=lambda argv: _parse_flags_or_exit(argv, known_only=pass_unknown_flags)
+    )
 
 
-def log_flags(output_dir, job_name):
-    """Writes the job's resolved flags to OUTPUT_DIR/<job_name>.flags, reusable with --flagfile."""
+def log_flags(output_dir, job_name, extra_args=(), write_text=atomic_write_text):
+    """Writes the job's resolved flags to OUTPUT_DIR/<job_name>.flags, reusable with --flagfile.
+
+    `extra_args` (--name=value arguments the job passed on, such as Beam's pipeline options) are
+    written after them; `write_text(path, text)` writes the file (atomically).
+    """
     path = os.path.join(output_dir, f"{job_name}.flags")
-    with atomic_path(path) as tmp:
-        flags.FLAGS.append_flags_into_file(tmp)
+    write_text(path, flags.FLAGS.flags_into_string() + "".join(f"{a}\n" for a in extra_args))
     logging.info("flags written to %s", path)

@@ -4,11 +4,15 @@
       --output_dir=tfrecords --num_shards=8 --dupe_factor=5
 
 The flags are the original script's, plus --output_dir/--num_shards/--output_prefix, --num_workers,
---compression, --overwrite and --input_tfds.
+--compression, --overwrite, --input_tfds and --runner.
 
   * output file k of N holds the k-th of N equal byte ranges of the input, cut into work units of
     about 1 MiB that --num_workers processes run (1: this process); the output is byte-identical
     whatever --num_workers is;
+  * --runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner|PortableRunner runs the same units
+    as an Apache Beam pipeline, with the same output bytes; every argument that is not a flag of
+    this job is one of Beam's pipeline options (--direct_num_workers, --project, --region,
+    --temp_location, --setup_file, --flink_master, ...) and goes to Beam unchanged;
   * OUTPUT_DIR/.PREFIX.work/ holds the run's settings, manifests, parts and token files: a rerun with
     the same flags and input resumes a killed run and keeps its finished files; a run with other
     settings at the same output paths is refused, unless --overwrite;
@@ -20,20 +24,51 @@ This module only reads the flags into a `pretraining.PretrainingDataArgs` and ca
 `pretraining.run`; bert_tf/pretraining/ does the work (see its docstring).
 """
 
+from absl import flags
+
 from bert_tf import cli, pretraining
+from bert_tf.pretraining import files
 
 JOB_NAME = "create_pretraining_data"
+FLAGS = flags.FLAGS
 # The flags are the args dataclass's fields: names, defaults and help declared once there.
 cli.define_flags(pretraining.PretrainingDataArgs)
 
 
+def pipeline_args(argv, runner, num_workers_given, num_workers):
+    """Beam's pipeline options: the arguments that are not this job's flags (argv[1:]). Beam has
+    its own --num_workers (Dataflow's worker count), which this job's flag of that name shadows:
+    given on a Beam run, it goes to Beam too."""
+    beam_args = list(argv[1:])
+    if runner and num_workers_given:
+        beam_args.append(f"--num_workers={num_workers}")
+    return tuple(beam_args)
+
+
+def flagfile_lines(beam_args):
+    """Beam's options as --name=value lines for the flags file (`--name value` pairs joined)."""
+    lines = []
+    for arg in beam_args:
+        if lines and not arg.startswith("-") and "=" not in lines[-1]:
+            lines[-1] += f"={arg}"
+        else:
+            lines.append(arg)
+    return lines
+
+
 def main(argv):
     """Runs the job on the flags; the resolved flags go beside the output once it is this run's."""
-    del argv
     args = cli.args_from_flags(pretraining.PretrainingDataArgs)
+    beam_args = pipeline_args(argv, args.runner, FLAGS["num_workers"].present, args.num_workers)
     # The flags file goes beside the outputs only once the location is this run's (see run()).
-    pretraining.run(args, log_flags=lambda output_dir: cli.log_flags(output_dir, JOB_NAME))
+    pretraining.run(
+        args,
+        log_flags=lambda output_dir: cli.log_flags(
+            output_dir, JOB_NAME, flagfile_lines(argv[1:]), write_text=files.write_text
+        ),
+        pipeline_args=beam_args,
+    )
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    cli.run(main, pass_unknown_flags=True)

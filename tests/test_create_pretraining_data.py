@@ -67,8 +67,7 @@ def run_main(**flag_values):
     argv = ["create_pretraining_data"] + [f"--{k}={v}" for k, v in flag_values.items()]
     with flagsaver.flagsaver():
         FLAGS.unparse_flags()
-        FLAGS(argv)
-        cpd.main(argv)
+        cpd.main(FLAGS(argv))  # main gets what absl leaves: the program name
 
 
 def common_flags(corpus_file, output_dir, **extra):

@@ -16,6 +16,8 @@ in the order the data flows through them:
   plan.py           work units, output shards, settings, manifests and resume
   worker.py         what a worker process does with a unit: tokenize it, then build its records
   job.py            `run(PretrainingDataArgs)`: plan, worker processes, output files, summary.json
+  beam.py           the same units as an Apache Beam pipeline (`PretrainingDataArgs.runner`)
+  files.py          local paths through os, remote ones (gs://) through Beam's FileSystems
 
 How the corpus is cut (the streaming design)
   The original reads the whole corpus, shuffles its documents, runs `dupe_factor` passes and

@@ -33,6 +33,7 @@ import os
 import numpy as np
 
 from bert_tf import tokenization
+from bert_tf.pretraining import files
 
 # The text of a block, and the most of one document: part of the output's identity, since changing
 # it changes which documents share a block (a work unit is about this much input, too).
@@ -128,7 +129,7 @@ def _owned_lines(path, start, end, max_line_bytes, stats):
     """Yields (document number, line piece) for the lines of the documents of `path` whose
     position lies in [start, end); the number changes from one document to the next."""
     end = float("inf") if end is None else end
-    with open(path, "rb") as raw:
+    with files.open_read(path) as raw:  # a remote (gs://) input through Beam, for Beam runs
         # Reading from the file's start, the first document's position is 0.
         in_document, owner, blank_position = False, None, 0
         tell = raw.tell
@@ -138,7 +139,8 @@ def _owned_lines(path, start, end, max_line_bytes, stats):
             # it can reach the end of the file: clamp to the last byte, which a range holds).
             # Positions can therefore repeat, which is why documents are numbered, not keyed by them.
             stream = gzip.GzipFile(fileobj=raw, mode="rb")
-            last_byte = max(os.fstat(raw.fileno()).st_size - 1, 0)
+            last_byte = max(raw.seek(0, os.SEEK_END) - 1, 0)
+            raw.seek(0)
             tell = lambda: min(raw.tell(), last_byte)
         else:
             stream = raw

@@ -8,6 +8,8 @@ concatenated into it (a temp file, then a rename) and deleted; the token files g
 is complete. summary.json (counts, label balance, truncations, invalid UTF-8, elapsed time) is
 written atomically beside the outputs, the first records are logged readably as the original logs
 its first instances, and input that looks wrong (no instances, much invalid UTF-8) is warned about.
+With `runner` set, beam.py runs the same units, phases and assembly as an Apache Beam pipeline
+instead of the processes here; everything before and after (plan, claim, summary) is shared.
 
 With tfds input this process reads each unit's slice and hands the documents to a worker, since
 tensorflow-datasets needs TensorFlow and the workers never import it. Nothing here reads absl flags:
@@ -16,22 +18,25 @@ the CLI (bert_tf.create_pretraining_data) turns its flags into a PretrainingData
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import sys
+import tempfile
 import time
 
 from absl import logging
 
 from bert_tf import io_utils, tokenization
 from bert_tf.cli import arg
-from bert_tf.pretraining import corpus as tokenized_corpus
-from bert_tf.pretraining import documents, example_codec, schema, tfrecord, worker
+from bert_tf.pretraining import documents, example_codec, files, schema, tfrecord, worker
 from bert_tf.pretraining import plan as planning  # `plan` names the run's Plan here
 from bert_tf.pretraining.instances import VocabInfo
 
 EXAMPLES_TO_LOG = 5
+# The values of --runner: Apache Beam runners that run the job as a pipeline (beam.py).
+RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner")
 # Warn when more than one sequence in this many bytes of text is invalid UTF-8.
 INVALID_UTF8_WARNING_RATE = 100
 
@@ -82,7 +87,8 @@ class PretrainingDataArgs:
     )
     num_workers: int = arg(
         help="Worker processes; each reads, tokenizes, builds and writes whole work units. 1 "
-        "runs everything in this process. The output does not depend on it.",
+        "runs everything in this process. The output does not depend on it. With --runner, it is "
+        "passed to Beam as Beam's own --num_workers (Dataflow's initial number of workers).",
         default_factory=lambda: os.cpu_count() or 1,
     )
     overwrite: bool = arg(
@@ -95,11 +101,21 @@ class PretrainingDataArgs:
         "Compression of the output files (gzip files are named .tfrecord.gz in --output_dir).",
         choices=tfrecord.COMPRESSIONS,
     )
+    runner: str = arg(
+        None,
+        "Run the job as an Apache Beam pipeline on this runner, over the same work units and "
+        "with the same output bytes. Beam's own pipeline options (--direct_num_workers, "
+        "--direct_running_mode, --project, --region, --temp_location, --setup_file, "
+        "--flink_master, ...) pass through. Without it, --num_workers processes on this machine "
+        "run the job.",
+        choices=RUNNERS,
+    )
 
 
-def validate(args):
-    """Errors in `args` found before any work, each a UsageError (the CLI's exit code 2) naming the
-    flag; returns the output paths, whose directories it creates (empty) to try them."""
+def validate(args, pipeline_args=()):
+    """Errors in `args` (and Beam's `pipeline_args`) found before any work, each a UsageError (the
+    CLI's exit code 2) naming the flag; returns the output paths, whose directories it creates
+    (empty) to try them."""
     if args.vocab_file is None:
         raise io_utils.UsageError("--vocab_file is required")
     if args.max_seq_length < 5:
@@ -119,10 +135,6 @@ def validate(args):
         raise io_utils.UsageError(f"--num_workers must be at least 1, got {args.num_workers}")
     if bool(args.input_file) == bool(args.input_tfds):
         raise io_utils.UsageError("give exactly one of --input_file and --input_tfds")
-    if args.input_file:
-        io_utils.expand_globs(args.input_file, what="--input_file")  # fail before any work
-    if not os.path.isfile(args.vocab_file):
-        raise io_utils.UsageError(f"--vocab_file: vocabulary file not found: {args.vocab_file}")
     if args.compression not in tfrecord.COMPRESSIONS:
         raise io_utils.UsageError(
             f"--compression must be one of {', '.join(tfrecord.COMPRESSIONS)}, "
@@ -131,14 +143,39 @@ def validate(args):
     outputs = planning.output_paths(
         args.output_file, args.output_dir, args.num_shards, args.output_prefix, args.compression
     )
-    planning.check_output_paths(outputs, "--output_file" if args.output_file else "--output_dir")
+    output_flag = "--output_file" if args.output_file else "--output_dir"
+    if pipeline_args and not args.runner:
+        raise io_utils.UsageError(
+            f"unknown flags {' '.join(pipeline_args)} (Beam's pipeline options need --runner)"
+        )
+    if args.runner:
+        # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
+        try:
+            from bert_tf.pretraining import beam
+        except ImportError as e:
+            raise io_utils.UsageError(f"--runner needs apache-beam ({e}): pip install it") from e
+        beam.validate(args, pipeline_args, outputs, output_flag)
+    elif files.is_remote(outputs[0]):
+        raise io_utils.UsageError(
+            f"{output_flag}: a remote output ({outputs[0]}) needs --runner (e.g. "
+            "--runner=DirectRunner): this machine's worker processes write local files only"
+        )
+    if args.input_file:
+        files.expand_globs(args.input_file, what="--input_file")  # fail before any work
+    if files.is_remote(args.vocab_file):
+        files.check_remote(args.vocab_file, "--vocab_file")
+    if not files.isfile(args.vocab_file):
+        raise io_utils.UsageError(f"--vocab_file: vocabulary file not found: {args.vocab_file}")
+    planning.check_output_paths(outputs, output_flag)
     return outputs
 
 
-def generation_config(args):
-    """The settings that decide the records, besides the input: what the worker processes get."""
+def generation_config(args, vocab_file=None):
+    """The settings that decide the records, besides the input: what the worker processes get.
+
+    `vocab_file` is a local copy of a remote --vocab_file."""
     return planning.GenerationConfig(
-        vocab_file=os.path.abspath(args.vocab_file),
+        vocab_file=os.path.abspath(vocab_file or args.vocab_file),
         do_lower_case=args.do_lower_case,
         do_whole_word_mask=args.do_whole_word_mask,
         max_seq_length=args.max_seq_length,
@@ -151,31 +188,46 @@ def generation_config(args):
     )
 
 
-def run(args, log_flags=None):
+def run(args, log_flags=None, pipeline_args=()):
     """Writes the pretraining records `args` asks for; returns the summary (as in summary.json).
 
     `log_flags(output_dir)`, when given, runs once the output location is this run's and before
-    any work: the CLI writes its resolved flags there.
+    any work: the CLI writes its resolved flags there. With `args.runner` the units run as an Apache
+    Beam pipeline (beam.py) with Beam's options `pipeline_args` (command-line arguments such as
+    "--direct_num_workers=2"), else in `args.num_workers` processes here.
     """
     start = time.time()
-    outputs = validate(args)
-    config = generation_config(args)
+    outputs = validate(args, pipeline_args)
     if not tfrecord.has_fast_crc32c():
         logging.warning(
             "google-crc32c runs without its C extension here: writing records will be slow"
         )
-    pool = start_workers(args.num_workers, config)
-    try:
-        return _run_planned(args, config, outputs, pool, start, log_flags)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    with _local_copy(args.vocab_file) as vocab_file:
+        config = generation_config(args, vocab_file)
+        pool = None if args.runner else start_workers(args.num_workers, config)
+        try:
+            return _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _run_planned(args, config, outputs, pool, start, log_flags):
+@contextlib.contextmanager
+def _local_copy(path):
+    """Yields `path`, or for a remote file a local copy of it, deleted afterwards."""
+    if not files.is_remote(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        local = os.path.join(directory, os.path.basename(path))
+        files.download(path, local)
+        yield local
+
+
+def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args):
     """run() once the workers are starting: vocabulary, plan, units, outputs, summary."""
     try:
-        vocab = VocabInfo.from_file(args.vocab_file)
+        vocab = VocabInfo.from_file(config.vocab_file)
     except tokenization.VocabError as e:
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
     work_dir = planning.work_dir_path(outputs, args.output_prefix, args.output_file)
@@ -188,39 +240,71 @@ def _run_planned(args, config, outputs, pool, start, log_flags):
         tfds_data_dir=args.tfds_data_dir,
     )
     planning.claim_outputs(plan, args.overwrite)
-    os.makedirs(plan.work_dir, exist_ok=True)
+    files.makedirs(plan.work_dir)
     if log_flags is not None:
-        log_flags(os.path.dirname(os.path.abspath(outputs[0])))
+        log_flags(os.path.dirname(files.abspath(outputs[0])))
     planning.remove_stale_temporaries(plan)
 
     # What a previous run with the same fingerprint already finished.
     finished = planning.find_finished(plan)
-    output_stats, unit_stats, token_stats = finished.outputs, finished.parts, finished.tokens
-    to_tokenize, pending = finished.to_tokenize, finished.to_build
-    resumed_outputs = len(output_stats)
-    if resumed_outputs < len(outputs) and os.path.exists(planning.summary_path(plan)):
-        os.remove(
-            planning.summary_path(plan)
-        )  # it must describe exactly the output files beside it
-    for k in output_stats:
+    resumed_outputs = len(finished.outputs)
+    if resumed_outputs < len(outputs):
+        files.remove(planning.summary_path(plan))  # it must describe exactly the files beside it
+    for k in finished.outputs:
         planning.remove_parts(plan, k)  # left by a run killed between an output's manifest and this
     logging.info(
-        "%d output files (%d already complete), %d work units (%d to tokenize, %d to build), "
-        "%d workers",
+        "%d output files (%d already complete), %d work units (%d to tokenize, %d to build), %s",
         len(outputs),
         resumed_outputs,
         len(plan.units),
-        len(to_tokenize),
-        len(pending),
-        args.num_workers,
+        len(finished.to_tokenize),
+        len(finished.to_build),
+        f"Beam's {args.runner}" if args.runner else f"{args.num_workers} workers",
     )
+    if args.runner:
+        from bert_tf.pretraining import beam
 
+        output_stats, run_text_bytes = beam.run_units(
+            args.runner, pipeline_args, config, plan, finished
+        )
+    else:
+        output_stats, run_text_bytes = _run_units_here(args, config, plan, finished, pool)
+
+    total = collections.Counter()
+    for stats in output_stats.values():
+        total.update(stats)
+    elapsed = time.time() - start
+    summary = summarize(total, plan, elapsed, run_text_bytes, resumed_outputs)
+    files.write_json(planning.summary_path(plan), summary)
+    planning.remove_token_files(plan)
+    log_first_examples(outputs, args.compression, vocab.tokens)
+    logging.info(
+        "wrote %d instances from %d documents to %d file(s) in %.1f s; summary: %s",
+        summary["instances"],
+        summary["documents"],
+        len(outputs),
+        elapsed,
+        planning.summary_path(plan),
+    )
+    logging.info(
+        "each record: %s", schema.describe(args.max_seq_length, args.max_predictions_per_seq)
+    )
+    warn_about_input(summary)
+    return summary
+
+
+def _run_units_here(args, config, plan, finished, pool):
+    """Runs the units left in `finished` in this machine's worker processes (or this process), and
+    assembles each output file once its parts exist. Returns (stats per output file, text bytes
+    tokenized in this run)."""
+    output_stats, unit_stats, token_stats = finished.outputs, finished.parts, finished.tokens
+    to_tokenize, pending = finished.to_tokenize, finished.to_build
     remaining = {
         k: set(indices) - set(unit_stats)
         for k, indices in enumerate(plan.units_of_output)
         if k not in output_stats
     }
-    output_of_unit = {u: k for k, indices in enumerate(plan.units_of_output) for u in indices}
+    output_of_unit = planning.output_of_unit(plan)
     run_stats = collections.Counter()
 
     def finish_ready_outputs():
@@ -230,11 +314,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags):
                 del remaining[k]
 
     def on_tokenized(unit, stats):
-        sizes = [os.path.getsize(p) for p in tokenized_corpus.unit_files(unit.tokens_prefix)]
-        io_utils.atomic_write_json(
-            planning.tokens_manifest_path(unit),
-            {"fingerprint": plan.fingerprint, "bytes": sizes, "stats": stats},
-        )
+        planning.record_tokens(plan, unit, stats)
         token_stats[unit.index] = stats
         run_stats.update(stats)
         progress.update(stats)
@@ -242,14 +322,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags):
     def on_built(unit, stats):
         run_stats.update(stats)
         progress.update(stats)
-        merged = collections.Counter(token_stats[unit.index])
-        merged.update(stats)  # (`+` would drop zero counts such as an empty part's size)
-        stats = dict(merged)
-        io_utils.atomic_write_json(
-            planning.unit_manifest_path(unit),
-            {"fingerprint": plan.fingerprint, "bytes": stats["part_bytes"], "stats": stats},
-        )
-        unit_stats[unit.index] = stats
+        unit_stats[unit.index] = planning.record_part(plan, unit, token_stats[unit.index], stats)
         remaining[output_of_unit[unit.index]].discard(unit.index)
         finish_ready_outputs()
 
@@ -279,28 +352,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags):
         )
     finally:
         progress.close()
-
-    total = collections.Counter()
-    for stats in output_stats.values():
-        total.update(stats)
-    elapsed = time.time() - start
-    summary = summarize(total, plan, elapsed, run_stats.get("text_bytes", 0), resumed_outputs)
-    io_utils.atomic_write_json(planning.summary_path(plan), summary)
-    planning.remove_token_files(plan)
-    log_first_examples(outputs, args.compression, vocab.tokens)
-    logging.info(
-        "wrote %d instances from %d documents to %d file(s) in %.1f s; summary: %s",
-        summary["instances"],
-        summary["documents"],
-        len(outputs),
-        elapsed,
-        planning.summary_path(plan),
-    )
-    logging.info(
-        "each record: %s", schema.describe(args.max_seq_length, args.max_predictions_per_seq)
-    )
-    warn_about_input(summary)
-    return summary
+    return output_stats, run_stats.get("text_bytes", 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,23 +367,21 @@ def assemble_output(plan, k, unit_stats):
     which TFRecordDataset(compression_type="GZIP") reads.
     """
     path = plan.outputs[k]
-    with io_utils.atomic_path(path) as tmp:
+    with files.atomic_path(path) as tmp:
         with open(tmp, "wb") as out:
             for u in plan.units_of_output[k]:
-                with open(plan.units[u].output_path, "rb") as part:
-                    while chunk := part.read(1 << 22):
-                        out.write(chunk)
+                files.copy_to(plan.units[u].output_path, out)
     stats = collections.Counter()
     for u in plan.units_of_output[k]:
         stats.update(unit_stats[u])
     manifest = {
         "fingerprint": plan.fingerprint,
-        "output": os.path.abspath(path),
-        "bytes": os.path.getsize(path),
+        "output": files.abspath(path),
+        "bytes": files.getsize(path),
         "units": len(plan.units_of_output[k]),
         "stats": stats,
     }
-    io_utils.atomic_write_json(planning.output_manifest_path(plan, k), manifest)
+    files.write_json(planning.output_manifest_path(plan, k), manifest)
     planning.remove_parts(plan, k)
     return stats
 

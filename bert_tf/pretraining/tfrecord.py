@@ -15,6 +15,7 @@ import google_crc32c
 import numpy as np
 
 from bert_tf import io_utils
+from bert_tf.pretraining import files
 
 # The values of --compression: "gzip" writes each part as one gzip member, so parts concatenate.
 COMPRESSIONS = ("none", "gzip")
@@ -89,8 +90,8 @@ class PartWriter:
 
 def iter_first_records(path, compression, count):
     """Yields the first `count` records of a TFRecord file written here (for logs; no CRC check)."""
-    opener = gzip.open if compression == "gzip" else open
-    with opener(path, "rb") as f:
+    with files.open_read(path) as raw:
+        f = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gzip" else raw
         for _ in range(count):
             header = f.read(12)
             if len(header) < 12:

@@ -139,8 +139,12 @@ def build_unit_part(config, unit, corpus_index):
     `corpus_index` ({"units": [[tokens prefix, originals], ...]}). Returns the build stats, with
     the part's size as `part_bytes`.
     """
+    return build_part(config, unit, _file_corpus(corpus_index))
+
+
+def build_part(config, unit, corpus):
+    """build_unit_part with the FileCorpus of every unit's token files given (the Beam path's)."""
     builder = _block_record_builder(config)
-    corpus = _file_corpus(corpus_index)
     unit_tokens = corpus.unit(unit.index)
     first_original = corpus.first_original[unit.index]
     stats = collections.Counter()
