@@ -5,7 +5,8 @@ base = BERT-base's shape, 12 layers H768, random weights: speed does not depend 
 and each `--max_seq_lengths`:
   - ours: `bert_tf.export` of a classifier model directory, called through `serving_default`
     with raw strings (tokenization in the graph), each batch padded to its longest input
-    (rounded up to 16), float32 and, with `--precisions`, bfloat16;
+    (rounded up to 16), float32 and, with `--precisions`, bfloat16; and XLA-compiled
+    (`--jit_compile`, float32);
   - ours, static: the same export with --pad_to_max_seq_length (every batch padded to
     max_seq_length, as every export was before issue 12);
   - keras-hub: `BertTextClassifier` with its `BertTextClassifierPreprocessor` at the same
@@ -132,17 +133,13 @@ def timings(call, sentences, static_batches=None):
     return float(np.median(singles) * 1e3), sum(len(b) for b in batches) / best
 
 
-def ours(model_dir, seq_length, work, pad_to_max_seq_length=False, precision="float32"):
-    """Exports MODEL_DIR and returns a call of its serving_default on strings."""
+def ours(model_dir, seq_length, work, **options):
+    """Exports MODEL_DIR with export `options` and returns a call of its serving_default on strings."""
     from bert_tf import export
 
-    name = f"export_{os.path.basename(model_dir)}_{seq_length}_{pad_to_max_seq_length}_{precision}"
+    name = f"export_{os.path.basename(model_dir)}_{seq_length}_{sorted(options.items())}"
     path, _ = export.export(
-        model_dir,
-        os.path.join(work, name),
-        max_seq_length=seq_length,
-        pad_to_max_seq_length=pad_to_max_seq_length,
-        precision=precision,
+        model_dir, os.path.join(work, name), max_seq_length=seq_length, **options
     )
     serving = tf.saved_model.load(path).signatures["serving_default"]
     return lambda texts: serving(text=tf.constant(texts))["probabilities"].numpy()
@@ -268,6 +265,11 @@ def main(argv):
                     for precision in FLAGS.precisions:
                         call = ours(model_dir, seq_length, work, precision=precision)
                         rows.append((f"bert_tf export, {precision}", *timings(call, sentences)))
+                if "xla" in FLAGS.rows:
+                    call = ours(model_dir, seq_length, work, jit_compile=True)
+                    rows.append(
+                        ("bert_tf export, float32, --jit_compile", *timings(call, sentences))
+                    )
                 if "static" in FLAGS.rows:
                     call = ours(model_dir, seq_length, work, pad_to_max_seq_length=True)
                     rows.append(

@@ -55,7 +55,7 @@ CONTEXTS = [
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, real_vocab):
-    """{kind: {"dynamic" | "static" | "bfloat16": loaded export}} and the export paths."""
+    """{kind: {"dynamic" | "static" | "bfloat16" | "xla": loaded export}} and the export paths."""
     root = tmp_path_factory.mktemp("lengths")
     tf.keras.utils.set_random_seed(3)
     loaded, paths = {}, {}
@@ -76,9 +76,10 @@ def exports(tmp_path_factory, real_vocab):
             ("dynamic", {}),
             ("static", {"pad_to_max_seq_length": True}),
             ("bfloat16", {"precision": "bfloat16"}),
+            ("xla", {"jit_compile": True}),
         ):
-            if variant == "bfloat16" and kind not in BFLOAT16_KINDS:
-                continue  # each export takes seconds; three kinds show the precision
+            if variant in ("bfloat16", "xla") and kind not in BFLOAT16_KINDS:
+                continue  # each export takes seconds; three kinds show each option
             path, _ = export.export(
                 model_dir,
                 str(root / "export" / kind / variant),
@@ -191,6 +192,17 @@ def test_bfloat16_export_keeps_dtypes_and_answers(exports, kind):
     if "probabilities" in reference:
         # bfloat16 keeps 8 bits of mantissa: close, not equal.
         np.testing.assert_allclose(bf16["probabilities"], reference["probabilities"], atol=0.05)
+
+
+@pytest.mark.parametrize("kind", BFLOAT16_KINDS)
+def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
+    loaded, _ = exports
+    for batch in (SHORT, MIXED, CONTEXTS):
+        inputs = kind_inputs(kind, batch)
+        assert_same(
+            call_default(loaded[kind]["xla"], **inputs),
+            call_default(loaded[kind]["static"], **inputs),
+        )
 
 
 @pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
