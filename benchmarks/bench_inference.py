@@ -46,8 +46,8 @@ flags.DEFINE_list("max_seq_lengths", ["128", "256", "512"], "Export max_seq_leng
 flags.DEFINE_list("precisions", ["float32"], "Our export precisions (float32, bfloat16).")
 flags.DEFINE_list(
     "rows",
-    ["ours", "static", "keras_hub", "hf"],
-    "Which rows to run (ours, static, keras_hub, hf).",
+    ["ours", "xla", "static", "keras_hub", "hf"],
+    "Which rows to run (ours, xla, static, keras_hub, hf).",
 )
 flags.DEFINE_integer("sentences", 128, "Real sentences timed (batch-1 requests; batch-32 batches).")
 flags.DEFINE_integer("rounds", 2, "Throughput rounds; the best is reported.")
@@ -137,7 +137,9 @@ def ours(model_dir, seq_length, work, **options):
     """Exports MODEL_DIR with export `options` and returns a call of its serving_default on strings."""
     from bert_tf import export
 
-    name = f"export_{os.path.basename(model_dir)}_{seq_length}_{sorted(options.items())}"
+    # No brackets or quotes in the name: the checkpoint reader takes the path as a glob.
+    tags = "_".join(f"{key}-{value}" for key, value in sorted(options.items()))
+    name = f"export_{os.path.basename(model_dir)}_{seq_length}_{tags}"
     path, _ = export.export(
         model_dir, os.path.join(work, name), max_seq_length=seq_length, **options
     )

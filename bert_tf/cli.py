@@ -42,8 +42,9 @@ def define_flags(args_class, flag_values=flags.FLAGS, module_name=None, **defaul
     """Defines an absl flag for every `arg()` field of `args_class`; `defaults` override the dataclass's.
 
     The type follows the annotation (bool, int, float, list: comma-separated, else string; an enum
-    where the field lists choices). A flag already defined (by another job's args in this process) is left as it is. The
-    flags belong to the calling module (`module_name` by default), so `--help` lists them.
+    where the field lists choices). A flag already defined (by another job's args in this process)
+    is left as it is. The flags belong to the calling module (`module_name` by default), so
+    `--help` lists them.
     """
     module_name = module_name or sys._getframe(1).f_globals.get("__name__")
     if module_name == "__main__":
