@@ -86,6 +86,12 @@ class FinetuneArgs(training.LoopArgs):
         "Proportion of training to perform linear learning rate warmup for. E.g., "
         "0.1 = 10% of training.",
     )
+    pad_to_max_seq_length: bool = arg(
+        False,
+        "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
+        "--strategy=tpu). Otherwise each batch is cut to its longest example rounded up to "
+        f"{tasks.LENGTH_BUCKET} tokens, and training batches group examples of similar length.",
+    )
 
 
 def validate_args(args):
@@ -155,6 +161,17 @@ def finetuned_labels(kind, source, output_dir):
     return None
 
 
+def length_bucket(args):
+    """The `length_bucket` of the task datasets: tasks.LENGTH_BUCKET, or None for static shapes.
+
+    TPUs compile a program per input shape and want one, so --strategy=tpu always pads to
+    --max_seq_length, as --pad_to_max_seq_length does everywhere.
+    """
+    if args.pad_to_max_seq_length or args.strategy == "tpu":
+        return None
+    return tasks.LENGTH_BUCKET
+
+
 def num_train_steps(num_examples, train_batch_size, num_train_epochs):
     """The original's count: int(examples / batch size * epochs), at least 1."""
     return max(1, int(num_examples / train_batch_size * num_train_epochs))
@@ -181,6 +198,15 @@ def _pad_rows(features, multiple):
     index[:count] = np.arange(count, dtype=np.int32)
     result[EXAMPLE_INDEX] = index
     return result
+
+
+def _pad_positions(values, seq_length, fill):
+    """Per-token outputs [b, s', ...] of a trimmed batch padded with `fill` to [b, seq_length, ...]."""
+    missing = seq_length - values.shape[1]
+    if not missing:
+        return values
+    widths = [(0, 0), (0, missing)] + [(0, 0)] * (values.ndim - 2)
+    return np.pad(values, widths, constant_values=fill)
 
 
 class Finetuner:
@@ -297,7 +323,9 @@ class Finetuner:
                     return self.objective.predict_step(batch, has_labels)
                 return self.strategy.run(self.objective.predict_step, args=(batch, has_labels))
 
-            self._predict_fns[has_labels] = tf.function(step)
+            # reduce_retracing: after a second batch length the trace takes any length, so
+            # trimmed batches cost at most two traces rather than one per length.
+            self._predict_fns[has_labels] = tf.function(step, reduce_retracing=True)
         return self._predict_fns[has_labels]
 
     def predict(self, features, batch_size, has_labels=False):
@@ -306,10 +334,19 @@ class Finetuner:
         Rows are padded to whole global batches (static shapes for TPUs; every replica gets rows),
         run through the model under the strategy, and put back in order by their index. With
         `has_labels`, each row also gets its summed loss and weight (example_loss, example_weight).
+        Batches are cut to their longest row (see `length_bucket`); per-token outputs come back
+        padded to the features' length with the objective's `token_outputs` fill values.
         """
         count = len(next(iter(features.values())))
         padded = _pad_rows(features, batch_size)
-        dataset = tasks.features_dataset(padded, batch_size, is_training=False, drop_remainder=True)
+        seq_length = np.shape(features["input_mask"])[-1]
+        dataset = tasks.features_dataset(
+            padded,
+            batch_size,
+            is_training=False,
+            drop_remainder=True,
+            length_bucket=length_bucket(self.args),
+        )
         predict_step = self._predict_fn(has_labels)
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
             # Each worker would see only its shard of the rows; inference needs no collectives, so
@@ -322,7 +359,13 @@ class Finetuner:
         for batch in batches:
             outputs = predict_step(batch)
             for name, value in outputs.items():
-                collected.setdefault(name, []).extend(np.asarray(v) for v in local_results(value))
+                fill = self.objective.token_outputs.get(name)
+                collected.setdefault(name, []).extend(
+                    np.asarray(v)
+                    if fill is None
+                    else _pad_positions(np.asarray(v), seq_length, fill)
+                    for v in local_results(value)
+                )
         result = {name: np.concatenate(parts) for name, parts in collected.items()}
         index = result.pop(EXAMPLE_INDEX)
         keep = index >= 0
