@@ -183,7 +183,10 @@ def num_train_steps(num_examples, train_batch_size, num_train_epochs):
 
 
 def _pad_rows(features, multiple):
-    """Features padded (by repeating row 0) to a multiple of `multiple` rows, with EXAMPLE_INDEX -1 on padding."""
+    """Features padded to a multiple of `multiple` rows, with EXAMPLE_INDEX -1 on padding.
+
+    The padding repeats the last row, which is in the same batch, so it never makes the batch longer.
+    """
     count = len(next(iter(features.values())))
     padded_count = max(multiple, -(-count // multiple) * multiple)
     result = {}
@@ -192,7 +195,7 @@ def _pad_rows(features, multiple):
         if count == 0:
             values = np.zeros((padded_count,) + values.shape[1:], values.dtype)
         elif padded_count > count:
-            values = np.concatenate([values, np.repeat(values[:1], padded_count - count, axis=0)])
+            values = np.concatenate([values, np.repeat(values[-1:], padded_count - count, axis=0)])
         result[name] = values
     index = np.full(padded_count, -1, np.int32)
     index[:count] = np.arange(count, dtype=np.int32)
