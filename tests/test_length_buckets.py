@@ -132,7 +132,10 @@ def test_training_batches_group_lengths_and_see_every_example_once_per_epoch(tmp
         static.map(lambda batch: tasks.trim_to_longest(batch)).take(count // batch_size)
     )
     assert padding_fraction(epoch) < 0.5 * static_padding, (padding_fraction(epoch), static_padding)
-    assert padding_fraction(epoch) < 0.7 * trimmed_padding, (padding_fraction(epoch), trimmed_padding)
+    assert padding_fraction(epoch) < 0.7 * trimmed_padding, (
+        padding_fraction(epoch),
+        trimmed_padding,
+    )
     widths = [b["input_mask"].shape[-1] for b in epoch]
     assert len(set(widths)) > 1 and all(w % 16 == 0 for w in widths)
     # The batches of a window are not in length order, and the next epoch reshuffles.
