@@ -167,7 +167,11 @@ def test_every_fine_tuning_cli_has_pad_to_max_seq_length(args_class):
 
 
 def test_pad_to_max_seq_length_and_tpu_keep_static_shapes(tmp_path):
-    assert finetuning.length_bucket(finetuning.FinetuneArgs()) == tasks.LENGTH_BUCKET
+    # Graph mode cuts to the longest row; XLA compiles per shape, so lengths come in buckets.
+    assert finetuning.length_bucket(finetuning.FinetuneArgs()) == 1
+    assert (
+        finetuning.length_bucket(finetuning.FinetuneArgs(jit_compile=True)) == tasks.LENGTH_BUCKET
+    )
     assert finetuning.length_bucket(finetuning.FinetuneArgs(pad_to_max_seq_length=True)) is None
     assert finetuning.length_bucket(finetuning.FinetuneArgs(strategy="tpu")) is None
     features = random_features(64, SEQ, 30)
@@ -237,12 +241,17 @@ def predict_both_ways(tuner, features, batch_size):
     for pad in (False, True):
         tuner.args = dataclasses.replace(tuner.args, pad_to_max_seq_length=pad)
         outputs.append(tuner.predict(features, batch_size, has_labels=True))
+        if not pad:  # every length ran the same trace
+            assert tuner._predict_fns[True].experimental_get_tracing_count() == 1
     return outputs
 
 
 @pytest.mark.parametrize("kind", list(SPECS))
-def test_trimmed_batches_predict_what_padded_batches_predict(demo, tmp_path, kind):
-    tuner = make_tuner(demo, tmp_path, kind, do_train=False, do_eval=True)
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_trimmed_batches_predict_what_padded_batches_predict(demo, tmp_path, kind, jit_compile):
+    # (jit_compile only sets the rounding: prediction itself is not XLA-compiled.)
+    tuner = make_tuner(demo, tmp_path, kind, do_train=False, do_eval=True, jit_compile=jit_compile)
+    multiple = finetuning.length_bucket(tuner.args)
     tuner.start()
     vocab_size = tuner.source.config.vocab_size
     features = labelled_features(kind, 21, vocab_size)  # 3 batches, the last one padded
@@ -257,7 +266,7 @@ def test_trimmed_batches_predict_what_padded_batches_predict(demo, tmp_path, kin
             # Beyond its batch's longest row (rounded up), a row holds the objective's fill value.
             lengths = real.sum(-1)
             for start in range(0, len(lengths), 8):
-                width = min(-(-lengths[start : start + 8].max() // 16) * 16, SEQ)
+                width = min(-(-lengths[start : start + 8].max() // multiple) * multiple, SEQ)
                 fill = tuner.objective.token_outputs[name]
                 assert np.all(trimmed[name][start : start + 8, width:] == fill)
         elif kind == "squad" and name == "example_loss":
