@@ -178,20 +178,60 @@ class AdamWeightDecay(_DecoupledWeightDecayOptimizer):
     def update_step(self, gradient, variable, learning_rate):
         """One AdamW update of `variable`."""
         learning_rate = tf.cast(learning_rate, variable.dtype)
+        if not self.bias_correction:
+            self._fused_update_step(gradient, variable, learning_rate)
+            return
         m, v = self._update_moments(gradient, variable)
-        if self.bias_correction:
-            t = tf.cast(self.iterations + 1, variable.dtype)
-            m = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
-            v = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
+        t = tf.cast(self.iterations + 1, variable.dtype)
+        m = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
+        v = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
         update = m / (tf.sqrt(v) + self.epsilon)
         if self.decays_variable(variable):
             update += self.weight_decay_rate * tf.convert_to_tensor(variable)
         self.assign_sub(variable, learning_rate * update)
 
+    def _fused_update_step(self, gradient, variable, learning_rate):
+        """The same update without bias correction, as one XLA-fused loop over the elements.
+
+        Written op by op, the update makes about 30 passes over the weights, moments and
+        gradient, which on a small model is a fifth of a CPU training step; fused, it reads each
+        once and writes each once. (TensorFlow's fused ResourceApplyAdam would do as well, but it
+        forms 1 - beta_2 in float32, 1.3e-5 off.)
+        """
+        index = self._get_variable_index(variable)
+        m, v = self._first_moments[index], self._second_moments[index]
+        gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)
+        decay = self.weight_decay_rate if self.decays_variable(variable) else 0.0
+        new_m, new_v, new_x = _adamw_update(
+            gradient,
+            tf.convert_to_tensor(m),
+            tf.convert_to_tensor(v),
+            tf.convert_to_tensor(variable),
+            learning_rate,
+            self.beta_1,
+            self.beta_2,
+            self.epsilon,
+            decay,
+        )
+        self.assign(m, new_m)
+        self.assign(v, new_v)
+        self.assign(variable, new_x)
+
     def get_config(self):
         config = super().get_config()
         config["bias_correction"] = self.bias_correction
         return config
+
+
+@tf.function(jit_compile=True)
+def _adamw_update(gradient, m, v, x, learning_rate, beta_1, beta_2, epsilon, decay):
+    """(m, v, x) after one AdamW step without bias correction (the hyperparameters are Python floats)."""
+    new_m = beta_1 * m + (1.0 - beta_1) * gradient
+    new_v = beta_2 * v + (1.0 - beta_2) * tf.square(gradient)
+    update = new_m / (tf.sqrt(new_v) + epsilon)
+    if decay:
+        update += decay * x
+    return new_m, new_v, x - learning_rate * update
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")

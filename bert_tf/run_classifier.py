@@ -185,6 +185,7 @@ def run(args):
                 is_regression=labels is None,
                 seed=seed,
                 input_context=input_context,
+                length_bucket=finetuning.length_bucket(args),
             )
 
     tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)

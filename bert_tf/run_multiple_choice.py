@@ -108,6 +108,7 @@ def run(args):
                 is_training=True,
                 seed=seed,
                 input_context=input_context,
+                length_bucket=finetuning.length_bucket(args),
             )
 
     tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)

@@ -32,6 +32,15 @@ MODEL_INPUT_NAMES = {
     "segment_ids": "input_type_ids",
 }
 
+# Dynamic-length batches are cut to their longest row rounded up to this many tokens: little
+# padding, and at most max_seq_length / 16 distinct shapes (each traced or XLA-compiled once).
+# Exported graphs cut their batches the same way.
+LENGTH_BUCKET = 16
+# Training groups examples of similar length within windows of this many batches of the shuffled
+# stream: wide enough that each batch spans a narrow band of lengths, narrow enough that a window
+# is still a random sample of the data.
+LENGTH_GROUP_BATCHES = 16
+
 
 class DataFormatError(io_utils.UsageError):
     """An input file that breaks its format; the message names the file and line."""
@@ -233,13 +242,90 @@ def _to_model_batch(batch):
     return out
 
 
+def _row_ends(mask):
+    """One past the last unmasked position of every row of `mask` [..., s] (0 for an empty row): [...]."""
+    positions = tf.range(1, tf.shape(mask)[-1] + 1, dtype=tf.int32)
+    # The last set position, not the mask's sum, so a mask with holes is never cut short.
+    return tf.reduce_max(tf.where(tf.not_equal(mask, 0), positions, 0), axis=-1)
+
+
+def trim_to_longest(inputs, multiple=LENGTH_BUCKET, mask_name="input_mask"):
+    """`inputs` with the padding that no row needs cut off: a dict of tensors, cut on the last axis.
+
+    Every tensor of the mask's rank ([b, s], or [b, choices, s]) is cut to the batch's longest row
+    (its last unmasked position + 1), rounded up to `multiple` and at most s, so a model sees few
+    distinct lengths (XLA compiles each once). Other tensors ([b] labels, positions) pass unchanged.
+    Pure TensorFlow: it works in tf.data, tf.function and exported graphs alike.
+    """
+    mask = inputs[mask_name]
+    seq_length = tf.shape(mask)[-1]
+    longest = tf.maximum(tf.reduce_max(_row_ends(mask)), 1)  # an empty batch keeps [CLS]
+    length = tf.minimum(-(-longest // multiple) * multiple, seq_length)
+    rank = mask.shape.rank
+    return {
+        name: value[..., :length] if value.shape.rank == rank else value
+        for name, value in inputs.items()
+    }
+
+
+def _example_lengths(mask):
+    """The length of every example in a batch: its row end, the longest choice's for [b, choices, s]."""
+    ends = _row_ends(mask)
+    return (
+        tf.reduce_max(ends, axis=list(range(1, ends.shape.rank))) if ends.shape.rank > 1 else ends
+    )
+
+
+def _sort_window(index, window, batch_size, seed):
+    """A window of examples [k * batch_size, ...] -> k batches of similar length [k, batch_size, ...].
+
+    The examples are sorted by length (stably, so equal lengths keep their shuffled order) and cut
+    into batches, which then come in a random order: a window's batches must not go from short to
+    long, or the learning rate schedule would meet lengths in a pattern.
+    """
+    order = tf.argsort(_example_lengths(window["input_mask"]), stable=True)
+    order = tf.reshape(order, [-1, batch_size])
+    batch_seed = tf.stack([tf.constant(seed or 0, tf.int64), index])
+    shuffled = tf.argsort(tf.random.stateless_uniform([tf.shape(order)[0]], seed=batch_seed))
+    order = tf.gather(order, shuffled)
+    return {name: tf.gather(value, order) for name, value in window.items()}
+
+
+def _batched(dataset, batch_size, is_training, drop_remainder, seed, length_bucket, parse):
+    """Batches of `dataset` through `parse`: static, or trimmed (and length-grouped for training)."""
+    group = is_training and length_bucket
+    window = batch_size * LENGTH_GROUP_BATCHES if group else batch_size
+    dataset = dataset.batch(window, drop_remainder=drop_remainder or bool(group))
+    # Parsing a batch at once is much faster than parsing records one by one.
+    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if group:
+        dataset = (
+            dataset.enumerate()
+            .map(lambda index, batch: _sort_window(index, batch, batch_size, seed))
+            .unbatch()
+        )
+    if length_bucket:
+        dataset = dataset.map(lambda batch: trim_to_longest(batch, length_bucket))
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
 def records_dataset(
-    files, spec, batch_size, is_training, seed=None, input_context=None, drop_remainder=None
+    files,
+    spec,
+    batch_size,
+    is_training,
+    seed=None,
+    input_context=None,
+    drop_remainder=None,
+    length_bucket=None,
 ):
     """Batches of task records for one input pipeline, keyed by the model's input names.
 
     Training: sharded per pipeline, shuffled (deterministically with `seed`), repeated forever.
     Eval and predict: in file order, one pass, the last batch kept unless `drop_remainder`.
+    `length_bucket` None keeps the records' padded length (static shapes, for TPUs); a number N
+    cuts each batch with `trim_to_longest(batch, N)`, and for training first groups examples of
+    similar length into batches, within windows of LENGTH_GROUP_BATCHES shuffled batches.
     """
     files = [files] if isinstance(files, str) else list(files)
     for path in files:
@@ -251,17 +337,20 @@ def records_dataset(
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if is_training:
         dataset = dataset.shuffle(10000, seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    # Parsing a batch at once is much faster than parsing records one by one.
-    dataset = dataset.map(
+    return _batched(
+        dataset,
+        batch_size,
+        is_training,
+        drop_remainder,
+        seed,
+        length_bucket,
         lambda serialized: _to_model_batch(tf.io.parse_example(serialized, spec)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
     )
-    return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def features_dataset(features, batch_size, is_training=False, seed=None, drop_remainder=None):
+def features_dataset(
+    features, batch_size, is_training=False, seed=None, drop_remainder=None, length_bucket=None
+):
     """The in-memory twin of `records_dataset`: batches of `features` (name -> array [n, ...])."""
     if drop_remainder is None:
         drop_remainder = is_training
@@ -271,8 +360,9 @@ def features_dataset(features, batch_size, is_training=False, seed=None, drop_re
     if is_training:
         count = len(next(iter(features.values())))
         dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True).repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder).map(_to_model_batch)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return _batched(
+        dataset, batch_size, is_training, drop_remainder, seed, length_bucket, _to_model_batch
+    )
 
 
 def split_path(data_dir, file_name):

@@ -47,6 +47,9 @@ class HeadObjective(training.Objective):
 
     stat_names = ("loss", "weight", "correct")
     reports_accuracy = True
+    # Prediction outputs with a position axis ([b, s, ...]) -> the value of positions that a
+    # batch cut to its longest row (tasks.trim_to_longest) did not compute.
+    token_outputs = {}
 
     def __init__(self, model):
         self.model = model

@@ -530,6 +530,7 @@ def dataset(
     seed=None,
     input_context=None,
     drop_remainder=None,
+    length_bucket=None,
 ):
     """Batches of classification records: input_word_ids, input_mask, input_type_ids, label_ids, is_real_example."""
     return tasks.records_dataset(
@@ -540,6 +541,7 @@ def dataset(
         seed=seed,
         input_context=input_context,
         drop_remainder=drop_remainder,
+        length_bucket=length_bucket,
     )
 
 

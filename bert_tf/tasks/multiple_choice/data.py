@@ -165,7 +165,16 @@ def feature_spec(choices, max_seq_length):
     return spec
 
 
-def dataset(files, choices, max_seq_length, batch_size, is_training, seed=None, input_context=None):
+def dataset(
+    files,
+    choices,
+    max_seq_length,
+    batch_size,
+    is_training,
+    seed=None,
+    input_context=None,
+    length_bucket=None,
+):
     """Batches of multiple choice records: the three inputs [b, choices, s], label_ids, is_real_example."""
     return tasks.records_dataset(
         files,
@@ -174,6 +183,7 @@ def dataset(files, choices, max_seq_length, batch_size, is_training, seed=None, 
         is_training,
         seed=seed,
         input_context=input_context,
+        length_bucket=length_bucket,
     )
 
 

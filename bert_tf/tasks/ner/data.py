@@ -176,6 +176,7 @@ def dataset(
     seed=None,
     input_context=None,
     drop_remainder=None,
+    length_bucket=None,
 ):
     """Batches of NER records: input_word_ids, input_mask, input_type_ids, label_ids [b, s]."""
     return tasks.records_dataset(
@@ -186,6 +187,7 @@ def dataset(
         seed=seed,
         input_context=input_context,
         drop_remainder=drop_remainder,
+        length_bucket=length_bucket,
     )
 
 

@@ -25,6 +25,8 @@ def build_model(config, spec, encoder):
 class TokenClassificationObjective(heads.HeadObjective):
     """Softmax cross-entropy on `logits` [b, s, labels] over the tokens whose label is not IGNORE_LABEL."""
 
+    token_outputs = {"predicted_ids": 0}  # padding: no word maps to it
+
     def weights(self, batch):
         return tf.cast(tf.not_equal(batch["label_ids"], IGNORE_LABEL), tf.float32)
 

@@ -409,6 +409,7 @@ def dataset(
     seed=None,
     input_context=None,
     drop_remainder=None,
+    length_bucket=None,
 ):
     """Batches of SQuAD records keyed by the model's input names, int32 (unique ids fit: they start at 1e9).
 
@@ -423,4 +424,5 @@ def dataset(
         seed=seed,
         input_context=input_context,
         drop_remainder=drop_remainder,
+        length_bucket=length_bucket,
     )

@@ -6,6 +6,7 @@ and end position cross-entropies.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from bert_tf.tasks import heads
@@ -26,6 +27,9 @@ def build_model(config, spec, encoder):
 
 class SpanObjective(heads.HeadObjective):
     """The original run_squad loss: the mean of the start and end position cross-entropies."""
+
+    # A position past a trimmed batch's end holds no token: it can never start or end an answer.
+    token_outputs = {"start_logits": -np.inf, "end_logits": -np.inf}
 
     def per_position(self, batch, outputs):
         losses, correct = [], []
