@@ -118,7 +118,7 @@ class TextPacker:
 
     def trim(self, inputs):
         """Packed inputs [..., seq_length] cut to the batch's bucketed longest row when dynamic."""
-        return trim_to_longest(inputs, self.seq_length) if self.dynamic_length else inputs
+        return trim_to_longest(inputs) if self.dynamic_length else inputs
 
     def padded_length(self, row_lengths):
         """How many positions rows of these token counts are padded to: bucketed, or seq_length."""

@@ -158,31 +158,6 @@ def pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=False):
     return _pack_ragged(segments, seq_length, cls_id, sep_id)
 
 
-# Dynamic padding rounds a batch's length up to a multiple of this: few distinct shapes (kernels,
-# XLA programs and oneDNN primitives are reused) for at most 15 padded positions a row.
-LENGTH_BUCKET = 16
-
-
-def bucketed_length(row_lengths, max_length, multiple=LENGTH_BUCKET):
-    """The longest of `row_lengths` rounded up to `multiple`, at most `max_length` (at least 1)."""
-    longest = tf.cast(tf.reduce_max(row_lengths), tf.int32)
-    rounded = (tf.maximum(longest, 1) + multiple - 1) // multiple * multiple
-    return tf.minimum(rounded, max_length)
-
-
-def trim_to_longest(
-    inputs, max_length, multiple=LENGTH_BUCKET, names=tuple(MODEL_INPUT_NAMES.values())
-):
-    """`inputs` with the sequence features `names` ([..., s]) cut to the bucketed longest row.
-
-    Everything past a batch's longest row is padding, which the attention mask already hides, so
-    the model's outputs at the kept positions are the same (up to float rounding) as at full length.
-    """
-    row_lengths = tf.reduce_sum(tf.cast(inputs["input_mask"], tf.int32), axis=-1)
-    length = bucketed_length(row_lengths, max_length, multiple)
-    return {name: value[..., :length] if name in names else value for name, value in inputs.items()}
-
-
 def _pack_ragged(segments, seq_length, cls_id, sep_id):
     """`pack_inputs` without `drop_empty_b`: every segment gets its [SEP], empty or not."""
     trimmed = tf_text.RoundRobinTrimmer(seq_length - len(segments) - 1).trim(segments)
@@ -249,6 +224,15 @@ def _row_ends(mask):
     return tf.reduce_max(tf.where(tf.not_equal(mask, 0), positions, 0), axis=-1)
 
 
+def bucketed_length(row_lengths, max_length, multiple=LENGTH_BUCKET):
+    """The longest of `row_lengths` rounded up to `multiple`, at most `max_length` (at least 1).
+
+    Exported graphs pad the rows they pack to this length (squad's windows too).
+    """
+    longest = tf.maximum(tf.cast(tf.reduce_max(row_lengths), tf.int32), 1)
+    return tf.minimum(-(-longest // multiple) * multiple, tf.cast(max_length, tf.int32))
+
+
 def trim_to_longest(inputs, multiple=LENGTH_BUCKET, mask_name="input_mask"):
     """`inputs` with the padding that no row needs cut off: a dict of tensors, cut on the last axis.
 
@@ -258,9 +242,8 @@ def trim_to_longest(inputs, multiple=LENGTH_BUCKET, mask_name="input_mask"):
     Pure TensorFlow: it works in tf.data, tf.function and exported graphs alike.
     """
     mask = inputs[mask_name]
-    seq_length = tf.shape(mask)[-1]
-    longest = tf.maximum(tf.reduce_max(_row_ends(mask)), 1)  # an empty batch keeps [CLS]
-    length = tf.minimum(-(-longest // multiple) * multiple, seq_length)
+    # At least 1: an empty batch keeps [CLS].
+    length = bucketed_length(_row_ends(mask), tf.shape(mask)[-1], multiple)
     rank = mask.shape.rank
     return {
         name: value[..., :length] if value.shape.rank == rank else value
