@@ -32,9 +32,10 @@ MODEL_INPUT_NAMES = {
     "segment_ids": "input_type_ids",
 }
 
-# Dynamic-length batches are cut to their longest row rounded up to this many tokens: little
-# padding, and at most max_seq_length / 16 distinct shapes (each traced or XLA-compiled once).
-# Exported graphs cut their batches the same way.
+# Where every distinct shape is compiled (XLA, --jit_compile; exported graphs), a dynamic-length
+# batch is cut to its longest row rounded up to this many tokens: little padding, and at most
+# max_seq_length / 16 shapes. (Graph-mode fine-tuning cuts to the exact longest row: its kernels
+# take any shape at no extra cost.)
 LENGTH_BUCKET = 16
 # Training groups examples of similar length within windows of this many batches of the shuffled
 # stream: wide enough that each batch spans a narrow band of lengths, narrow enough that a window
