@@ -32,6 +32,13 @@ demo: $(STAMP)
 	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
 	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords \
 	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite
+	@# The same job as an Apache Beam pipeline (DirectRunner, 2 processes): the same bytes.
+	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
+	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords_beam \
+	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite \
+	  --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing
+	for f in $(DEMO_DIR)/tfrecords/*.tfrecord; do cmp "$$f" "$(DEMO_DIR)/tfrecords_beam/$$(basename $$f)"; done
+	@echo "Beam's shards are byte-identical to the local run's"
 	$(PY) -m bert_tf.run_pretraining --input_file='$(DEMO_DIR)/tfrecords/*.tfrecord' \
 	  --output_dir=$(DEMO_DIR)/pretrained --model_size=tiny --vocab_file=$(DEMO_DIR)/vocab.txt \
 	  --do_lower_case=true --do_train --do_eval --train_batch_size=32 --eval_batch_size=32 \
