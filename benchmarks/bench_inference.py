@@ -32,13 +32,15 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import latency  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["minilm", "base"], "Model sizes: minilm (real weights), base.")
@@ -111,26 +113,8 @@ def classifier_model_dir(size, work):
 
 
 def timings(call, sentences, static_batches=None):
-    """(batch-1 p50 ms, batch-32 sentences/s) of `call(list of str)`, after a warm-up pass."""
-    batches = [sentences[i : i + BATCH] for i in range(0, len(sentences), BATCH)]
-    if static_batches:
-        batches = batches[:static_batches]
-    for text in sentences[:8]:
-        call([text])
-    for batch in batches[:2]:
-        call(batch)
-    singles = []
-    for text in sentences:
-        start = time.perf_counter()
-        call([text])
-        singles.append(time.perf_counter() - start)
-    best = float("inf")
-    for _ in range(FLAGS.rounds):
-        start = time.perf_counter()
-        for batch in batches:
-            call(batch)
-        best = min(best, time.perf_counter() - start)
-    return float(np.median(singles) * 1e3), sum(len(b) for b in batches) / best
+    """(batch-1 p50 ms, batch-32 sentences/s) of `call(list of str)` (see latency.timings)."""
+    return latency.timings(call, sentences, BATCH, FLAGS.rounds, static_batches)
 
 
 def ours(model_dir, seq_length, work, **options):
@@ -175,8 +159,8 @@ def keras_hub_classifier(config, seq_length):
 
 
 _TORCH_SCRIPT = r"""
-import json, sys, time
-import numpy as np, torch, transformers
+import json, sys
+import torch, transformers
 request = json.loads(sys.argv[1])
 torch.set_num_threads(2)
 tokenizer = transformers.BertTokenizerFast(request["vocab"], do_lower_case=True)
@@ -191,21 +175,10 @@ def call(texts):
     encoded = tokenizer(texts, padding=True, truncation=True, max_length=request["seq_length"], return_tensors="pt")
     with torch.inference_mode():
         return model(**encoded).logits.softmax(-1).numpy()
-batches = [sentences[i:i + batch_size] for i in range(0, len(sentences), batch_size)]
-for text in sentences[:8]:
-    call([text])
-for batch in batches[:2]:
-    call(batch)
-singles = []
-for text in sentences:
-    start = time.perf_counter(); call([text]); singles.append(time.perf_counter() - start)
-best = float("inf")
-for _ in range(request["rounds"]):
-    start = time.perf_counter()
-    for batch in batches:
-        call(batch)
-    best = min(best, time.perf_counter() - start)
-print(json.dumps({"p50_ms": float(np.median(singles) * 1e3), "per_s": len(sentences) / best,
+sys.path.insert(0, request["benchmarks"])
+from latency import timings
+p50_ms, per_s = timings(call, sentences, batch_size, request["rounds"])
+print(json.dumps({"p50_ms": p50_ms, "per_s": per_s,
                   "version": f"torch {torch.__version__}, transformers {transformers.__version__}"}))
 """
 
@@ -223,6 +196,7 @@ def hugging_face(size, seq_length, sentences):
         sentences=sentences,
         batch=BATCH,
         rounds=FLAGS.rounds,
+        benchmarks=os.path.dirname(os.path.abspath(__file__)),
     )
     result = subprocess.run(
         [FLAGS.torch_python, "-c", _TORCH_SCRIPT, json.dumps(request)],
