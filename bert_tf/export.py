@@ -83,7 +83,7 @@ from absl import logging
 from bert_tf import cli, export_graph, io_utils, modeling, warmup
 from bert_tf.cli import arg
 from bert_tf.model_dir import ModelDir
-from bert_tf.serve import list_versions
+from bert_tf.model_versions import list_versions
 from bert_tf.tasks import pack_inputs, registry
 
 ENCODER_KIND = "encoder"

@@ -8,7 +8,7 @@ import shutil
 import tensorflow as tf
 from helpers import tiny_config
 
-from bert_tf import serve
+from bert_tf.serving import batching, core, server, servable
 
 LABELS = ["negative", "positive", "neutral"]
 V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
@@ -155,7 +155,7 @@ def _save(module, path, signatures):
     tf.saved_model.save(module, path, signatures=signatures)
     # tf.saved_model.save writes every signature as "predict"; the exporter's fix-up sets the rest.
     export.set_method_names(
-        path, {"classification": serve.CLASSIFY_METHOD, "regression": serve.REGRESS_METHOD}
+        path, {"classification": servable.CLASSIFY_METHOD, "regression": servable.REGRESS_METHOD}
     )
 
 
@@ -181,3 +181,40 @@ def make_base(tmp_path, exports, versions=(1,)):
     for version in versions:
         shutil.copytree(exports["v1"], base / str(version))
     return str(base)
+
+
+def model_server(
+    models,
+    port=0,
+    poll_seconds=0,
+    grpc_port=None,
+    warmup=True,
+    on_loaded=None,
+    enable_batching=False,
+    max_batch_size=batching.DEFAULT_MAX_BATCH_SIZE,
+    batch_timeout_micros=2000,
+    max_instances_per_request=0,
+    max_request_bytes=server.DEFAULT_MAX_REQUEST_BYTES,
+    idle_timeout_s=60.0,
+    deadline_s=None,
+    metrics=None,
+    metrics_path=None,
+):
+    """A ModelServer on 127.0.0.1 (free ports by default) from the tests' keyword arguments."""
+    options = server.ServerOptions(
+        rest_api_port=port,
+        grpc_port=grpc_port,
+        file_system_poll_wait_seconds=poll_seconds,
+        max_request_bytes=max_request_bytes,
+        idle_timeout_s=idle_timeout_s,
+        rest_api_deadline_s=deadline_s,
+    )
+    core_options = core.CoreOptions(
+        max_batch_size=max_batch_size,
+        max_instances_per_request=max_instances_per_request,
+        batching_options=batching.BatchingOptions(max_batch_size, batch_timeout_micros)
+        if enable_batching
+        else None,
+        warmup=warmup,
+    )
+    return server.ModelServer(models, options, core_options, on_loaded, metrics, metrics_path)

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from bert_tf import export, modeling, serve, warmup
+from bert_tf import export, modeling, warmup
+from bert_tf.serving import servable as servable_module
 from bert_tf.export_graph import TextPacker
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import LENGTH_BUCKET, models
@@ -229,14 +230,14 @@ def test_warmup_file_has_a_request_per_padded_length_that_the_export_answers(exp
 
 def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, monkeypatch):
     _, paths = exports
-    calls, real = [], serve.call_signature
+    calls, real = [], servable_module.call_signature
 
     def recording(signature, arrays):
         calls.append((signature.name, {name: a.shape for name, a in arrays.items()}))
         return real(signature, arrays)
 
     monkeypatch.setattr(serve, "call_signature", recording)
-    serve.Servable("clf", 1, paths["classifier"]["dynamic"])
+    servable_module.Servable("clf", 1, paths["classifier"]["dynamic"])
     replayed = [shapes for name, shapes in calls if name == "serving_default"]
     assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5
     # A signature the warm-up file left out still gets its dummy call.
@@ -248,4 +249,4 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
     with tf.io.TFRecordWriter(warmup.requests_path(str(broken))) as writer:
         writer.write(b"\xff not a PredictionLog")
     with pytest.raises(ValueError, match="tf_serving_warmup_requests: record 1"):
-        serve.Servable("clf", 1, str(broken))
+        servable_module.Servable("clf", 1, str(broken))

@@ -26,10 +26,12 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
-from helpers_serve import LABELS, V2_LABELS, build_test_exports, make_base
+from helpers_serve import LABELS, V2_LABELS, build_test_exports, make_base, model_server
 from tensorflow.core.framework import types_pb2
 
 from bert_tf import serve
+from bert_tf.serving import config, errors
+from bert_tf.serving import servable as servable_module
 
 TEXTS = ["a wonderful film", "the plot was dull and slow", "", "Überraschend gut! 😀"]
 
@@ -84,7 +86,7 @@ def server(tmp_path_factory, exports):
     base = make_base(tmp_path_factory.mktemp("server"), exports)
     # No warm-up: each signature's first request pays its graph instantiation instead, which only
     # the tests that use it need (test_new_version_... covers warm-up).
-    with serve.ModelServer(
+    with model_server(
         {"clf": base}, port=0, poll_seconds=0, max_request_bytes=4 << 20, warmup=False
     ) as running:
         yield running
@@ -595,7 +597,7 @@ def test_a_stalled_body_gets_408_and_no_traceback(tmp_path, exports, caplog):
     """Complete headers, then part of the body and silence: 408 once the idle timeout passes."""
     base = make_base(tmp_path, exports)
     caplog.set_level(logging.INFO)
-    with serve.ModelServer(
+    with model_server(
         {"clf": base}, port=0, poll_seconds=0, idle_timeout_s=0.5, warmup=False
     ) as server:
         start = time.monotonic()
@@ -671,7 +673,7 @@ def test_batching_gives_the_same_answers(tmp_path, exports, direct):
     texts = [f"sentence {i} " * (i % 5 + 1) for i in range(16)]
     expected = _direct_predict(direct, texts)["probabilities"]
     base = make_base(tmp_path, exports)
-    with serve.ModelServer(
+    with model_server(
         {"clf": base},
         port=0,
         poll_seconds=0,
@@ -698,7 +700,7 @@ def test_batching_gives_the_same_answers(tmp_path, exports, direct):
 def test_batching_does_not_merge_a_long_request_with_short_ones(tmp_path, exports, monkeypatch):
     """Issue 12: a merged call pads every row to its longest text, so a long request waiting with
     short ones runs on its own and the short ones together."""
-    calls, real = [], serve.call_signature
+    calls, real = [], servable_module.call_signature
 
     def recording(signature, arrays):  # (rows, longest text) of each call
         texts = [t for a in arrays.values() if a.dtype == object for t in a.reshape(-1)]
@@ -709,7 +711,7 @@ def test_batching_does_not_merge_a_long_request_with_short_ones(tmp_path, export
     base = make_base(tmp_path, exports)
     short = [f"short {i}" for i in range(4)]
     long = "a much longer text " * 40
-    with serve.ModelServer(
+    with model_server(
         {"clf": base},
         port=0,
         poll_seconds=0,
@@ -746,7 +748,7 @@ def test_batching_does_not_pad_a_reply_to_other_requests(tmp_path):
         signatures={"serving_default": module.split.get_concrete_function()},
     )
     texts = ["a", "one two three four five six"]
-    with serve.ModelServer(
+    with model_server(
         {"words": str(tmp_path / "words")},
         port=0,
         poll_seconds=0,
@@ -769,13 +771,13 @@ def test_batching_does_not_pad_a_reply_to_other_requests(tmp_path):
 
 
 def record_model_calls(monkeypatch, seconds_per_row=0.0):
-    """Wraps serve.call_signature; returns the list it fills with [signature, rows, start, end] per call.
+    """Wraps servable_module.call_signature; returns the list it fills with [signature, rows, start, end] per call.
 
     With `seconds_per_row`, calls of more than one row also sleep that long per row, so the tiny
     test model costs time per row as a real one does (the sleep holds what a real call holds).
     """
     calls = []
-    real = serve.call_signature
+    real = servable_module.call_signature
 
     def recording(signature, arrays):
         rows = max((len(a) for a in arrays.values() if np.ndim(a)), default=0)
@@ -856,7 +858,7 @@ def test_chunks_of_outputs_padded_to_the_longest_row_are_joined_as_one_call(tmp_
     texts = ["a", "b c", "d", "e f g h", "i", "j k", "l m n"]
     expected = tf.strings.split(tf.constant(texts)).to_tensor("").numpy().astype(str).tolist()
     calls = record_model_calls(monkeypatch)
-    with serve.ModelServer(
+    with model_server(
         {"words": str(tmp_path / "words")}, port=0, poll_seconds=0, max_batch_size=2, warmup=False
     ) as server:
         assert post(server.port, "/v1/models/words:predict", {"instances": texts}) == (
@@ -878,7 +880,7 @@ def test_chunks_of_outputs_padded_to_the_longest_row_are_joined_as_one_call(tmp_
 
 def test_max_instances_per_request(tmp_path, exports):
     base = make_base(tmp_path, exports)
-    with serve.ModelServer(
+    with model_server(
         {"clf": base}, port=0, poll_seconds=0, max_instances_per_request=3, warmup=False
     ) as server:
         assert post(server.port, "/v1/models/clf:predict", {"instances": ["a"] * 3})[0] == 200
@@ -911,7 +913,7 @@ def test_small_requests_are_answered_while_a_big_one_runs(tmp_path, exports, mon
     """A big request must not hold the model (or the batcher) for its whole duration."""
     calls = record_model_calls(monkeypatch, seconds_per_row=0.002)  # 800 rows: 1.6 s in the model
     base = make_base(tmp_path, exports)
-    with serve.ModelServer(
+    with model_server(
         {"clf": base},
         port=0,
         poll_seconds=0,
@@ -958,7 +960,7 @@ def test_small_requests_are_answered_while_a_big_one_runs(tmp_path, exports, mon
 def test_new_version_is_picked_up_without_dropping_requests(tmp_path, exports):
     base = make_base(tmp_path, exports)
     loaded = []
-    server = serve.ModelServer(
+    server = model_server(
         {"clf": base},
         port=0,
         poll_seconds=0.2,
@@ -1032,7 +1034,7 @@ def _wait_for(condition, seconds):
 def test_a_version_whose_directory_is_deleted_is_unloaded(tmp_path, exports):
     """As TF Serving: no version directories left means nothing is aspired, so the version unloads."""
     base = make_base(tmp_path, exports)
-    with serve.ModelServer({"clf": base}, port=0, poll_seconds=0.1, warmup=False) as server:
+    with model_server({"clf": base}, port=0, poll_seconds=0.1, warmup=False) as server:
         assert post(server.port, "/v1/models/clf:predict", {"instances": ["a"]})[0] == 200
         # The base path itself gone (an unmounted volume, say) is an error that changes nothing.
         os.rename(base, base + ".away")
@@ -1093,7 +1095,7 @@ def test_parse_model_config():
       }
     }
     """
-    assert serve.parse_model_config(text) == {"clf": "/models/clf", "squad": "/models/squad"}
+    assert config.parse_model_config(text) == {"clf": "/models/clf", "squad": "/models/squad"}
     bad = {
         'model_config_list { config { name: "a" } }': "no base_path",
         'model_config_list { config { name: "a" base_path: "/p" }': "end of file",
@@ -1106,10 +1108,10 @@ def test_parse_model_config():
         "": "empty",
     }
     for text, message in bad.items():
-        with pytest.raises(serve.ModelConfigError, match=message):
-            serve.parse_model_config(text, "models.config")
-    with pytest.raises(serve.ModelConfigError, match=r"models.config:3:"):
-        serve.parse_model_config('model_config_list {\n config {\n  nme: "a" } }', "models.config")
+        with pytest.raises(config.ModelConfigError, match=message):
+            config.parse_model_config(text, "models.config")
+    with pytest.raises(config.ModelConfigError, match=r"models.config:3:"):
+        config.parse_model_config('model_config_list {\n config {\n  nme: "a" } }', "models.config")
 
 
 def _env():

@@ -12,9 +12,8 @@ import random
 
 import pytest
 import tensorflow as tf
-from helpers_serve import build_test_exports, make_base
+from helpers_serve import build_test_exports, make_base, model_server
 
-from bert_tf import serve
 
 SEED = 20240607
 NUM_MALFORMED = 1000
@@ -26,7 +25,7 @@ LIMIT = 256 << 10
 def fuzz_server(tmp_path_factory, real_vocab):
     exports = build_test_exports(tmp_path_factory, real_vocab)
     base = make_base(tmp_path_factory.mktemp("fuzz"), exports)
-    with serve.ModelServer(
+    with model_server(
         {"clf": base}, port=0, poll_seconds=0, max_request_bytes=LIMIT, warmup=False
     ) as server:
         yield server, tf.saved_model.load(exports["v1"])

@@ -1,0 +1,1 @@
+"""TF Serving's APIs (REST and gRPC) for exported models."""

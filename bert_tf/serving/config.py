@@ -1,0 +1,82 @@
+"""TF Serving's model server config: `--model_config_file` (a ModelServerConfig text proto) or
+`--model_base_path` with `--model_name`, as `model_server_config_pb2` messages.
+
+The file is parsed with protobuf's own text format against the proto of `tensorflow-serving-api`,
+so a file TF Serving accepts is read the same way here, and a typo is an error naming its line.
+"""
+
+import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from bert_tf.io_utils import UsageError
+
+
+class ModelConfigError(UsageError):
+    """A malformed --model_config_file: names the file and line."""
+
+
+def parse_model_config(text, source="model_config_file"):
+    """A ModelServerConfig from TF Serving's text format, checked as this server serves it."""
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ModelConfigError(f"{source}:{e}") from e
+    check_model_config(config, source)
+    return config
+
+
+def check_model_config(config, source="model_config_file"):
+    """Refuses what this server cannot serve: custom configs, other platforms, bad names, twins."""
+    if config.WhichOneof("config") != "model_config_list":
+        raise ModelConfigError(
+            f"{source}: expected model_config_list {{ config {{ ... }} }} "
+            "(custom_model_config is not supported)"
+        )
+    names = set()
+    for model in config.model_config_list.config:
+        if not model.name or "/" in model.name or ":" in model.name:
+            raise ModelConfigError(
+                f"{source}: model name {model.name!r} must be non-empty and contain no '/' or ':'"
+            )
+        if not model.base_path:
+            raise ModelConfigError(f"{source}: model {model.name!r} has no base_path")
+        if model.model_platform not in ("", "tensorflow"):
+            raise ModelConfigError(
+                f"{source}: model {model.name!r}: model_platform {model.model_platform!r} is not "
+                'supported; only "tensorflow"'
+            )
+        if model.name in names:
+            raise ModelConfigError(f"{source}: model {model.name!r} configured twice")
+        names.add(model.name)
+        policy = model.model_version_policy
+        if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 0:
+            raise ModelConfigError(f"{source}: model {model.name!r}: num_versions must be >= 0")
+    return config
+
+
+def read_model_config_file(path, flag="--model_config_file"):
+    """The ModelServerConfig in `path`; an unreadable or malformed file is a usage error."""
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            text = f.read()
+    except (tf.errors.OpError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag}={path}: cannot read it: {e}") from e
+    return parse_model_config(text, path)
+
+
+def config_of(models, source="--model_name"):
+    """The ModelServerConfig of {name: base_path} (what TF Serving builds from --model_name and
+    --model_base_path for one model)."""
+    config = model_server_config_pb2.ModelServerConfig()
+    config.model_config_list.SetInParent()
+    for name, base_path in models.items():
+        model = config.model_config_list.config.add()
+        model.name, model.base_path, model.model_platform = name, base_path, "tensorflow"
+    return check_model_config(config, source)
+
+
+def models_of(config):
+    """{name: ModelConfig} of a ModelServerConfig, in file order."""
+    return {model.name: model for model in config.model_config_list.config}

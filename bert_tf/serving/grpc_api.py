@@ -1,0 +1,425 @@
+"""TF Serving's gRPC API: PredictionService (Predict, Classify, Regress, MultiInference,
+GetModelMetadata) and ModelService (GetModelStatus, HandleReloadConfigRequest), on grpcio with the
+protos and stubs of `tensorflow-serving-api`.
+
+Requests become numpy arrays and serialized tf.Examples and run through the same `core` functions
+as REST requests, so the two protocols share checks, batching, chunking and error codes; a
+ServingError ends the call with its canonical code, as TF Serving's ToGRPCStatus does.
+"""
+
+import concurrent.futures
+import os
+import time
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    inference_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from bert_tf.serving import core, errors
+from bert_tf.serving.servable import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
+
+# TF Serving sets no message size limit of its own (SetMaxMessageSize(INT32_MAX) in server.cc);
+# --grpc_channel_arguments may set lower ones.
+DEFAULT_MAX_MESSAGE_BYTES = (1 << 31) - 1
+# ToGRPCStatus in grpc_status_util.cc: longer messages are cut here and marked.
+_MAX_STATUS_MESSAGE = 1024
+SIGNATURE_DEF_FIELD = "signature_def"
+
+# The TensorProto field TF Serving's AsProtoField writes each dtype's values to.
+_VALUE_FIELDS = {
+    types_pb2.DT_FLOAT: "float_val",
+    types_pb2.DT_DOUBLE: "double_val",
+    types_pb2.DT_INT32: "int_val",
+    types_pb2.DT_INT16: "int_val",
+    types_pb2.DT_INT8: "int_val",
+    types_pb2.DT_UINT8: "int_val",
+    types_pb2.DT_UINT16: "int_val",
+    types_pb2.DT_INT64: "int64_val",
+    types_pb2.DT_UINT32: "uint32_val",
+    types_pb2.DT_UINT64: "uint64_val",
+    types_pb2.DT_BOOL: "bool_val",
+    types_pb2.DT_STRING: "string_val",
+}
+
+
+def parse_channel_arguments(text):
+    """--grpc_channel_arguments "k=v,k2=v2" as grpc server options; ints stay ints, as in TF
+    Serving's server.cc."""
+    options = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--grpc_channel_arguments: {item!r} is not key=value")
+        try:
+            options.append((key, int(value)))
+        except ValueError:
+            options.append((key, value))
+    return options
+
+
+def _abort(context, error):
+    """Ends the call with the error's canonical code and its message, cut as ToGRPCStatus cuts it."""
+    message = error.message
+    if len(message) > _MAX_STATUS_MESSAGE:
+        message = message[:_MAX_STATUS_MESSAGE] + "...TRUNCATED"
+    context.abort(error.grpc_code, message)
+
+
+def tensor_to_array(proto, where):
+    """A TensorProto as a numpy array (object array of bytes for strings); bad ones are
+    INVALID_ARGUMENT."""
+    try:
+        array = tf.make_ndarray(proto)
+    except (TypeError, ValueError, IndexError) as e:
+        raise errors.invalid_argument(f"{where}: not a valid TensorProto: {e}") from e
+    return array
+
+
+def array_to_tensor(array):
+    """A numpy output as a TensorProto with its values in the typed field (TF Serving's default
+    AsProtoField serialization)."""
+    array = np.asarray(array)
+    if array.dtype == object or array.dtype.kind in "SU":
+        dtype = types_pb2.DT_STRING
+    else:
+        dtype = tf.as_dtype(array.dtype).as_datatype_enum
+    proto = tensor_pb2.TensorProto(dtype=dtype)
+    for size in array.shape:
+        proto.tensor_shape.dim.add(size=size)
+    field = _VALUE_FIELDS.get(dtype)
+    if field is None:  # half, bfloat16, complex: make_tensor_proto knows their layouts.
+        return tf.make_tensor_proto(array)
+    values = array.ravel()
+    if dtype == types_pb2.DT_STRING:
+        values = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values.tolist()]
+    else:
+        values = values.tolist()
+    getattr(proto, field).extend(values)
+    return proto
+
+
+def _dtype_name(enum_value):
+    """A DataType enum's TensorFlow name (float, string, ...), or its number when unknown."""
+    try:
+        return tf.as_dtype(enum_value).name
+    except TypeError:
+        return f"dtype {enum_value}"
+
+
+def _model_spec_args(spec):
+    """(name, version, label) of a ModelSpec; a missing name is INVALID_ARGUMENT as in TF Serving."""
+    if not spec.name:
+        raise errors.invalid_argument("ModelSpec has no name specified.")
+    choice = spec.WhichOneof("version_choice")
+    version = spec.version.value if choice == "version" else None
+    label = spec.version_label if choice == "version_label" else None
+    return spec.name, version, label
+
+
+def _fill_model_spec(target, name, version, signature_name):
+    """The model spec a response carries: the name, the version that answered, the signature."""
+    target.name = name
+    target.version.value = version
+    target.signature_name = signature_name
+
+
+def serialized_examples(input_proto):
+    """The serialized tf.Examples of an Input proto; context features merged into each example.
+
+    Concatenated serialized protos parse as one merged message, so context + example bytes give
+    each example the context's features, the example's own winning on a shared name.
+    """
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        return [e.SerializeToString() for e in input_proto.example_list.examples]
+    if kind == "example_list_with_context":
+        listed = input_proto.example_list_with_context
+        context = listed.context.SerializeToString()
+        return [context + e.SerializeToString() for e in listed.examples]
+    raise errors.invalid_argument("Input is empty.")
+
+
+def _classification_result(result, classes, scores):
+    """Fills a ClassificationResult from the classes/scores arrays (either may be None)."""
+    reference = classes if classes is not None else scores
+    for row in range(np.shape(reference)[0]):
+        classifications = result.classifications.add()
+        for column in range(np.shape(reference)[1]):
+            entry = classifications.classes.add()
+            if classes is not None:
+                entry.label = classes[row][column].decode("utf-8", errors="replace")
+            if scores is not None:
+                entry.score = float(scores[row][column])
+
+
+def _regression_result(result, values):
+    """Fills a RegressionResult from the values array."""
+    for value in values.tolist():
+        result.regressions.add(value=value)
+
+
+class _Service:
+    """What both servicers share: the core, the metrics, and running a call with TF Serving's
+    error codes."""
+
+    def __init__(self, server_core, metrics=None):
+        self.core = server_core
+        self.metrics = metrics
+
+    def _serve(self, api, request_name, context, work):
+        """Runs `work()` and returns its response; a ServingError aborts the call with its code."""
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            return work()
+        except errors.ServingError as e:
+            code = e.code
+            _abort(context, e)
+        except RecursionError:
+            code = "INVALID_ARGUMENT"
+            _abort(context, errors.invalid_argument("request nests too deeply"))
+        except Exception as e:  # noqa: BLE001  The trace goes to the log, the client gets INTERNAL.
+            code = "INTERNAL"
+            logging.exception("internal error in %s", api)
+            _abort(context, errors.internal(f"Internal error: {type(e).__name__}"))
+        finally:
+            if self.metrics is not None:
+                self.metrics.record_request(
+                    request_name, api, "GRPC", code, time.perf_counter() - start
+                )
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _Service):
+    """tensorflow.serving.PredictionService over a ServerCore."""
+
+    def Predict(self, request, context):  # noqa: N802 (the gRPC method's name)
+        """Runs a signature on the request's tensors."""
+
+        def work():
+            name, version, label = _model_spec_args(request.model_spec)
+            servable = self.core.servable(name, version, label)
+            signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+            signature = core.predict_signature(servable, signature_name)
+            inputs = {}
+            for alias, proto in request.inputs.items():
+                spec = signature.inputs.get(alias)
+                if spec is None:
+                    raise errors.invalid_argument(
+                        f"input tensor alias not found in signature: {alias}. Inputs expected to "
+                        f"be in the set {{{','.join(sorted(signature.inputs))}}}."
+                    )
+                if proto.dtype != spec.dtype.as_datatype_enum:
+                    raise errors.invalid_argument(
+                        f"Expects arg[{sorted(signature.inputs).index(alias)}] to be "
+                        f"{spec.dtype.name} but {_dtype_name(proto.dtype)} is provided"
+                    )
+                inputs[alias] = tensor_to_array(proto, f"input {alias!r}")
+            outputs = core.predict(
+                servable, signature, inputs, self.core.options, list(request.output_filter)
+            )
+            response = predict_pb2.PredictResponse()
+            _fill_model_spec(response.model_spec, name, servable.version, signature_name)
+            for alias, value in outputs.items():
+                response.outputs[alias].CopyFrom(array_to_tensor(value))
+            return response
+
+        return self._serve("Predict", request.model_spec.name, context, work)
+
+    def Classify(self, request, context):  # noqa: N802
+        """Classifies the request's tf.Examples."""
+
+        def work():
+            name, version, label = _model_spec_args(request.model_spec)
+            servable = self.core.servable(name, version, label)
+            signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+            classes, scores = core.classify(
+                servable, signature_name, serialized_examples(request.input), self.core.options
+            )
+            response = classification_pb2.ClassificationResponse()
+            _fill_model_spec(response.model_spec, name, servable.version, signature_name)
+            _classification_result(response.result, classes, scores)
+            return response
+
+        return self._serve("Classify", request.model_spec.name, context, work)
+
+    def Regress(self, request, context):  # noqa: N802
+        """Regresses the request's tf.Examples."""
+
+        def work():
+            name, version, label = _model_spec_args(request.model_spec)
+            servable = self.core.servable(name, version, label)
+            signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+            values = core.regress(
+                servable, signature_name, serialized_examples(request.input), self.core.options
+            )
+            response = regression_pb2.RegressionResponse()
+            _fill_model_spec(response.model_spec, name, servable.version, signature_name)
+            _regression_result(response.result, values)
+            return response
+
+        return self._serve("Regress", request.model_spec.name, context, work)
+
+    def MultiInference(self, request, context):  # noqa: N802
+        """Several classify and regress signatures of one model on the same tf.Examples."""
+
+        def work():
+            first = request.tasks[0].model_spec if request.tasks else None
+            if first is None:
+                raise errors.invalid_argument("ModelSpec has no name specified.")
+            name, version, label = _model_spec_args(first)
+            servable = self.core.servable(name, version, label)
+            signatures = set()
+            for task in request.tasks:
+                # The checks of TF Serving's multi_inference.cc, in its order.
+                if not task.model_spec.name:
+                    raise errors.invalid_argument("Found ModelSpec with an empty model name.")
+                if task.model_spec.name != name:
+                    raise errors.invalid_argument(
+                        "All ModelSpecs in a MultiInferenceRequest must access the same model name."
+                    )
+                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+                if signature_name in signatures:
+                    raise errors.invalid_argument(
+                        f"Duplicate evaluation of signature: {signature_name}"
+                    )
+                signatures.add(signature_name)
+                if signature_name not in servable.signatures:
+                    raise errors.invalid_argument(
+                        f"Requested signature not found in model graph: {signature_name}"
+                    )
+                if task.method_name not in (CLASSIFY_METHOD, REGRESS_METHOD):
+                    raise errors.ServingError(
+                        "UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}"
+                    )
+            serialized = serialized_examples(request.input)
+            response = inference_pb2.MultiInferenceResponse()
+            for task in request.tasks:
+                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+                result = response.results.add()
+                if task.method_name == CLASSIFY_METHOD:
+                    classes, scores = core.classify(
+                        servable, signature_name, serialized, self.core.options
+                    )
+                    _classification_result(result.classification_result, classes, scores)
+                else:
+                    values = core.regress(servable, signature_name, serialized, self.core.options)
+                    _regression_result(result.regression_result, values)
+                _fill_model_spec(
+                    result.model_spec, name, servable.version, task.model_spec.signature_name
+                )
+            return response
+
+        model_name = request.tasks[0].model_spec.name if request.tasks else ""
+        return self._serve("MultiInference", model_name, context, work)
+
+    def GetModelMetadata(self, request, context):  # noqa: N802
+        """The served version's signature defs."""
+
+        def work():
+            if not request.HasField("model_spec"):
+                raise errors.invalid_argument("Missing ModelSpec")
+            if not request.metadata_field:
+                raise errors.invalid_argument(
+                    "GetModelMetadataRequest must specify at least one metadata_field"
+                )
+            for field in request.metadata_field:
+                if field != SIGNATURE_DEF_FIELD:
+                    raise errors.invalid_argument(f"Metadata field {field} is not supported")
+            name, version, label = _model_spec_args(request.model_spec)
+            servable = self.core.servable(name, version, label)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = name
+            response.model_spec.version.value = servable.version
+            response.metadata[SIGNATURE_DEF_FIELD].Pack(core.signature_def_map(servable))
+            return response
+
+        return self._serve("GetModelMetadata", request.model_spec.name, context, work)
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Service):
+    """tensorflow.serving.ModelService over a ServerCore."""
+
+    def GetModelStatus(self, request, context):  # noqa: N802
+        """Every known version of a model and its state."""
+
+        def work():
+            if not request.HasField("model_spec"):
+                raise errors.invalid_argument("Missing ModelSpec")
+            name, version, label = _model_spec_args(request.model_spec)
+            return self.core.manager(name).status(version, label)
+
+        return self._serve("GetModelStatus", request.model_spec.name, context, work)
+
+    def HandleReloadConfigRequest(self, request, context):  # noqa: N802
+        """Applies a new ModelServerConfig: models added, removed and re-versioned in place.
+
+        As model_service_impl.cc: the outcome is both the response's status and the call's code.
+        """
+        response = model_management_pb2.ReloadConfigResponse()
+        try:
+            if request.config.WhichOneof("config") != "model_config_list":
+                raise errors.invalid_argument(
+                    "ServerModelConfig type not supported by HandleReloadConfigRequest. Only "
+                    "ModelConfigList is currently supported"
+                )
+            self.core.reload_config(request.config)
+        except errors.ServingError as e:
+            logging.error("ReloadConfig failed: %s", e.message)
+            response.status.error_code = e.grpc_code.value[0]
+            response.status.error_message = e.message
+            context.set_code(e.grpc_code)
+            context.set_details(e.message[:_MAX_STATUS_MESSAGE])
+        return response
+
+
+class GrpcServer:
+    """A grpc.server with both services over one ServerCore; start(), .port, stop()."""
+
+    def __init__(self, server_core, address, channel_arguments=(), max_threads=0, metrics=None):
+        options = [
+            ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+            # A port another process already serves must fail to bind, not be shared.
+            ("grpc.so_reuseport", 0),
+        ]
+        options += list(channel_arguments)
+        workers = max_threads or 4 * (os.cpu_count() or 1)
+        self._server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+            options=options,
+        )
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+            PredictionService(server_core, metrics), self._server
+        )
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelService(server_core, metrics), self._server
+        )
+        self.address = address
+        self.port = None
+
+    def start(self):
+        """Binds the address (port 0 picks one) and starts serving; a port in use is an OSError."""
+        try:
+            self.port = self._server.add_insecure_port(self.address)
+        except RuntimeError as e:
+            raise OSError(f"cannot bind gRPC to {self.address}: {e}") from e
+        if not self.port:
+            raise OSError(f"cannot bind gRPC to {self.address}")
+        self._server.start()
+        return self
+
+    def stop(self, grace_s=1.0):
+        """Stops accepting calls and lets running ones finish for up to `grace_s` seconds."""
+        self._server.stop(grace_s).wait()

@@ -1,0 +1,327 @@
+"""A loaded version of a model: its signatures, warm-up, and calls in bounded chunks."""
+
+import dataclasses
+import os
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (registers the tokenizer ops exported graphs use)
+from absl import logging
+from google.protobuf import text_format
+from tensorflow.core.protobuf import saved_model_pb2
+
+from bert_tf import warmup
+from bert_tf.serving import batching, errors
+
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclasses.dataclass
+class Signature:
+    """One signature of a loaded SavedModel: its function, method and tensor specs."""
+
+    name: str
+    method_name: str
+    function: object
+    inputs: dict  # input name -> tf.TensorSpec
+    outputs: dict  # output name -> tf.TensorSpec
+    # A loaded function's first call instantiates and optimizes its graph (seconds). Concurrent
+    # first calls would each do that work, so the first call runs alone under this lock.
+    first_call_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    called: bool = False
+
+
+class Servable:
+    """One loaded version of a model: its signatures and their TF Serving metadata."""
+
+    def __init__(self, name, version, path, warmup=True):
+        self.name = name
+        self.version = version
+        self.path = path
+        self.loaded = tf.saved_model.load(path)
+        meta_graph = _serving_meta_graph(path)
+        self.signature_defs = dict(meta_graph.signature_def)
+        self.signatures = {}
+        for key, function in self.loaded.signatures.items():
+            inputs = function.structured_input_signature[1]
+            outputs = function.structured_outputs
+            if not isinstance(outputs, dict):
+                outputs = {"output_0": outputs}
+            method = (
+                meta_graph.signature_def[key].method_name if key in meta_graph.signature_def else ""
+            )
+            self.signatures[key] = Signature(
+                key, method or PREDICT_METHOD, function, dict(inputs), dict(outputs)
+            )
+        self._batchers = {}
+        self._batchers_lock = threading.Lock()
+        self.closed = False
+        if warmup:
+            self._warm_up()
+
+    def _warm_up(self):
+        """Replays the version's warm-up requests, then calls each signature they left out once on a
+        one-row dummy batch, before the version serves.
+
+        A loaded function's first call instantiates and optimizes its graph, which takes seconds;
+        doing it here keeps that out of the first requests (and out of a version switch). The
+        warm-up file (assets.extra/tf_serving_warmup_requests, as TF Serving reads it) covers every
+        padded length the export produces; a request of it that fails fails the load, as in TF
+        Serving. A dummy input the graph rejects (an empty tf.Example, say) still pays the
+        instantiation, so errors of the dummy calls are ignored.
+        """
+        start = time.perf_counter()
+        requests = warmup.read_requests(self.path)
+        for signature_name, inputs in requests:
+            if signature_name not in self.signatures:
+                raise ValueError(
+                    f"{warmup.requests_path(self.path)}: a warm-up request names signature "
+                    f"{signature_name!r}, which the model does not have"
+                )
+            call_signature(self.signatures[signature_name], inputs)
+        replayed = {signature_name for signature_name, _ in requests}
+        for signature in self.signatures.values():
+            if signature.name in replayed:
+                continue
+            dummies = {}
+            for name, spec in signature.inputs.items():
+                dims = spec.shape.as_list() if spec.shape.rank is not None else [None]
+                shape = [1 if size is None else size for size in dims]
+                if spec.dtype == tf.string:
+                    dummies[name] = np.full(shape, b"", dtype=object)
+                else:
+                    dummies[name] = np.zeros(shape, dtype=spec.dtype.as_numpy_dtype)
+            try:
+                call_signature(signature, dummies)
+            except Exception:  # Only the graph's instantiation matters here.
+                pass
+        logging.info(
+            "model %s version %d: warmed up %d signatures (%d warm-up requests) in %.1fs",
+            self.name,
+            self.version,
+            len(self.signatures),
+            len(requests),
+            time.perf_counter() - start,
+        )
+
+    def run(self, signature, tensors, batching_options=None, max_rows=None):
+        """Runs `signature` on {input name: np.ndarray}; returns {output name: np.ndarray}.
+
+        A request of more than `max_rows` rows runs as chunks of at most that many, one after the
+        other, so its memory is bounded whatever its size (one call on 10,000 rows of BERT-base
+        needs tens of GB), and other requests run between its chunks: with batching, each chunk
+        queues behind the requests that came while the previous one ran.
+        """
+        rows = _rows(signature, tensors)
+        if max_rows is None or rows is None or rows <= max_rows:
+            return self._run_once(signature, tensors, batching_options)
+        chunks = []
+        try:
+            for start in range(0, rows, max_rows):
+                part = {name: value[start : start + max_rows] for name, value in tensors.items()}
+                try:
+                    outputs = self._run_once(signature, part, batching_options)
+                except (
+                    errors.ServingError
+                ) as e:  # Its row numbers count from the chunk's first row.
+                    raise errors.ServingError(
+                        e.code,
+                        f"{e.message} (in rows {start} to "
+                        f"{start + len(next(iter(part.values()))) - 1} of the "
+                        f"request, which runs {max_rows} rows at a time)",
+                    ) from e
+                if not _one_per_row(outputs, len(next(iter(part.values())))):
+                    raise _Unchunkable(f"outputs of {signature.name!r} are not one per row")
+                chunks.append((part, outputs))
+            chunks = self._even_out(signature, chunks, batching_options)
+        except _Unchunkable as e:
+            logging.warning(
+                "model %s version %d: %s; running %d rows in one call",
+                self.name,
+                self.version,
+                e,
+                rows,
+            )
+            return self._run_once(signature, tensors, batching_options)
+        return {
+            name: np.concatenate([outputs[name] for _, outputs in chunks]) for name in chunks[0][1]
+        }
+
+    def _even_out(self, signature, chunks, batching_options):
+        """Makes every chunk's outputs as long as the longest chunk's, exactly as one call would.
+
+        Some outputs are padded to the longest row of their call (NER's entities per text), so a
+        chunk without such a row comes out shorter, padded with whatever the model pads with. Such
+        a chunk runs again together with the rows that reach the longest sizes (found by
+        bisection), which the model then pads as one call on the whole request would; those extra
+        rows' outputs are dropped. Chunks of equal shapes are returned as they are.
+        """
+        names = list(chunks[0][1])
+        target = {
+            name: tuple(max(sizes) for sizes in zip(*(out[name].shape[1:] for _, out in chunks)))
+            for name in names
+        }
+        short = [
+            i
+            for i, (_, out) in enumerate(chunks)
+            if any(out[name].shape[1:] != target[name] for name in names)
+        ]
+        if not short:
+            return chunks
+        needed = {
+            (name, axis)
+            for name in names
+            for axis, size in enumerate(target[name])
+            if any(out[name].shape[1 + axis] < size for _, out in chunks)
+        }
+        witnesses, reached = [], set()
+        for name, axis in sorted(needed):
+            if (name, axis) in reached:
+                continue
+            part = next(
+                part for part, out in chunks if out[name].shape[1 + axis] == target[name][axis]
+            )
+            row = self._row_reaching(
+                signature, part, name, axis, target[name][axis], batching_options
+            )
+            outputs = self._run_once(signature, row, batching_options)
+            reached |= {(n, a) for n, a in needed if outputs[n].shape[1 + a] == target[n][a]}
+            if (name, axis) not in reached:
+                raise _Unchunkable(
+                    f"output {name!r} of {signature.name!r} depends on more than each row"
+                )
+            witnesses.append(row)
+        extra = {name: np.concatenate([row[name] for row in witnesses]) for name in witnesses[0]}
+        for i in short:
+            part, _ = chunks[i]
+            rows = len(next(iter(part.values())))
+            outputs = self._run_once(
+                signature,
+                {n: np.concatenate([v, extra[n]]) for n, v in part.items()},
+                batching_options,
+            )
+            outputs = {name: value[:rows] for name, value in outputs.items()}
+            if any(outputs[name].shape[1:] != target[name] for name in names):
+                raise _Unchunkable(f"outputs of {signature.name!r} depend on more than each row")
+            chunks[i] = (part, outputs)
+        return chunks
+
+    def _row_reaching(self, signature, part, name, axis, size, batching_options):
+        """One row of `part` whose output `name` alone is `size` long along `axis`, by bisection.
+
+        A call's output is as long as its longest row's, so of two halves of rows that reach it,
+        one does.
+        """
+        low, high = 0, len(next(iter(part.values())))
+        while high - low > 1:
+            middle = (low + high) // 2
+            outputs = self._run_once(
+                signature, {n: v[low:middle] for n, v in part.items()}, batching_options
+            )
+            if outputs[name].shape[1 + axis] >= size:
+                high = middle
+            else:
+                low = middle
+        return {n: v[low : low + 1] for n, v in part.items()}
+
+    def _run_once(self, signature, tensors, batching_options):
+        """One call of the signature: through its batcher when batching applies, else directly."""
+        if batching_options is not None and batching.can_merge(signature):
+            with self._batchers_lock:
+                batcher = self._batchers.get(signature.name)
+                if batcher is None and not self.closed:
+                    batcher = self._batchers[signature.name] = batching.Batcher(
+                        signature,
+                        batching_options,
+                        call_signature,
+                        f"batcher-{self.name}-{self.version}-{signature.name}",
+                    )
+            if batcher is not None:
+                return batcher.run(tensors)
+        return call_signature(signature, tensors)
+
+    def close(self):
+        """Stops this version's batchers once their queued requests are done; later calls run unbatched."""
+        with self._batchers_lock:
+            self.closed = True
+            batchers, self._batchers = list(self._batchers.values()), {}
+        for batcher in batchers:
+            batcher.close()
+
+
+class _Unchunkable(Exception):
+    """A signature's outputs cannot be split into rows and joined again (say why)."""
+
+
+def _rows(signature, tensors):
+    """The rows of a request that can run in chunks: every input and output batch-major, else None."""
+    specs = list(signature.inputs.values()) + list(signature.outputs.values())
+    if not signature.inputs or not all(
+        s.shape.rank is not None and s.shape.rank >= 1 and s.shape[0] is None for s in specs
+    ):
+        return None
+    rows = {len(value) for value in tensors.values() if np.ndim(value) >= 1}
+    if len(rows) != 1 or any(np.ndim(value) == 0 for value in tensors.values()):
+        return None
+    return rows.pop()
+
+
+def _one_per_row(outputs, rows):
+    """Whether every output has `rows` rows (and so can be joined with other chunks' along dim 0)."""
+    return all(np.ndim(value) >= 1 and np.shape(value)[0] == rows for value in outputs.values())
+
+
+def call_signature(signature, arrays):
+    """Calls a signature's function on numpy inputs and returns numpy outputs; maps TF errors to HTTP."""
+    if not signature.called:
+        with signature.first_call_lock:
+            if not signature.called:
+                try:
+                    return _call(signature, arrays)
+                finally:
+                    signature.called = True
+    return _call(signature, arrays)
+
+
+def _call(signature, arrays):
+    """call_signature without the first-call lock."""
+    try:
+        tensors = {
+            name: tf.constant(value, dtype=signature.inputs[name].dtype)
+            for name, value in arrays.items()
+        }
+        outputs = signature.function(**tensors)
+    except tf.errors.OpError as e:
+        raise errors.from_tf_error(e) from e
+    except UnicodeDecodeError as e:  # Before ValueError, its base class.
+        raise errors.from_undecodable_tf_error(e) from e
+    except (ValueError, TypeError) as e:
+        # The function refused the inputs' structure, dtype or shape before running.
+        raise errors.invalid_argument(
+            f"inputs do not match signature {signature.name!r}: {str(e).splitlines()[0][:500]}"
+        ) from e
+    if not isinstance(outputs, dict):
+        outputs = {"output_0": outputs}
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def _serving_meta_graph(path):
+    """The MetaGraphDef tagged "serve" in saved_model.pb (or .pbtxt): the one TF Serving loads."""
+    proto = saved_model_pb2.SavedModel()
+    pb_path = os.path.join(path, "saved_model.pb")
+    if tf.io.gfile.exists(pb_path):
+        with tf.io.gfile.GFile(pb_path, "rb") as f:
+            proto.ParseFromString(f.read())
+    else:
+        pb_path = os.path.join(path, "saved_model.pbtxt")
+        with tf.io.gfile.GFile(pb_path, "r") as f:
+            text_format.Parse(f.read(), proto)
+    for meta_graph in proto.meta_graphs:
+        if "serve" in meta_graph.meta_info_def.tags:
+            return meta_graph
+    raise ValueError(f"{pb_path}: no MetaGraphDef tagged 'serve'")

@@ -1,0 +1,187 @@
+"""The model server: one ServerCore behind TF Serving's REST API and its gRPC API, with the
+version poll; `ModelServer(...).start()`, `.port`, `.grpc_port`, `.stop()`."""
+
+import dataclasses
+import os
+import threading
+
+import tensorflow as tf
+from absl import logging
+
+from bert_tf.io_utils import UsageError
+from bert_tf.model_versions import list_versions
+from bert_tf.serving import config, core, grpc_api, http_api
+
+DEFAULT_MAX_REQUEST_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+    """Where and how the server listens; what TF Serving's flags of the same names set."""
+
+    host: str = "127.0.0.1"
+    rest_api_port: int = 8501
+    # gRPC: None serves no gRPC API (a library user's choice; the CLI always serves it).
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = None
+    # --grpc_channel_arguments as (key, value) pairs; --grpc_max_threads (0: gRPC's default).
+    grpc_channel_arguments: tuple = ()
+    grpc_max_threads: int = 0
+    file_system_poll_wait_seconds: float = 1.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # An idle keep-alive connection is closed after this long.
+    idle_timeout_s: float = 60.0
+    # --rest_api_timeout_in_ms: a REST request not answered by then gets 504; None: no deadline.
+    rest_api_deadline_s: float = None
+
+
+def _check_base_paths(server_config):
+    """Refuses a base path that is not a directory, or that holds a SavedModel itself."""
+    for name, model in config.models_of(server_config).items():
+        base_path = model.base_path
+        if not tf.io.gfile.isdir(base_path):
+            raise UsageError(f"model base path {base_path!r} (model {name!r}) is not a directory")
+        if tf.io.gfile.exists(os.path.join(base_path, "saved_model.pb")) and not list_versions(
+            base_path
+        ):
+            raise UsageError(
+                f"{base_path} holds a SavedModel directly; TF Serving's layout is "
+                f"{base_path}/<version>/saved_model.pb (e.g. {base_path}/1/)"
+            )
+
+
+class ModelServer:
+    """TF Serving's REST (and, with a grpc_port, gRPC) API over a ModelServerConfig, in this
+    process.
+
+    `on_loaded(name, version)` is called whenever a model starts serving a version (the CLI prints
+    its "serving ..." line from it).
+    """
+
+    def __init__(
+        self,
+        models,
+        options=ServerOptions(),
+        core_options=core.CoreOptions(),
+        on_loaded=None,
+        metrics=None,
+        metrics_path=None,
+    ):
+        if isinstance(models, dict):  # {name: base_path}, the short form for tests and apps.
+            if not models:
+                raise UsageError("no models to serve")
+            server_config = config.config_of(models, "models")
+        else:
+            server_config = models
+        if core_options.max_batch_size < 1:
+            raise UsageError(
+                f"max_batch_size must be at least 1, got {core_options.max_batch_size}"
+            )
+        if core_options.max_instances_per_request < 0:
+            raise UsageError(
+                "max_instances_per_request must be 0 (no limit) or more, got "
+                f"{core_options.max_instances_per_request}"
+            )
+        _check_base_paths(server_config)
+        self.options = options
+        self.metrics = metrics
+        self.metrics_path = metrics_path
+        self.core = core.ServerCore(server_config, core_options, on_loaded)
+        self._httpd = None
+        self._grpc = None
+        self._threads = []
+        self._stopping = threading.Event()
+
+    @property
+    def managers(self):
+        """{model name: ModelManager} of the served models."""
+        return self.core.managers
+
+    @property
+    def port(self):
+        """The bound REST port (the real one when 0 was asked for)."""
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self):
+        """http://host:port of the running REST API."""
+        return f"http://{self.options.host}:{self.port}"
+
+    @property
+    def grpc_port(self):
+        """The bound gRPC port, or None when gRPC is not served."""
+        return self._grpc.port if self._grpc is not None else None
+
+    def start(self):
+        """Loads every model's versions, binds the ports, and starts serving and polling."""
+        self.core.poll(wait_for_stable=False)
+        for manager in self.core.managers.values():
+            if manager.current is None:
+                logging.warning(
+                    "model %s: no loadable version under %s yet; polling every %ss",
+                    manager.name,
+                    manager.base_path,
+                    self.options.file_system_poll_wait_seconds,
+                )
+        self._httpd = http_api.HttpServer(
+            (self.options.host, self.options.rest_api_port),
+            http_api.RestApi(self.core, self.metrics),
+            max_request_bytes=self.options.max_request_bytes,
+            idle_timeout_s=self.options.idle_timeout_s,
+            deadline_s=self.options.rest_api_deadline_s,
+            metrics=self.metrics,
+            metrics_path=self.metrics_path,
+        )
+        self._threads = [
+            threading.Thread(
+                target=self._httpd.serve_forever,
+                kwargs={"poll_interval": 0.1},
+                name="http",
+                daemon=True,
+            )
+        ]
+        poll = self.options.file_system_poll_wait_seconds
+        if poll and poll > 0:
+            self._threads.append(
+                threading.Thread(target=self._poll_loop, name="version-poll", daemon=True)
+            )
+        for thread in self._threads:
+            thread.start()
+        logging.info("REST API at %s", self.url)
+        if self.options.grpc_port is not None:
+            self._grpc = grpc_api.GrpcServer(
+                self.core,
+                f"{self.options.grpc_host}:{self.options.grpc_port}",
+                channel_arguments=self.options.grpc_channel_arguments,
+                max_threads=self.options.grpc_max_threads,
+                metrics=self.metrics,
+            ).start()
+            logging.info("gRPC API at %s:%d", self.options.grpc_host, self.grpc_port)
+        return self
+
+    def _poll_loop(self):
+        """Looks for new versions every file_system_poll_wait_seconds until stop()."""
+        while not self._stopping.wait(self.options.file_system_poll_wait_seconds):
+            for manager in list(self.core.managers.values()):
+                try:
+                    manager.poll()
+                except Exception:  # A bad directory must not stop polling for the other models.
+                    logging.exception("model %s: version poll failed", manager.name)
+
+    def stop(self):
+        """Stops accepting, stops polling, and releases the ports."""
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._grpc is not None:
+            self._grpc.stop()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self.core.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
