@@ -19,7 +19,7 @@ from absl import logging
 from bert_tf import cli
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
-from bert_tf.serving import batching, config, core, server
+from bert_tf.serving import batching, config, core, grpc_api, server
 
 DEFAULT_MAX_REQUEST_BYTES = server.DEFAULT_MAX_REQUEST_BYTES
 
@@ -126,6 +126,14 @@ def _check_ports(args):
         raise UsageError("--rest_api_timeout_in_ms must be 0 (no deadline) or more")
 
 
+def _channel_arguments(text):
+    """--grpc_channel_arguments as grpc server options; a malformed one is a usage error."""
+    try:
+        return grpc_api.parse_channel_arguments(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+
+
 def build_server(args, on_loaded=None):
     """A ModelServer (not started) from the flags' arguments."""
     _check_ports(args)
@@ -146,6 +154,8 @@ def build_server(args, on_loaded=None):
         rest_api_port=args.rest_api_port,
         grpc_host=args.grpc_host,
         grpc_port=args.port,
+        grpc_channel_arguments=tuple(_channel_arguments(args.grpc_channel_arguments)),
+        grpc_max_threads=args.grpc_max_threads,
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_request_bytes=args.max_request_bytes,
         rest_api_deadline_s=args.rest_api_timeout_in_ms / 1000.0 or None,

@@ -15,10 +15,12 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from google.protobuf import message
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
+    get_model_status_pb2,
     inference_pb2,
     model_management_pb2,
     model_service_pb2_grpc,
@@ -111,11 +113,10 @@ def array_to_tensor(array):
 
 
 def _dtype_name(enum_value):
-    """A DataType enum's TensorFlow name (float, string, ...), or its number when unknown."""
-    try:
-        return tf.as_dtype(enum_value).name
-    except TypeError:
-        return f"dtype {enum_value}"
+    """A DataType as TensorFlow's DataTypeString writes it (float, int32, string, ...)."""
+    if enum_value in types_pb2.DataType.values():
+        return types_pb2.DataType.Name(enum_value)[len("DT_") :].lower()
+    return f"unknown dtype {enum_value}"
 
 
 def _model_spec_args(spec):
@@ -223,7 +224,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                 if proto.dtype != spec.dtype.as_datatype_enum:
                     raise errors.invalid_argument(
                         f"Expects arg[{sorted(signature.inputs).index(alias)}] to be "
-                        f"{spec.dtype.name} but {_dtype_name(proto.dtype)} is provided"
+                        f"{_dtype_name(spec.dtype.as_datatype_enum)} but {_dtype_name(proto.dtype)} is "
+                        "provided"
                     )
                 inputs[alias] = tensor_to_array(proto, f"input {alias!r}")
             outputs = core.predict(
@@ -384,6 +386,44 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Service):
         return response
 
 
+_PREDICTION_METHODS = {
+    "Predict": predict_pb2.PredictRequest,
+    "Classify": classification_pb2.ClassificationRequest,
+    "Regress": regression_pb2.RegressionRequest,
+    "MultiInference": inference_pb2.MultiInferenceRequest,
+    "GetModelMetadata": get_model_metadata_pb2.GetModelMetadataRequest,
+}
+_MODEL_METHODS = {
+    "GetModelStatus": get_model_status_pb2.GetModelStatusRequest,
+    "HandleReloadConfigRequest": model_management_pb2.ReloadConfigRequest,
+}
+
+
+def _parsing_handler(service_name, servicer, methods):
+    """The service's methods, each parsing its own request bytes.
+
+    grpcio answers a request it cannot deserialize with INTERNAL; parsing here turns bytes that are
+    not the method's request proto into INVALID_ARGUMENT, the client's error that they are.
+    """
+    handlers = {}
+    for method, request_class in methods.items():
+
+        def parse_and_call(raw, context, call=getattr(servicer, method), parse=request_class):
+            try:
+                request = parse.FromString(raw)
+            except message.DecodeError as e:
+                _abort(
+                    context,
+                    errors.invalid_argument(f"Failed to parse {parse.DESCRIPTOR.full_name}: {e}"),
+                )
+            return call(request, context)
+
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            parse_and_call, response_serializer=lambda response: response.SerializeToString()
+        )
+    return grpc.method_handlers_generic_handler(service_name, handlers)
+
+
 class GrpcServer:
     """A grpc.server with both services over one ServerCore; start(), .port, stop()."""
 
@@ -400,11 +440,19 @@ class GrpcServer:
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
             options=options,
         )
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(server_core, metrics), self._server
-        )
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(server_core, metrics), self._server
+        self._server.add_generic_rpc_handlers(
+            (
+                _parsing_handler(
+                    "tensorflow.serving.PredictionService",
+                    PredictionService(server_core, metrics),
+                    _PREDICTION_METHODS,
+                ),
+                _parsing_handler(
+                    "tensorflow.serving.ModelService",
+                    ModelService(server_core, metrics),
+                    _MODEL_METHODS,
+                ),
+            )
         )
         self.address = address
         self.port = None
