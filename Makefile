@@ -60,16 +60,21 @@ demo: $(STAMP)
 	  --learning_rate=1e-3 --num_train_epochs=10
 	cat $(DEMO_DIR)/swag_model/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/swag_model --export_dir=$(DEMO_DIR)/export/demo_swag
-	@# Serve the export over TF Serving's REST API on a free port, send one request, stop.
+	@# Serve the export over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
 	$(PY) -m bert_tf.serve --model_base_path=$(DEMO_DIR)/export/demo_sst2 --model_name=demo_sst2 \
-	  --rest_api_port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
+	  --rest_api_port=0 --port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
 	  for i in $$(seq 300); do \
-	    url=$$(grep -o 'http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log | head -n 1); \
+	    url=$$(grep -o 'serving demo_sst2 version 1 at http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log \
+	      | grep -o 'http://.*'); \
 	    [ -n "$$url" ] && break; kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
 	  done; \
+	  grpc=$$(grep -o 'gRPC API at [0-9.:]*' $(DEMO_DIR)/serve.log | head -n 1 | cut -d' ' -f4); \
 	  printf '%s\n' '$(DEMO_REQUEST)' > $(DEMO_DIR)/request.json; cat $(DEMO_DIR)/request.json; \
 	  echo "curl -X POST $$url/v1/models/demo_sst2:predict -d @$(DEMO_DIR)/request.json"; \
-	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d @$(DEMO_DIR)/request.json; echo
+	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d @$(DEMO_DIR)/request.json; echo; \
+	  echo "python -m bert_tf.serving.client --server=$$grpc --model_name=demo_sst2 TEXT... (gRPC)"; \
+	  $(PY) -m bert_tf.serving.client --server=$$grpc --model_name=demo_sst2 \
+	    "the film was delightful and the music felt lovely ." "the ending seemed awful to me ."
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -14,6 +14,7 @@ from bert_tf import (
     cli,
     convert_checkpoint,
     corpus,
+    export,
     extract_features,
     io_utils,
     pretraining,
@@ -22,6 +23,7 @@ from bert_tf import (
     run_ner,
     run_pretraining,
     run_squad,
+    serve,
     tokenization,
 )
 
@@ -38,6 +40,8 @@ JOB_ARGS = [
     convert_checkpoint.ConvertArgs,
     corpus.CorpusArgs,
     tokenization.CompareArgs,
+    export.ExportArgs,
+    serve.ServeArgs,
 ]
 
 

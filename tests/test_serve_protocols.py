@@ -9,7 +9,13 @@ is INVALID_ARGUMENT over REST, which looks it up first, and FAILED_PRECONDITION 
 import dataclasses
 import http.client
 import json
+import os
+import queue
 import random
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -30,8 +36,10 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from bert_tf.serving import errors
+from bert_tf.serving import core, errors, grpc_api
+from bert_tf.serving import server as server_module
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["the film was delightful", "an awful, boring evening", "ok"]
 
 
@@ -623,3 +631,100 @@ def test_concurrent_grpc_and_rest_clients(server, stubs, direct):
     for thread in threads:
         thread.join(timeout=120)
     assert not failures and len(done) == 16, (failures, time.monotonic() - start)
+
+
+def test_message_size_limit_from_channel_arguments(exports, tmp_path):
+    base = make_base(tmp_path, exports)
+    options = server_module.ServerOptions(
+        rest_api_port=0,
+        grpc_port=0,
+        file_system_poll_wait_seconds=0,
+        grpc_channel_arguments=tuple(
+            grpc_api.parse_channel_arguments("grpc.max_receive_message_length=2000")
+        ),
+    )
+    core_options = core.CoreOptions(warmup=False)
+    with server_module.ModelServer({"clf": base}, options, core_options) as limited:
+        channel = grpc.insecure_channel(f"127.0.0.1:{limited.grpc_port}")
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert call_grpc((stub, None), "Predict", predict_request())[0] == "OK"
+        big = predict_request(inputs={"text": tf.make_tensor_proto(["word " * 1000])})
+        assert call_grpc((stub, None), "Predict", big)[0] == "RESOURCE_EXHAUSTED"
+        channel.close()
+
+
+def _serve_cli(args, tmp_path):
+    """Starts `python -m bert_tf.serve ARGS`; returns (process, stdout lines queue, stderr path)."""
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr_file:  # A file: a chatty child never blocks on a pipe.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bert_tf.serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr_file,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            cwd=ROOT,
+        )
+    lines = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stdout], daemon=True
+    ).start()
+    return process, lines, stderr_path
+
+
+@pytest.mark.slow
+def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
+    base = make_base(tmp_path, exports)
+    process, lines, stderr_path = _serve_cli(
+        [f"--model_base_path={base}", "--model_name=clf", "--rest_api_port=0", "--port=0"], tmp_path
+    )
+    try:
+        address = None
+        while address is None:
+            line = lines.get(timeout=300)
+            match = re.fullmatch(r"gRPC API at (127\.0\.0\.1:\d+)\n", line)
+            address = match.group(1) if match else None
+        asked = subprocess.run(
+            [sys.executable, "-m", "bert_tf.serving.client", f"--server={address}"]
+            + ["--model_name=clf", TEXTS[0], TEXTS[1]],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            cwd=ROOT,
+        )
+        assert asked.returncode == 0, asked.stderr[-2000:]
+        outputs = json.loads(asked.stdout)
+        assert len(outputs["label"]) == 2 and set(outputs["label"]) <= {
+            "negative",
+            "positive",
+            "neutral",
+        }
+        unknown = subprocess.run(
+            [sys.executable, "-m", "bert_tf.serving.client", f"--server={address}"]
+            + ["--model_name=nope", "x"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            cwd=ROOT,
+        )
+        assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0, stderr_path.read_text()[-2000:]
+
+
+def test_cli_bad_grpc_flags_exit_2(tmp_path):
+    for flag in ("--grpc_channel_arguments=novalue", "--port=70000"):
+        result = subprocess.run(
+            [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}", flag],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            cwd=ROOT,
+        )
+        assert result.returncode == 2, (flag, result.stderr[-1000:])
+        assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr

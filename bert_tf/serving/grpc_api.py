@@ -428,13 +428,17 @@ class GrpcServer:
     """A grpc.server with both services over one ServerCore; start(), .port, stop()."""
 
     def __init__(self, server_core, address, channel_arguments=(), max_threads=0, metrics=None):
-        options = [
+        options = list(channel_arguments)
+        given = {key for key, _ in options}
+        # gRPC reads the first of repeated keys: the defaults go after what the flag gave.
+        for key, value in (
             ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
             # A port another process already serves must fail to bind, not be shared.
             ("grpc.so_reuseport", 0),
-        ]
-        options += list(channel_arguments)
+        ):
+            if key not in given:
+                options.append((key, value))
         workers = max_threads or 4 * (os.cpu_count() or 1)
         self._server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),

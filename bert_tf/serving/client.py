@@ -1,0 +1,129 @@
+"""Strings in, outputs out, over TF Serving's REST or gRPC API: the client side of the demo and
+the benchmarks, and an example of both protocols for apps.
+
+    python -m bert_tf.serving.client --server=127.0.0.1:8500 --model_name=NAME "a text" "another"
+    python -m bert_tf.serving.client --rest --server=127.0.0.1:8501 --model_name=NAME "a text"
+
+It works against `tensorflow/serving` as against `bert_tf.serve`: the gRPC side uses only
+tensorflow-serving-api's stubs, the REST side only the standard library.
+"""
+
+import dataclasses
+import http.client
+import json
+import sys
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from bert_tf import cli
+from bert_tf.cli import arg
+from bert_tf.io_utils import UsageError
+
+
+class GrpcPredictClient:
+    """Predict calls over one gRPC channel: {input name: values} -> {output name: np.ndarray}."""
+
+    def __init__(self, address, timeout_s=60.0):
+        self.channel = grpc.insecure_channel(address)
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.timeout_s = timeout_s
+
+    def predict(self, model_name, inputs, signature_name="", version=None):
+        """One PredictRequest; the outputs as numpy arrays."""
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model_name
+        request.model_spec.signature_name = signature_name
+        if version is not None:
+            request.model_spec.version.value = version
+        for name, values in inputs.items():
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(values))
+        response = self.stub.Predict(request, timeout=self.timeout_s)
+        return {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
+
+    def close(self):
+        """Closes the channel."""
+        self.channel.close()
+
+
+class RestPredictClient:
+    """Predict calls over one keep-alive HTTP connection, in TF Serving's row format."""
+
+    def __init__(self, address, timeout_s=60.0):
+        host, _, port = address.rpartition(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+
+    def predict(self, model_name, instances, signature_name=""):
+        """POST :predict with {"instances": ...}; the decoded "predictions"."""
+        body = {"instances": instances}
+        if signature_name:
+            body["signature_name"] = signature_name
+        self.connection.request(
+            "POST",
+            f"/v1/models/{model_name}:predict",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
+        reply = self.connection.getresponse()
+        payload = json.loads(reply.read())
+        if reply.status != 200:
+            raise RuntimeError(f"HTTP {reply.status}: {payload.get('error')}")
+        return payload["predictions"]
+
+    def close(self):
+        """Closes the connection."""
+        self.connection.close()
+
+
+@dataclasses.dataclass
+class ClientArgs:
+    """One predict request from the command line."""
+
+    server: str = arg("127.0.0.1:8500", "host:port of the server's gRPC API (REST with --rest).")
+    model_name: str = arg("default", "The model to ask.")
+    signature_name: str = arg("", "The signature; empty means serving_default.")
+    input_name: str = arg("text", "The signature's string input the texts go to (gRPC).")
+    rest: bool = arg(False, "Use the REST API instead of gRPC.")
+
+
+def run(args, texts):
+    """Sends the texts and prints the outputs as JSON, one line."""
+    if not texts:
+        raise UsageError("give the texts to send as arguments")
+    if args.rest:
+        client = RestPredictClient(args.server)
+        try:
+            print(json.dumps(client.predict(args.model_name, texts, args.signature_name)))
+        finally:
+            client.close()
+        return
+    client = GrpcPredictClient(args.server)
+    try:
+        outputs = client.predict(
+            args.model_name, {args.input_name: texts}, signature_name=args.signature_name
+        )
+    except grpc.RpcError as e:
+        print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        client.close()
+    print(json.dumps({name: _jsonable(value) for name, value in sorted(outputs.items())}))
+
+
+def _jsonable(array):
+    """A numpy output as JSON-ready lists (bytes decoded as UTF-8)."""
+    if array.dtype == object:
+        texts = [value.decode("utf-8", "replace") for value in array.ravel().tolist()]
+        return np.array(texts, dtype=object).reshape(array.shape).tolist()
+    return array.tolist()
+
+
+if __name__ == "__main__":
+    cli.define_flags(ClientArgs)
+
+    def main(argv):
+        run(cli.args_from_flags(ClientArgs), argv[1:])
+
+    cli.run(main)
