@@ -1,9 +1,12 @@
 """Serving cost: a BERT-base classifier SavedModel (strings in, tokenization in the graph, seq 128)
-through `bert_tf.serve` over HTTP, beside the same SavedModel called directly in this process.
+through `bert_tf.serve` over REST and gRPC, beside the same SavedModel called directly in this
+process.
 
 Rows, all in the same run on the same CPU:
   - direct call, float32: `tf.saved_model.load(...).signatures["serving_default"](text=...)`;
-  - server, float32: POST :predict over a keep-alive connection on 127.0.0.1 (JSON both ways);
+  - server REST, float32: POST :predict over a keep-alive connection on 127.0.0.1 (JSON both ways);
+  - server gRPC, float32: PredictionService/Predict through tensorflow-serving-api's stub on one
+    channel (TensorProto both ways, the reply decoded with tf.make_ndarray);
   - the same two for a bfloat16 export (`--precisions`), when asked;
   - throughput with `--clients` concurrent clients, through the server with and without
     --enable_batching, and direct calls from as many threads (the peer);
@@ -12,7 +15,7 @@ Rows, all in the same run on the same CPU:
     the row is skipped without it.
 The SavedModel is what `bert_tf.export` writes for a fine-tuned classifier model directory
 (random weights: speed does not depend on their values). The target is that the server adds at
-most 10% at p50 over the direct call. `--quick` uses a 2-layer H128 model for a fast check.
+most 10% at p50 over the direct call, over either protocol. `--quick` uses a 2-layer H128 model for a fast check.
 
     .venv/bin/python benchmarks/bench_serve.py [--quick] [--torch_python=/tmp/refvenv/bin/python]
 """
@@ -124,24 +127,42 @@ def percentiles(times):
     return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
 
 
-def time_direct_and_server(function, port, requests):
-    """Latencies of single-text direct calls and server requests, alternated so both see the same load."""
+def time_direct_and_server(function, port, grpc_port, requests):
+    """Latencies of single-text direct calls, REST requests and gRPC calls, alternated so all three
+    see the same load: (direct, rest, grpc) lists of seconds."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
     text = tf.constant([TEXT])
     body = json.dumps({"instances": [TEXT]})
     connection = http.client.HTTPConnection("127.0.0.1", port)
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "bench"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto([TEXT]))
+
+    def grpc_predict():
+        outputs = stub.Predict(request, timeout=60).outputs
+        return {name: tf.make_ndarray(proto) for name, proto in outputs.items()}
+
+    calls = {
+        "direct": lambda: function(text=text)["label"].numpy(),
+        "rest": lambda: json.loads(_post(connection, body)),
+        "grpc": grpc_predict,
+    }
     for _ in range(3):
-        function(text=text)
-        _post(connection, body)
-    direct, served = [], []
+        for call in calls.values():
+            call()
+    times = {name: [] for name in calls}
     for _ in range(requests):
-        start = time.perf_counter()
-        function(text=text)["label"].numpy()
-        direct.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        json.loads(_post(connection, body))
-        served.append(time.perf_counter() - start)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
     connection.close()
-    return direct, served
+    channel.close()
+    return times["direct"], times["rest"], times["grpc"]
 
 
 def _post(connection, body):
@@ -179,18 +200,27 @@ def throughput(clients, per_client, send_one):
     return clients * per_client / elapsed
 
 
+def model_server(base, batching_options=None, grpc=False):
+    """A started ModelServer over `base` (model "bench") on free ports, no version polling."""
+    from bert_tf.serving import core, server
+
+    options = server.ServerOptions(
+        rest_api_port=0, grpc_port=0 if grpc else None, file_system_poll_wait_seconds=0
+    )
+    core_options = core.CoreOptions(batching_options=batching_options)
+    return server.ModelServer({"bench": base}, options, core_options)
+
+
 def server_throughput(base, clients, per_client, enable_batching):
     """Requests/s through a ModelServer over `base`, each client on its own keep-alive connection."""
-    from bert_tf import serve
+    from bert_tf.serving import batching
 
-    with serve.ModelServer(
-        {"bench": base},
-        port=0,
-        poll_seconds=0,
-        enable_batching=enable_batching,
-        max_batch_size=clients,
-        batch_timeout_micros=5000,
-    ) as server:
+    batching_options = None
+    if enable_batching:
+        batching_options = batching.BatchingOptions(
+            max_batch_size=clients, batch_timeout_micros=5000
+        )
+    with model_server(base, batching_options) as server:
         connections = [http.client.HTTPConnection("127.0.0.1", server.port) for _ in range(clients)]
         body = json.dumps({"instances": [TEXT]})
         for connection in connections:
@@ -219,8 +249,6 @@ def torch_times(torch_python, seq_length, layers, hidden, requests):
 def main(argv):
     """Measures every row and prints the table."""
     del argv
-    from bert_tf import serve
-
     logging.set_verbosity(logging.WARNING)
 
     layers, hidden = (2, 128) if FLAGS.quick else (12, 768)
@@ -241,10 +269,12 @@ def main(argv):
                 flush=True,
             )
             direct = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
-            with serve.ModelServer({"bench": base}, port=0, poll_seconds=0) as server:
-                direct_times, server_times = time_direct_and_server(direct, server.port, requests)
-            (direct_p50, direct_p99), (server_p50, server_p99) = map(
-                percentiles, (direct_times, server_times)
+            with model_server(base, grpc=True) as server:
+                direct_times, server_times, grpc_times = time_direct_and_server(
+                    direct, server.port, server.grpc_port, requests
+                )
+            (direct_p50, direct_p99), (server_p50, server_p99), (grpc_p50, grpc_p99) = map(
+                percentiles, (direct_times, server_times, grpc_times)
             )
             rows.append(
                 (
@@ -259,11 +289,20 @@ def main(argv):
             )
             rows.append(
                 (
-                    f"server, {precision}",
+                    f"server REST, {precision}",
                     server_p50,
                     server_p99,
                     None,
                     f"{server_p50 / direct_p50:.2f} of direct p50",
+                )
+            )
+            rows.append(
+                (
+                    f"server gRPC, {precision}",
+                    grpc_p50,
+                    grpc_p99,
+                    None,
+                    f"{grpc_p50 / direct_p50:.2f} of direct p50",
                 )
             )
             if precision != FLAGS.precisions[0]:

@@ -19,7 +19,7 @@ from absl import logging
 from bert_tf import cli
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
-from bert_tf.serving import batching, config, core, grpc_api, server
+from bert_tf.serving import batching, config, core, grpc_api, monitoring, protos, server
 
 DEFAULT_MAX_REQUEST_BYTES = server.DEFAULT_MAX_REQUEST_BYTES
 
@@ -41,6 +41,11 @@ class ServeArgs:
         0,
         "Seconds between reads of --model_config_file, applying changes (models added, removed, "
         "re-versioned) without a restart; 0 reads it once.",
+    )
+    allow_version_labels_for_unavailable_models: bool = arg(
+        False,
+        "Let a new version label name a version that is not loaded yet (TF Serving's flag); "
+        "moving an existing label still needs a loaded version.",
     )
     rest_api_port: int = arg(8501, "Port of the REST API; 0 picks a free one (printed).")
     rest_api_host: str = arg(
@@ -134,20 +139,55 @@ def _channel_arguments(text):
         raise UsageError(str(e)) from e
 
 
+def _batching_options(args):
+    """(BatchingOptions or None, rows per model call) from the batching flags.
+
+    A --batching_parameters_file implies batching (TF Serving also wants --enable_batching); its
+    unset fields keep TF Serving's defaults, and its max_batch_size, when set, is also the chunk
+    size of big requests in place of --max_batch_size.
+    """
+    path = args.batching_parameters_file
+    if not path:
+        if not args.enable_batching:
+            return None, args.max_batch_size
+        options = batching.BatchingOptions(
+            max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros
+        )
+        return options, args.max_batch_size
+    params = protos.parse_text_file(path, protos.BatchingParameters, "batching_parameters_file")
+    try:
+        options = batching.options_from_batching_parameters(params)
+    except ValueError as e:
+        raise UsageError(f"--batching_parameters_file={path}: {e}") from e
+    if params.HasField("max_batch_size"):
+        return options, options.max_batch_size
+    return options, args.max_batch_size
+
+
+def _metrics(args):
+    """(monitoring.Metrics, Prometheus path), or (None, None) unless --monitoring_config_file
+    enables the Prometheus page."""
+    if not args.monitoring_config_file:
+        return None, None
+    monitoring_config = protos.parse_text_file(
+        args.monitoring_config_file, protos.MonitoringConfig, "monitoring_config_file"
+    )
+    path = monitoring.prometheus_path(monitoring_config)
+    return (monitoring.Metrics(), path) if path else (None, None)
+
+
 def build_server(args, on_loaded=None):
     """A ModelServer (not started) from the flags' arguments."""
     _check_ports(args)
     server_config = _server_config(args)
-    batching_options = None
-    if args.enable_batching or args.batching_parameters_file:
-        batching_options = batching.BatchingOptions(
-            max_batch_size=args.max_batch_size, batch_timeout_micros=args.batch_timeout_micros
-        )
+    batching_options, max_batch_size = _batching_options(args)
+    metrics, metrics_path = _metrics(args)
     core_options = core.CoreOptions(
-        max_batch_size=args.max_batch_size,
+        max_batch_size=max_batch_size,
         max_instances_per_request=args.max_instances_per_request,
         batching_options=batching_options,
         warmup=args.enable_model_warmup,
+        allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,
     )
     options = server.ServerOptions(
         host=args.rest_api_host,
@@ -159,8 +199,17 @@ def build_server(args, on_loaded=None):
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_request_bytes=args.max_request_bytes,
         rest_api_deadline_s=args.rest_api_timeout_in_ms / 1000.0 or None,
+        model_config_file=args.model_config_file,
+        model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
     )
-    return server.ModelServer(server_config, options, core_options, on_loaded=on_loaded)
+    return server.ModelServer(
+        server_config,
+        options,
+        core_options,
+        on_loaded=on_loaded,
+        metrics=metrics,
+        metrics_path=metrics_path,
+    )
 
 
 def run(args):

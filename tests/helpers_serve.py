@@ -8,7 +8,7 @@ import shutil
 import tensorflow as tf
 from helpers import tiny_config
 
-from bert_tf.serving import batching, core, server, servable
+from bert_tf.serving import batching, core, servable, server
 
 LABELS = ["negative", "positive", "neutral"]
 V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]

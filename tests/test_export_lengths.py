@@ -15,9 +15,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from bert_tf import export, modeling, warmup
-from bert_tf.serving import servable as servable_module
 from bert_tf.export_graph import TextPacker
 from bert_tf.model_dir import ModelDir
+from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import LENGTH_BUCKET, models
 from tests.helpers import tiny_config
 
@@ -236,7 +236,7 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
         calls.append((signature.name, {name: a.shape for name, a in arrays.items()}))
         return real(signature, arrays)
 
-    monkeypatch.setattr(serve, "call_signature", recording)
+    monkeypatch.setattr(servable_module, "call_signature", recording)
     servable_module.Servable("clf", 1, paths["classifier"]["dynamic"])
     replayed = [shapes for name, shapes in calls if name == "serving_default"]
     assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5

@@ -165,6 +165,8 @@ class Case:
     rest_code: str = None  # TF Serving's REST code where it differs from gRPC's
     # False where REST refuses the JSON before a tensor exists, so its words are the JSON's.
     same_message: bool = True
+    # TF Serving's own text for the error, where the test pins it (from its source, cited).
+    message: str = None
 
 
 CASES = [
@@ -221,6 +223,8 @@ CASES = [
         ("POST", "/v1/models/nope:predict", {"instances": TEXTS}),
         ("Predict", predict_request(name="nope")),
         "NOT_FOUND",
+        # ServableRequest::DebugString, as ServerCore::GetServableHandle reports it.
+        message="Servable not found for request: Latest(nope)",
     ),
     Case(
         "unknown_model_classify",
@@ -233,6 +237,7 @@ CASES = [
         ("GET", "/v1/models/nope", None),
         ("GetModelStatus", status_request(name="nope")),
         "NOT_FOUND",
+        message="Could not find any versions of model nope",  # get_model_status_impl.cc
     ),
     Case(
         "unknown_model_metadata",
@@ -245,12 +250,14 @@ CASES = [
         ("POST", "/v1/models/clf/versions/7:predict", {"instances": TEXTS}),
         ("Predict", predict_request(version=7)),
         "NOT_FOUND",
+        message="Servable not found for request: Specific(clf, 7)",
     ),
     Case(
         "unknown_version_status",
         ("GET", "/v1/models/clf/versions/7", None),
         ("GetModelStatus", status_request(version=7)),
         "NOT_FOUND",
+        message="Could not find version 7 of model clf",  # get_model_status_impl.cc
     ),
     # Unknown signature: REST's handler looks it up before parsing the body (GetInfoMap,
     # INVALID_ARGUMENT); gRPC's predictor after (FAILED_PRECONDITION). Both are HTTP 400.
@@ -395,6 +402,8 @@ def test_rest_and_grpc_agree(server, stubs, direct, case):
     assert isinstance(grpc_reply, str) and grpc_reply
     if rest_code == case.code and case.same_message:
         assert rest_reply["error"] == grpc_reply
+    if case.message is not None:
+        assert grpc_reply == case.message
 
 
 def test_grpc_bytes_output_and_numeric_signature(stubs):
@@ -679,20 +688,25 @@ def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
         [f"--model_base_path={base}", "--model_name=clf", "--rest_api_port=0", "--port=0"], tmp_path
     )
     try:
-        address = None
-        while address is None:
+        address = rest_address = None
+        while address is None or rest_address is None:
             line = lines.get(timeout=300)
             match = re.fullmatch(r"gRPC API at (127\.0\.0\.1:\d+)\n", line)
-            address = match.group(1) if match else None
-        asked = subprocess.run(
-            [sys.executable, "-m", "bert_tf.serving.client", f"--server={address}"]
-            + ["--model_name=clf", TEXTS[0], TEXTS[1]],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-            cwd=ROOT,
-        )
+            address = match.group(1) if match else address
+            match = re.fullmatch(r"serving clf version 1 at http://(127\.0\.0\.1:\d+)\n", line)
+            rest_address = match.group(1) if match else rest_address
+
+        def ask(*flags):
+            return subprocess.run(
+                [sys.executable, "-m", "bert_tf.serving.client", *flags],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=dict(os.environ, PYTHONPATH=ROOT),
+                cwd=ROOT,
+            )
+
+        asked = ask(f"--server={address}", "--model_name=clf", TEXTS[0], TEXTS[1])
         assert asked.returncode == 0, asked.stderr[-2000:]
         outputs = json.loads(asked.stdout)
         assert len(outputs["label"]) == 2 and set(outputs["label"]) <= {
@@ -700,15 +714,17 @@ def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
             "positive",
             "neutral",
         }
-        unknown = subprocess.run(
-            [sys.executable, "-m", "bert_tf.serving.client", f"--server={address}"]
-            + ["--model_name=nope", "x"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-            cwd=ROOT,
+        # Over REST the same texts give the same numbers, written the same way.
+        over_rest = ask(f"--server={rest_address}", "--rest", "--model_name=clf", *TEXTS[:2])
+        assert over_rest.returncode == 0, over_rest.stderr[-2000:]
+        rows = json.loads(over_rest.stdout)
+        assert [row["label"] for row in rows] == outputs["label"]
+        probabilities = re.search(r'"probabilities":(\[\[.*?\]\])', asked.stdout).group(1)
+        assert (
+            probabilities
+            == "[" + ",".join(re.findall(r'"probabilities":(\[.*?\])', over_rest.stdout)) + "]"
         )
+        unknown = ask(f"--server={address}", "--model_name=nope", "x")
         assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
     finally:
         process.send_signal(signal.SIGTERM)

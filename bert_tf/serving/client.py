@@ -14,13 +14,13 @@ import json
 import sys
 
 import grpc
-import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from bert_tf import cli
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
+from bert_tf.serving import json_codec
 
 
 class GrpcPredictClient:
@@ -95,7 +95,8 @@ def run(args, texts):
     if args.rest:
         client = RestPredictClient(args.server)
         try:
-            print(json.dumps(client.predict(args.model_name, texts, args.signature_name)))
+            predictions = client.predict(args.model_name, texts, args.signature_name)
+            print(json.dumps(predictions, separators=(",", ":")))
         finally:
             client.close()
         return
@@ -109,15 +110,9 @@ def run(args, texts):
         sys.exit(1)
     finally:
         client.close()
-    print(json.dumps({name: _jsonable(value) for name, value in sorted(outputs.items())}))
-
-
-def _jsonable(array):
-    """A numpy output as JSON-ready lists (bytes decoded as UTF-8)."""
-    if array.dtype == object:
-        texts = [value.decode("utf-8", "replace") for value in array.ravel().tolist()]
-        return np.array(texts, dtype=object).reshape(array.shape).tolist()
-    return array.tolist()
+    # The REST API's JSON text for the same outputs, floats written as TF Serving writes them.
+    reply = {name: json_codec.array_to_json(value, name) for name, value in sorted(outputs.items())}
+    print(json_codec.dumps(reply))
 
 
 if __name__ == "__main__":

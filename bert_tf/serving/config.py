@@ -48,7 +48,11 @@ def check_model_config(config, source="model_config_file"):
                 'supported; only "tensorflow"'
             )
         if model.name in names:
-            raise ModelConfigError(f"{source}: model {model.name!r} configured twice")
+            # server_core.cc's words, which the reload API answers with.
+            raise ModelConfigError(
+                f"{source}: Illegal to list model {model.name} multiple times in config list "
+                "(configured twice)"
+            )
         names.add(model.name)
         policy = model.model_version_policy
         if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 0:

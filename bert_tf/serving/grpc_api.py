@@ -179,8 +179,11 @@ class _Service:
         self.core = server_core
         self.metrics = metrics
 
-    def _serve(self, api, request_name, context, work):
-        """Runs `work()` and returns its response; a ServingError aborts the call with its code."""
+    def _serve(self, api, request_name, context, work, signature_name=""):
+        """Runs `work()` and returns its response; a ServingError aborts the call with its code.
+
+        The request is counted under `request_name` and `signature_name` (as the client sent it).
+        """
         start = time.perf_counter()
         code = "OK"
         try:
@@ -198,7 +201,7 @@ class _Service:
         finally:
             if self.metrics is not None:
                 self.metrics.record_request(
-                    request_name, api, "GRPC", code, time.perf_counter() - start
+                    request_name, api, "GRPC", code, time.perf_counter() - start, signature_name
                 )
 
 
@@ -237,7 +240,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                 response.outputs[alias].CopyFrom(array_to_tensor(value))
             return response
 
-        return self._serve("Predict", request.model_spec.name, context, work)
+        spec = request.model_spec
+        return self._serve("Predict", spec.name, context, work, spec.signature_name)
 
     def Classify(self, request, context):  # noqa: N802
         """Classifies the request's tf.Examples."""
@@ -254,7 +258,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             _classification_result(response.result, classes, scores)
             return response
 
-        return self._serve("Classify", request.model_spec.name, context, work)
+        spec = request.model_spec
+        return self._serve("Classify", spec.name, context, work, spec.signature_name)
 
     def Regress(self, request, context):  # noqa: N802
         """Regresses the request's tf.Examples."""
@@ -271,7 +276,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             _regression_result(response.result, values)
             return response
 
-        return self._serve("Regress", request.model_spec.name, context, work)
+        spec = request.model_spec
+        return self._serve("Regress", spec.name, context, work, spec.signature_name)
 
     def MultiInference(self, request, context):  # noqa: N802
         """Several classify and regress signatures of one model on the same tf.Examples."""
@@ -360,7 +366,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Service):
             if not request.HasField("model_spec"):
                 raise errors.invalid_argument("Missing ModelSpec")
             name, version, label = _model_spec_args(request.model_spec)
-            return self.core.manager(name).status(version, label)
+            return self.core.model_status(name, version, label)
 
         return self._serve("GetModelStatus", request.model_spec.name, context, work)
 

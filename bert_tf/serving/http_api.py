@@ -56,6 +56,7 @@ class _Request:
     def __init__(self, method, name, version, label, verb, metadata):
         self.method, self.name, self.version, self.label = method, name, version, label
         self.verb, self.metadata = verb, metadata
+        self.signature_name = ""  # From the body, once it is read: a label of the metrics.
 
 
 def _decode_arg(text, what):
@@ -127,6 +128,7 @@ class RestApi:
                 "REST",
                 code,
                 time.perf_counter() - start,
+                request.signature_name if request else "",
             )
         return status, reply
 
@@ -134,9 +136,9 @@ class RestApi:
         """Runs a parsed request against the core."""
         options = self.core.options
         if request.method == "GET":
-            manager = self.core.manager(request.name)
             if not request.metadata:
-                return _message_json(manager.status(request.version, request.label), False)
+                status = self.core.model_status(request.name, request.version, request.label)
+                return _message_json(status, False)
             servable = self.core.servable(request.name, request.version, request.label)
             spec = {"name": request.name, "signature_name": "", "version": str(servable.version)}
             signature_defs = _message_json(core.signature_def_map(servable), True)
@@ -147,6 +149,7 @@ class RestApi:
             raise errors.invalid_argument(
                 f"'signature_name' must be a string, got {errors.short(signature_name)}"
             )
+        request.signature_name = signature_name
         servable = self.core.servable(request.name, request.version, request.label)
         if request.verb == "classify":
             serialized = json_codec.examples_from_request(payload)
@@ -235,7 +238,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].split("#", 1)[0]
         server = self.server
         if server.metrics_path is not None and path == server.metrics_path:
-            return 200, server.metrics.prometheus_text(), "text/plain; version=0.0.4"
+            return 200, server.metrics.prometheus_text(), "text/plain"  # As TF Serving sends it.
         if not _API_PATH.fullmatch(path):
             raise HttpError(404, f"Not found: {path[:200]} (the REST API is under /v1/)")
         if self.command == "OPTIONS":  # A CORS preflight, as http_server.cc answers it.

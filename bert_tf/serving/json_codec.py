@@ -207,8 +207,9 @@ def predict_inputs(request, signature):
             # ignored.
             missing = sorted(set(names) - set(value))
             if missing:
+                # TF Serving's wording, the name unquoted (it is the signature's, not the client's).
                 raise errors.invalid_argument(
-                    f"Missing named input: {errors.short(missing[0])} in 'inputs' object."
+                    f"Missing named input: {missing[0]} in 'inputs' object."
                 )
             columns = {name: value[name] for name in names}
         unnamed_error = f"Expecting 'inputs' to be an object with the signature's inputs {names}"

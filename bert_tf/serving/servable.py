@@ -118,6 +118,11 @@ class Servable:
         queues behind the requests that came while the previous one ran.
         """
         rows = _rows(signature, tensors)
+        if batching_options is not None and batching.can_merge(signature):
+            # A chunk is one task of the batching queue, which takes at most its max_batch_size.
+            max_rows = min(
+                max_rows or batching_options.max_batch_size, batching_options.max_batch_size
+            )
         if max_rows is None or rows is None or rows <= max_rows:
             return self._run_once(signature, tensors, batching_options)
         chunks = []

@@ -10,7 +10,7 @@ from absl import logging
 
 from bert_tf.io_utils import UsageError
 from bert_tf.model_versions import list_versions
-from bert_tf.serving import config, core, grpc_api, http_api
+from bert_tf.serving import config, core, errors, grpc_api, http_api
 
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
@@ -33,6 +33,10 @@ class ServerOptions:
     idle_timeout_s: float = 60.0
     # --rest_api_timeout_in_ms: a REST request not answered by then gets 504; None: no deadline.
     rest_api_deadline_s: float = None
+    # --model_config_file and --model_config_file_poll_wait_seconds: re-read the file this often
+    # and apply it when it changed (models added, removed, re-versioned); 0 or None: never.
+    model_config_file: str = None
+    model_config_file_poll_wait_seconds: float = 0
 
 
 def _check_base_paths(server_config):
@@ -91,6 +95,7 @@ class ModelServer:
         self._grpc = None
         self._threads = []
         self._stopping = threading.Event()
+        self._config_file_error = None  # The last error of the config-file poll, logged once.
 
     @property
     def managers(self):
@@ -145,6 +150,13 @@ class ModelServer:
             self._threads.append(
                 threading.Thread(target=self._poll_loop, name="version-poll", daemon=True)
             )
+        config_poll = self.options.model_config_file_poll_wait_seconds
+        if self.options.model_config_file and config_poll and config_poll > 0:
+            # Started after the first config is loaded, as server.cc starts its poll thread after
+            # ServerCore::Create, so a reload never races the initial load.
+            self._threads.append(
+                threading.Thread(target=self._config_poll_loop, name="config-poll", daemon=True)
+            )
         for thread in self._threads:
             thread.start()
         logging.info("REST API at %s", self.url)
@@ -167,6 +179,43 @@ class ModelServer:
                     manager.poll()
                 except Exception:  # A bad directory must not stop polling for the other models.
                     logging.exception("model %s: version poll failed", manager.name)
+
+    def _config_poll_loop(self):
+        """Re-reads --model_config_file every model_config_file_poll_wait_seconds until stop()."""
+        while not self._stopping.wait(self.options.model_config_file_poll_wait_seconds):
+            try:
+                self.reload_config_file()
+            except Exception:  # The poll must go on whatever one reload did.
+                logging.exception("model config file poll failed")
+
+    def reload_config_file(self):
+        """Reads --model_config_file once and applies it if it differs from the served config.
+
+        As server.cc's PollFilesystemAndReloadConfig: a file that cannot be read or parsed, or a
+        config ServerCore refuses, is logged as an error and the served config stays. A refused
+        config is tried again at each poll (a label may name a version that becomes available).
+        """
+        path = self.options.model_config_file
+        try:
+            new_config = config.read_model_config_file(path)
+            if new_config == self.core.config:
+                self._config_file_error = None
+                return
+            self.core.reload_config(new_config)
+            self._config_file_error = None
+            logging.info("applied the model config in %s", path)
+        except UsageError as e:
+            self._log_config_file_error(f"Failed to read ModelServerConfig file: {e}")
+        except errors.ServingError as e:
+            self._log_config_file_error(
+                f"{path}: PollFilesystemAndReloadConfig failed to ReloadConfig: {e.message}"
+            )
+
+    def _log_config_file_error(self, message):
+        """Logs a config-file poll error once, not at every poll while the file stays so."""
+        if message != self._config_file_error:
+            self._config_file_error = message
+            logging.error("%s", message)
 
     def stop(self):
         """Stops accepting, stops polling, and releases the ports."""
