@@ -49,3 +49,19 @@ def reference():
     """The inputs, and the outputs the old code's models gave (see helpers.old_model_dir)."""
     with np.load(OLD_MODEL_DIRS_REFERENCE) as data:
         return dict(data)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, real_vocab):
+    """The serving tests' SavedModels (helpers_serve.build_test_exports; built once a session)."""
+    from helpers_serve import build_test_exports
+
+    return build_test_exports(tmp_path_factory, real_vocab)
+
+
+@pytest.fixture(scope="module")
+def direct(exports):
+    """The serving tests' v1 SavedModel loaded directly: what a server's replies must equal."""
+    import tensorflow as tf
+
+    return tf.saved_model.load(exports["v1"])

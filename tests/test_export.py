@@ -827,3 +827,23 @@ def test_max_seq_length_zero_is_refused_not_defaulted(tmp_path, real_vocab):
     for bad in (0, 2, 33):
         with pytest.raises(io_utils.UsageError, match="max_seq_length"):
             export.build_serving_modules(model_dir, max_seq_length=bad)
+
+
+def test_export_does_not_import_the_server():
+    # Exporting must not pay for (or depend on) grpc and the serving package: they share only
+    # bert_tf.model_versions.
+    script = (
+        "import sys, bert_tf.export; "
+        "loaded = [m for m in sys.modules if m.startswith(('bert_tf.serv', 'grpc'))]; "
+        "assert not loaded, loaded"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
-from helpers_serve import LABELS, V2_LABELS, build_test_exports, make_base, model_server
+from helpers_serve import LABELS, V2_LABELS, make_base, model_server
 from tensorflow.core.framework import types_pb2
 
 from bert_tf import serve
@@ -68,17 +68,6 @@ def post(port, path, body, **kwargs):
 # ----------------------------------------------------------------------------------------------
 # Fixtures
 # ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, real_vocab):
-    return build_test_exports(tmp_path_factory, real_vocab)
-
-
-@pytest.fixture(scope="module")
-def direct(exports):
-    """The v1 SavedModel loaded directly: the reference every server reply is checked against."""
-    return tf.saved_model.load(exports["v1"])
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
-from helpers_serve import build_test_exports, make_base, model_server
+from helpers_serve import make_base, model_server
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -41,17 +41,6 @@ from bert_tf.serving import server as server_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["the film was delightful", "an awful, boring evening", "ok"]
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, real_vocab):
-    return build_test_exports(tmp_path_factory, real_vocab)
-
-
-@pytest.fixture(scope="module")
-def direct(exports):
-    """The v1 SavedModel loaded directly: what both protocols must answer."""
-    return tf.saved_model.load(exports["v1"])
 
 
 @pytest.fixture(scope="module")

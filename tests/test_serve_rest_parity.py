@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from absl import flags
-from helpers_serve import build_test_exports, make_base
+from helpers_serve import make_base
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from bert_tf import cli, serve
@@ -60,17 +60,6 @@ def base_flags(base):
         "--file_system_poll_wait_seconds=0",
         "--noenable_model_warmup",
     ]
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, real_vocab):
-    return build_test_exports(tmp_path_factory, real_vocab)
-
-
-@pytest.fixture(scope="module")
-def direct(exports):
-    """The v1 SavedModel loaded directly: the reference every reply is checked against."""
-    return tf.saved_model.load(exports["v1"])
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers_serve import LABELS, V2_LABELS, build_test_exports, make_base, model_server
+from helpers_serve import LABELS, V2_LABELS, make_base, model_server
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
@@ -115,11 +115,6 @@ def broken_version(base, version):
     with open(os.path.join(staging, "saved_model.pb"), "wb") as f:
         f.write(b"not a protobuf")
     os.rename(staging, os.path.join(base, str(version)))
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory, real_vocab):
-    return build_test_exports(tmp_path_factory, real_vocab)
 
 
 @pytest.fixture(scope="module")
