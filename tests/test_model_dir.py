@@ -13,6 +13,7 @@ from helpers import (
     OLD_CLASSIFIER_SPEC,
     TINY_CONFIG,
     TINY_POSITIONS,
+    assert_matches_reference,
     old_model_dir,
     reference_inputs,
     round_trip,
@@ -325,12 +326,12 @@ def test_old_pretraining_model_dirs_load_with_identical_outputs(name, reference,
     model, encoder = directory.load_pretraining_model()
     out = model({**x, "masked_lm_positions": positions})
     for output in ("mlm_logits", "nsp_logits"):
-        np.testing.assert_array_equal(out[output].numpy(), reference[f"{name}/{output}"])
-    np.testing.assert_array_equal(
+        assert_matches_reference(out[output].numpy(), reference[f"{name}/{output}"])
+    assert_matches_reference(
         directory.load_encoder()(x)["sequence_output"].numpy(), reference[f"{name}/sequence_output"]
     )
     if name == "pretrained":
-        np.testing.assert_array_equal(
+        assert_matches_reference(
             encoder(x)["pooled_output"].numpy(), reference["pretrained/pooled_output"]
         )
 
@@ -340,7 +341,7 @@ def test_an_old_fine_tuned_model_dir_loads_with_identical_outputs(reference, tmp
     x, _ = reference_inputs(reference)
     model, _, config, spec = directory.load_task_model()
     assert spec == CLASSIFIER and config.hidden_size == 8
-    np.testing.assert_array_equal(model(x)["logits"].numpy(), reference["classifier/logits"])
+    assert_matches_reference(model(x)["logits"].numpy(), reference["classifier/logits"])
 
 
 def test_an_old_legacy_gelu_model_dir_loads_as_erf_with_a_warning(reference, tmp_path, monkeypatch):
@@ -348,8 +349,16 @@ def test_an_old_legacy_gelu_model_dir_loads_as_erf_with_a_warning(reference, tmp
     directory = old_dir("legacy_gelu", tmp_path)
     x, _ = reference_inputs(reference)
     assert directory.load_config().hidden_act == "gelu_exact"
-    np.testing.assert_array_equal(
+    assert_matches_reference(
         directory.load_encoder()(x)["sequence_output"].numpy(),
         reference["legacy_gelu/sequence_output"],
     )
     assert len(warnings) == 1 and directory.config_file in warnings[0]
+    # The tolerance of assert_matches_reference still tells the two GELU forms apart.
+    tanh_config = dataclasses.replace(directory.load_config(), hidden_act="gelu")
+    tanh_encoder = modeling.build_encoder(tanh_config)
+    tanh_encoder.set_weights(directory.load_encoder().get_weights())
+    with pytest.raises(AssertionError):
+        assert_matches_reference(
+            tanh_encoder(x)["sequence_output"].numpy(), reference["legacy_gelu/sequence_output"]
+        )
