@@ -77,7 +77,7 @@ demo: $(STAMP)
 	    "the film was delightful and the music felt lovely ." "the ending seemed awful to me ."
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # ruff: the formatter's check and the linter (pyproject.toml says which rules).
 lint: $(STAMP)
