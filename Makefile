@@ -64,10 +64,11 @@ demo: $(STAMP)
 	$(PY) -m bert_tf.serve --model_base_path=$(DEMO_DIR)/export/demo_sst2 --model_name=demo_sst2 \
 	  --rest_api_port=0 --port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
 	  for i in $$(seq 300); do \
-	    url=$$(grep -o 'serving demo_sst2 version 1 at http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log \
+	    url=$$(grep -o 'serving demo_sst2 version [0-9]* at http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log \
 	      | grep -o 'http://.*'); \
 	    [ -n "$$url" ] && break; kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
 	  done; \
+	  [ -n "$$url" ] || { echo "the server did not report serving in 300 s"; cat $(DEMO_DIR)/serve.log; exit 1; }; \
 	  grpc=$$(grep -o 'gRPC API at [0-9.:]*' $(DEMO_DIR)/serve.log | head -n 1 | cut -d' ' -f4); \
 	  printf '%s\n' '$(DEMO_REQUEST)' > $(DEMO_DIR)/request.json; cat $(DEMO_DIR)/request.json; \
 	  echo "curl -X POST $$url/v1/models/demo_sst2:predict -d @$(DEMO_DIR)/request.json"; \

@@ -453,6 +453,10 @@ def test_monitoring_counts_rest_and_grpc_requests(tmp_path, exports):
         # A REST error: the pair signature without its second input.
         status, reply = post(port, path, {"signature_name": "pair", "inputs": {"text_a": ["x"]}})
         assert_json_error(status, reply)
+        # A signature the model does not have is counted without its name: made-up names must
+        # not grow the page.
+        status, reply = post(port, path, {"signature_name": "made-up", "instances": TEXTS})
+        assert_json_error(status, reply)
         request = predict_pb2.PredictRequest()
         request.model_spec.name = "clf"
         request.model_spec.signature_name = "pair"
@@ -481,13 +485,13 @@ def test_monitoring_counts_rest_and_grpc_requests(tmp_path, exports):
     # entrypoint) times the OK ones. '/' becomes ':' (util/prometheus_exporter.cc).
     assert samples[":tensorflow:serving:request_count"] == {
         labels(model_name="clf", status="OK"): 3,
-        labels(model_name="clf", status="INVALID_ARGUMENT"): 1,
+        labels(model_name="clf", status="INVALID_ARGUMENT"): 2,
     }
     assert samples[":tensorflow:serving:request_latency_count"] == {
         labels(model_name="clf", API="predict", entrypoint="REST"): 2,
         labels(model_name="clf", API="Predict", entrypoint="GRPC"): 1,
     }
-    # Ours: every request, also by the signature_name the client sent.
+    # Ours: every request, also by the signature_name the client sent when the model has it.
     assert samples[":bert_tf:serving:request_count"] == {
         labels(
             model_name="clf",
@@ -499,6 +503,13 @@ def test_monitoring_counts_rest_and_grpc_requests(tmp_path, exports):
         labels(
             model_name="clf",
             signature_name="pair",
+            API="predict",
+            entrypoint="REST",
+            status="INVALID_ARGUMENT",
+        ): 1,
+        labels(
+            model_name="clf",
+            signature_name="",
             API="predict",
             entrypoint="REST",
             status="INVALID_ARGUMENT",

@@ -321,7 +321,15 @@ class Batcher:
                     # Another batch waits: a thread must take it, or watch its deadline, while
                     # this one runs (TF Serving's num_batch_threads threads all run from the start).
                     self._wake_or_start()
-            self._run_batch(batch)
+            try:
+                self._run_batch(batch)
+            except Exception as e:  # A bug here must not leave the batch's clients waiting.
+                logging.exception(
+                    "batch thread %s: a batch failed", threading.current_thread().name
+                )
+                for task in batch.tasks:
+                    if not task.future.done():
+                        task.future.set_exception(errors.internal(f"batching failed: {e}"))
 
     def _run_batch(self, batch):
         """Runs a batch's requests: one call per group of equal shapes and length class."""

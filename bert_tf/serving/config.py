@@ -48,7 +48,7 @@ def check_model_config(config, source="model_config_file"):
                 'supported; only "tensorflow"'
             )
         if model.name in names:
-            # server_core.cc's words, which the reload API answers with.
+            # Holds server_core.cc's words, which the reload API answers with.
             raise ModelConfigError(
                 f"{source}: Illegal to list model {model.name} multiple times in config list "
                 "(configured twice)"

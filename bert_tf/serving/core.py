@@ -53,7 +53,9 @@ class ServerCore:
     applies new ModelServerConfigs as TF Serving's ServerCore::ReloadConfig does.
 
     Requests read `managers` without a lock: a config change builds a new dict and publishes it in
-    one assignment, so a request sees the old config or the new one, never a mix.
+    one assignment, so a request finds either the old set of models or the new one. A model kept
+    by the change takes its new labels before its new versions load (TF Serving also updates
+    labels and aspired versions separately).
     """
 
     def __init__(self, server_config, options=CoreOptions(), on_loaded=None):
@@ -97,6 +99,14 @@ class ServerCore:
                 spec = f"Specific({_bounded(name)}, {version})"
             raise errors.not_found(f"Servable not found for request: {spec}")
         return manager.servable(version, label)
+
+    def signature_label(self, name, signature_name):
+        """`signature_name` when a served version of model `name` has it, else "": the metrics'
+        label, so that names clients make up cannot grow the metrics without bound."""
+        manager = self.managers.get(name)
+        if signature_name and manager is not None and manager.has_signature(signature_name):
+            return signature_name
+        return ""
 
     def reload_config(self, server_config):
         """Applies a new ModelServerConfig: adds, removes and re-versions models in place.

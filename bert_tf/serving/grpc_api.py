@@ -200,8 +200,9 @@ class _Service:
             _abort(context, errors.internal(f"Internal error: {type(e).__name__}"))
         finally:
             if self.metrics is not None:
+                signature_label = self.core.signature_label(request_name, signature_name)
                 self.metrics.record_request(
-                    request_name, api, "GRPC", code, time.perf_counter() - start, signature_name
+                    request_name, api, "GRPC", code, time.perf_counter() - start, signature_label
                 )
 
 
@@ -383,12 +384,16 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer, _Service):
                     "ModelConfigList is currently supported"
                 )
             self.core.reload_config(request.config)
-        except errors.ServingError as e:
-            logging.error("ReloadConfig failed: %s", e.message)
-            response.status.error_code = e.grpc_code.value[0]
-            response.status.error_message = e.message
-            context.set_code(e.grpc_code)
-            context.set_details(e.message[:_MAX_STATUS_MESSAGE])
+        except Exception as e:  # noqa: BLE001  The reply carries the status, as TF Serving's.
+            error = e
+            if not isinstance(e, errors.ServingError):
+                logging.exception("ReloadConfig failed")
+                error = errors.internal(f"ReloadConfig failed: {type(e).__name__}: {e}")
+            logging.error("ReloadConfig failed: %s", error.message)
+            response.status.error_code = error.grpc_code.value[0]
+            response.status.error_message = error.message
+            context.set_code(error.grpc_code)
+            context.set_details(error.message[:_MAX_STATUS_MESSAGE])
         return response
 
 

@@ -128,7 +128,7 @@ class RestApi:
                 "REST",
                 code,
                 time.perf_counter() - start,
-                request.signature_name if request else "",
+                self.core.signature_label(request.name, request.signature_name) if request else "",
             )
         return status, reply
 

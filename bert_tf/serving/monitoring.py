@@ -16,7 +16,8 @@ the way TF Serving's exporter does, so dashboards and alerts built on TF Serving
 Ours, not TF Serving's (TF Serving's labels cannot tell one signature of a model from another):
 
   /bert_tf/serving/request_count       counter, labels model_name, signature_name, API,
-      entrypoint, status: every request
+      entrypoint, status: every request; signature_name is the one the client named when a
+      served version has it, else empty (made-up names must not grow the page without bound)
   /bert_tf/serving/request_latency     histogram, labels model_name, signature_name, API,
       entrypoint: OK requests, in microseconds, with TF Serving's buckets
 

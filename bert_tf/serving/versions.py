@@ -134,9 +134,9 @@ class ModelManager:
         servables = self._servables
         return servables[max(servables)] if servables else None
 
-    def available_versions(self):
-        """The AVAILABLE versions, highest first."""
-        return sorted(self._servables, reverse=True)
+    def has_signature(self, signature_name):
+        """Whether an available version has this signature (a metrics label must name a real one)."""
+        return any(signature_name in s.signatures for s in list(self._servables.values()))
 
     def check_version_labels(self, model_config):
         """{label: version} the config's version_labels would give now, or FAILED_PRECONDITION."""
@@ -198,14 +198,20 @@ class ModelManager:
         if self._removed:
             return False
         base_path = self.config.base_path
-        if not tf.io.gfile.isdir(base_path):
+        try:
+            found = tf.io.gfile.isdir(base_path)
+            on_disk = list_versions(base_path) if found else {}
+        except tf.errors.OpError as e:  # Unreadable, or a file system TF cannot reach: as missing.
+            found, detail = False, f" ({type(e).__name__}: {str(e).strip()[:200]})"
+        else:
+            detail = ""
+        if not found:
             self._complain(
                 logging.ERROR,
-                f"model {self.name}: could not find base path {base_path}; versions stay as "
-                "they are",
+                f"model {self.name}: could not find base path {base_path}{detail}; versions stay "
+                "as they are",
             )
             return False
-        on_disk = list_versions(base_path)
         if not on_disk:
             self._complain(
                 logging.WARNING,
@@ -355,8 +361,8 @@ class ModelManager:
 
     def failed_versions(self):
         """{version: (code, message)} of versions whose last load failed."""
-        states = self._states
-        return {v: states[v][1:] for v in self._failed if v in states}
+        states, failed = self._states, dict(self._failed)  # The poll thread may change _failed.
+        return {v: states[v][1:] for v in failed if v in states}
 
     def close(self):
         """Stops every loaded version's batchers (the server is stopping)."""
