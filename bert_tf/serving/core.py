@@ -23,7 +23,13 @@ from bert_tf.serving.servable import (
     PREDICT_METHOD,
     REGRESS_METHOD,
 )
-from bert_tf.serving.versions import ModelManager, unrecognized_label, version_label_map
+from bert_tf.serving.versions import (
+    ModelManager,
+    servable_not_found,
+    status_not_found,
+    unrecognized_label,
+    version_label_map,
+)
 
 # The input and output names TF Serving's classify and regress APIs require (signature_constants).
 EXAMPLES_INPUT = "inputs"
@@ -80,10 +86,7 @@ class ServerCore:
         get_model_status_impl.cc's words; as there, a label is not looked at."""
         manager = self.managers.get(name) or self._removed.get(name)
         if manager is None:
-            name = _bounded(name)
-            if version is not None:
-                raise errors.not_found(f"Could not find version {version} of model {name}")
-            raise errors.not_found(f"Could not find any versions of model {name}")
+            raise status_not_found(name, version)
         return manager.status(version, label)
 
     def servable(self, name, version=None, label=None):
@@ -93,11 +96,7 @@ class ServerCore:
         if label is not None and (manager is None or label not in manager.labels):
             raise unrecognized_label(label)
         if manager is None:
-            # TF Serving's ServableRequest texts: Latest(NAME) or Specific(NAME, VERSION).
-            spec = f"Latest({_bounded(name)})"
-            if version is not None:
-                spec = f"Specific({_bounded(name)}, {version})"
-            raise errors.not_found(f"Servable not found for request: {spec}")
+            raise servable_not_found(name, version)
         return manager.servable(version, label)
 
     def signature_label(self, name, signature_name):
@@ -211,11 +210,6 @@ class ServerCore:
         """Stops every served version's batchers."""
         for manager in list(self.managers.values()) + list(self._removed.values()):
             manager.close()
-
-
-def _bounded(name, limit=200):
-    """A client-supplied model name as TF Serving prints it (unquoted), cut at `limit` characters."""
-    return name if len(name) <= limit else name[:limit] + "..."
 
 
 def check_instances(count, limit):

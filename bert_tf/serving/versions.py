@@ -87,6 +87,28 @@ def version_label_map(model_config, states, current_labels, allow_unavailable=Fa
     return labels
 
 
+def _printable(name, limit=200):
+    """A model name as TF Serving prints it (unquoted), cut at `limit` characters: it may come
+    from a client."""
+    return name if len(name) <= limit else name[:limit] + "..."
+
+
+def servable_not_found(name, version=None):
+    """NOT_FOUND for a request no served version answers, in TF Serving's words (its
+    ServableRequest: Latest(NAME) or Specific(NAME, VERSION))."""
+    name = _printable(name)
+    spec = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
+    return errors.not_found(f"Servable not found for request: {spec}")
+
+
+def status_not_found(name, version=None):
+    """NOT_FOUND for a status request, in get_model_status_impl.cc's words."""
+    name = _printable(name)
+    if version is not None:
+        return errors.not_found(f"Could not find version {version} of model {name}")
+    return errors.not_found(f"Could not find any versions of model {name}")
+
+
 def unrecognized_label(label):
     """The error for a version label the model does not have (server_core.cc)."""
     return errors.invalid_argument(f"Unrecognized servable version label: {label}")
@@ -330,12 +352,10 @@ class ModelManager:
         if version is not None:
             servable = servables.get(version)
             if servable is None:
-                raise errors.not_found(
-                    f"Servable not found for request: Specific({self.name}, {version})"
-                )
+                raise servable_not_found(self.name, version)
             return servable
         if not servables:
-            raise errors.not_found(f"Servable not found for request: Latest({self.name})")
+            raise servable_not_found(self.name)
         return servables[max(servables)]
 
     def status(self, version=None, label=None):
@@ -346,10 +366,10 @@ class ModelManager:
         states = self._states
         if version is not None:
             if version not in states:
-                raise errors.not_found(f"Could not find version {version} of model {self.name}")
+                raise status_not_found(self.name, version)
             states = {version: states[version]}
         if not states:
-            raise errors.not_found(f"Could not find any versions of model {self.name}")
+            raise status_not_found(self.name)
         response = get_model_status_pb2.GetModelStatusResponse()
         for number, (state, code, message) in sorted(states.items(), reverse=True):
             entry = response.model_version_status.add()
