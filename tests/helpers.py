@@ -50,6 +50,19 @@ def run_module_cli(module, *flags):
     )
 
 
+def run_python_script(script, timeout=120):
+    """Runs `python -c script` in a fresh interpreter from the repository root (what a clean
+    process imports, for one); returns the CompletedProcess (text output)."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def write_vocab(path, texts, extra_words=()):
     """A vocab.txt: the special tokens plus every word of `texts` as BasicTokenizer splits it (lower-cased)."""
     basic = tokenization.BasicTokenizer(do_lower_case=True)

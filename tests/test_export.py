@@ -26,7 +26,7 @@ from bert_tf.tasks.ner import metrics as ner_metrics
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import postprocess as squad_postprocess
 from bert_tf.tokenization import FullTokenizer
-from tests.helpers import tiny_config
+from tests.helpers import run_python_script, tiny_config
 
 CONFIG = tiny_config(vocab_size=30522)  # the real vocabulary's size
 SPECS = {
@@ -837,13 +837,5 @@ def test_export_does_not_import_the_server():
         "loaded = [m for m in sys.modules if m.startswith(('bert_tf.serv', 'grpc'))]; "
         "assert not loaded, loaded"
     )
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": repo},
-        timeout=120,
-    )
+    result = run_python_script(script)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -20,6 +20,7 @@ import textwrap
 
 import pytest
 import tensorflow as tf
+from helpers import run_python_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -540,13 +541,5 @@ def test_cached_is_a_drop_in_full_tokenizer(real_vocab):
 def test_python_tokenizers_import_without_tensorflow():
     # create_pretraining_data's workers tokenize with CachedTokenizer and must not pay for TensorFlow.
     script = "import sys, bert_tf.tokenization; assert 'tensorflow' not in sys.modules, 'TensorFlow imported'"
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": repo},
-        timeout=60,
-    )
+    result = run_python_script(script, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -8,8 +8,6 @@ import json
 import logging as std_logging
 import os
 import random
-import subprocess
-import sys
 import tracemalloc
 import unittest.mock
 
@@ -18,6 +16,7 @@ import hypothesis
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import run_python_script
 
 from bert_tf import corpus, tokenization
 from bert_tf.pretraining import documents as docs
@@ -363,15 +362,7 @@ def test_unit_parts_are_built_and_written_without_tensorflow(sentences, tmp_path
         + "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
         "print(json.dumps(stats))\n"
     )
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": repo},
-        timeout=120,
-    )
+    result = run_python_script(script)
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)
     here = dataclasses.replace(unit, output_path=str(tmp_path / "here.tfrecord"))
