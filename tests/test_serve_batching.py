@@ -385,19 +385,25 @@ def test_one_batch_thread_runs_batches_one_at_a_time(pool):
     assert len(model.calls) == 2 and model.most_active == 1
 
 
+def calls_that_meet(model, parties=2):
+    """A call of `model` that returns only once `parties` calls run at the same time."""
+    all_running = threading.Barrier(parties, timeout=WAIT_S)
+
+    def call(signature, arrays):
+        outputs = model(signature, arrays)
+        all_running.wait()
+        return outputs
+
+    return call
+
+
 def test_a_ready_batch_gets_a_second_thread_while_the_first_one_runs(pool):
     # shared_batch_scheduler.h starts all num_batch_threads threads with the scheduler, so a batch
     # that is ready while one thread runs another starts at once on a second thread. Here the one
     # thread waits for the open batch's timeout when a request closes that batch and fills a
     # second one: both batches are ready, and each must get a thread.
     model = Doubler()
-    both_running = threading.Barrier(2, timeout=WAIT_S)
-
-    def call(signature, arrays):  # Returns only once the other call runs too.
-        outputs = model(signature, arrays)
-        both_running.wait()
-        return outputs
-
+    call = calls_that_meet(model)
     options = dict(max_batch_size=2, num_batch_threads=2)
     with make_batcher(model, call, batch_timeout_micros=30_000_000, **options) as batcher:
         first = pool.submit(batcher.run, rows(1, 0))
@@ -411,13 +417,7 @@ def test_a_ready_batch_gets_a_second_thread_while_the_first_one_runs(pool):
 
 def test_two_batch_threads_run_two_batches_at_once(pool):
     model = Doubler()
-    both_running = threading.Barrier(2, timeout=WAIT_S)
-
-    def call(signature, arrays):  # Returns only once the other call runs too.
-        outputs = model(signature, arrays)
-        both_running.wait()
-        return outputs
-
+    call = calls_that_meet(model)
     options = dict(max_batch_size=1, num_batch_threads=2)
     with make_batcher(model, call, batch_timeout_micros=0, **options) as batcher:
         futures = [pool.submit(batcher.run, rows(1, first)) for first in (0, 10)]

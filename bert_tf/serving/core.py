@@ -161,7 +161,7 @@ class ServerCore:
                 if manager is None:
                     manager = ModelManager(model, self._on_loaded, self.options.warmup, allow)
                 else:
-                    manager.update_config(model, labels[name], load=False)
+                    manager.update_config(model, labels[name])
                 added.append(manager)
             elif manager.config != model or manager.labels != labels[name]:
                 # A new policy or base path is applied below; labels alone load nothing.
@@ -170,7 +170,7 @@ class ServerCore:
                     model.model_version_policy,
                 ):
                     changed.append(manager)
-                manager.update_config(model, labels[name], load=False)
+                manager.update_config(model, labels[name])
             managers[name] = manager
         if load:
             for manager in added:

@@ -138,7 +138,7 @@ class ModelManager:
         self._complaint = None  # The last "nothing to serve" warning, logged once.
         self._lock = threading.Lock()  # One poll, config change or removal at a time.
         self.config = model_server_config_pb2.ModelConfig()
-        self.update_config(model_config, load=False)
+        self.update_config(model_config)
 
     @property
     def base_path(self):
@@ -166,14 +166,13 @@ class ModelManager:
             model_config, self._states, self._labels, self.allow_unavailable_labels
         )
 
-    def update_config(self, model_config, labels=None, load=True):
+    def update_config(self, model_config, labels=None):
         """Applies a new ModelConfig of this model (policy, labels, base path) without dropping
         requests: versions it aspires are loaded before those it no longer does are unloaded.
 
         `labels` is the label map already checked (check_version_labels); without it the config's
-        labels are checked here, and a refused label changes nothing. With `load`, the new policy
-        is applied at once (versions are not waited on to be stable: a config change is the
-        operator's explicit request); otherwise at the next poll. A version that is loaded keeps
+        labels are checked here, and a refused label changes nothing. The new policy is applied by
+        the next poll (ServerCore.reload_config polls at once). A version that is loaded keeps
         serving when the base path changes and the new one holds the same version number, as in
         TF Serving, where a servable is identified by name and version.
         """
@@ -188,8 +187,6 @@ class ModelManager:
             self._labels = dict(labels)
             self._removed = False
             self._complaint = None
-            if load:
-                self._poll_locked(wait_for_stable=False)
 
     def remove(self):
         """Stops serving the model, which left the server's config: nothing is aspired, so every
