@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from bert_tf import export, modeling, warmup
-from bert_tf.export_graph import TextPacker
+from bert_tf.export_graph import LENGTH_GROUP_ROWS, TextPacker, call_by_length
 from bert_tf.model_dir import ModelDir
 from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import LENGTH_BUCKET, models
@@ -46,6 +46,10 @@ INVALID_UTF8 = b"caf\xc3 broken \xff\xfe bytes"
 SHORT = ["Good.", "A fine film about a dog."]
 MIXED = SHORT + ["word " * 50, "", MEGABYTE.encode(), INVALID_UTF8]
 QUESTIONS = ["who is it?", "where", "", "what is the name of the town?"]
+# More rows than export_graph.LENGTH_GROUP_ROWS, of very different lengths and out of order, so
+# the batch runs in groups of similar length (call_by_length).
+MANY = [("word " * n) + SHORT[n % 2] for n in (0, 40, 3, 70, 1, 12, 0, 25, 5, 60, 2, 0, 33, 8)]
+MANY += ["", INVALID_UTF8]
 CONTEXTS = [
     "Jane lives in Bath.",
     "The café is in Zürich, near the lake. " * 12,
@@ -128,7 +132,7 @@ def kind_inputs(kind, texts):
 @pytest.mark.parametrize("kind", list(SPECS))
 def test_dynamic_length_answers_as_the_padded_export(exports, kind):
     loaded, _ = exports
-    for batch in (SHORT, MIXED, [SHORT[0]], CONTEXTS):
+    for batch in (SHORT, MIXED, [SHORT[0]], CONTEXTS, MANY):
         inputs = kind_inputs(kind, batch)
         assert_same(
             call_default(loaded[kind]["dynamic"], **inputs),
@@ -182,6 +186,43 @@ def test_text_packer_lengths_follow_buckets(tmp_path, real_vocab):
         assert static.pack(texts)["input_word_ids"].shape == (2, 80), words
 
 
+def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order():
+    tf.keras.utils.set_random_seed(5)
+    model, _ = models.build_task_model(CONFIG, SPECS["ner"])  # logits [b, s, labels]
+    lengths = [3, 70, 5, 9, 64, 2, 17, 33, 4, 80, 6, 1, 48, 7, 20, 11, 3, 5, 2]
+    assert len(lengths) > 2 * LENGTH_GROUP_ROWS
+    rng = np.random.default_rng(0)
+    mask = (np.arange(SEQ_LENGTH)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+    inputs = {
+        "input_word_ids": tf.constant(rng.integers(1000, 2000, mask.shape) * mask, tf.int32),
+        "input_mask": tf.constant(mask),
+        "input_type_ids": tf.zeros(mask.shape, tf.int32),
+    }
+    calls = []
+
+    def recording_model(batch, training=False):
+        calls.append(batch["input_mask"].shape)
+        return model(batch, training=training)
+
+    recording_model.output = model.output
+    grouped = call_by_length(recording_model, inputs, token_outputs=("logits",))["logits"].numpy()
+    whole = model(inputs, training=False)["logits"].numpy()
+    assert grouped.shape == whole.shape
+    kept = mask.astype(bool)
+    np.testing.assert_allclose(grouped[kept], whole[kept], atol=1e-5)
+    # Rows sorted by length, LENGTH_GROUP_ROWS at a time, each group cut to its longest row
+    # rounded up to LENGTH_BUCKET (longest rows 7, 33 and 80 here).
+    assert [tuple(shape) for shape in calls] == [(8, 16), (8, 48), (3, 80)]
+    shortest = np.argsort(lengths, kind="stable")[:LENGTH_GROUP_ROWS]
+    assert not grouped[shortest, 16:].any()  # padded back with zeros past the group's length
+    # Few enough rows run as one batch.
+    few = {name: value[:LENGTH_GROUP_ROWS] for name, value in inputs.items()}
+    np.testing.assert_array_equal(
+        call_by_length(model, few, token_outputs=("logits",))["logits"].numpy(),
+        model(few, training=False)["logits"].numpy(),
+    )
+
+
 @pytest.mark.parametrize("kind", BFLOAT16_KINDS)
 def test_bfloat16_export_keeps_dtypes_and_answers(exports, kind):
     loaded, _ = exports
@@ -198,7 +239,7 @@ def test_bfloat16_export_keeps_dtypes_and_answers(exports, kind):
 @pytest.mark.parametrize("kind", BFLOAT16_KINDS)
 def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
     loaded, _ = exports
-    for batch in (SHORT, MIXED, CONTEXTS):
+    for batch in (SHORT, MIXED, CONTEXTS, MANY):
         inputs = kind_inputs(kind, batch)
         assert_same(
             call_default(loaded[kind]["xla"], **inputs),

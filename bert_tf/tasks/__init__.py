@@ -252,7 +252,7 @@ def trim_to_longest(inputs, multiple=LENGTH_BUCKET, mask_name="input_mask"):
     }
 
 
-def _example_lengths(mask):
+def example_lengths(mask):
     """The length of every example in a batch: its row end, the longest choice's for [b, choices, s]."""
     ends = _row_ends(mask)
     return (
@@ -267,7 +267,7 @@ def _sort_window(index, window, batch_size, seed):
     into batches, which then come in a random order: a window's batches must not go from short to
     long, or the learning rate schedule would meet lengths in a pattern.
     """
-    order = tf.argsort(_example_lengths(window["input_mask"]), stable=True)
+    order = tf.argsort(example_lengths(window["input_mask"]), stable=True)
     order = tf.reshape(order, [-1, batch_size])
     batch_seed = tf.stack([tf.constant(seed or 0, tf.int64), index])
     shuffled = tf.argsort(tf.random.stateless_uniform([tf.shape(order)[0]], seed=batch_seed))

@@ -36,7 +36,7 @@ class ClassifierModule(export_graph.ServingModule):
 
     def _outputs(self, texts):
         """Runs the model on packed `texts`: the predict outputs."""
-        outputs = self.model(self.packer.pack(texts), training=False)
+        outputs = self.packer.call(self.model, self.packer.pack(texts))
         if self.is_regressor:
             return {"score": outputs["score"]}
         probabilities = tf.nn.softmax(outputs["logits"], axis=-1)

@@ -36,7 +36,7 @@ class MultipleChoiceModule(export_graph.ServingModule):
             name: tf.reshape(value, [shape[0], shape[1], tf.shape(value)[1]])
             for name, value in packed.items()
         }
-        logits = self.model(inputs, training=False)["logits"]
+        logits = self.packer.call(self.model, inputs)["logits"]
         probabilities = tf.nn.softmax(logits, axis=-1)
         return {
             "probabilities": probabilities,
