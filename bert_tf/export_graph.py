@@ -233,7 +233,8 @@ def call_by_length(model, inputs, token_outputs=(), group_rows=LENGTH_GROUP_ROWS
         )
         restore = tf.math.invert_permutation(order)
         return {
-            name: tf.gather(array.concat(), restore) for name, array in zip(sorted(symbolic), arrays)
+            name: tf.gather(array.concat(), restore)
+            for name, array in zip(sorted(symbolic), arrays)
         }
 
     return tf.cond(rows > group_rows, in_groups, whole_batch)

@@ -42,9 +42,9 @@ class NerModule(export_graph.ServingModule):
         kept_words = word_last < self.packer.seq_length - 2
         kept_tokens = tf.gather(kept_words, word)
         ids = tf.ragged.boolean_mask(ids, ids.with_flat_values(kept_tokens))
-        logits = self.packer.call(self.model, self.packer.pack_ids([ids]), token_outputs=("logits",))[
-            "logits"
-        ]
+        logits = self.packer.call(
+            self.model, self.packer.pack_ids([ids]), token_outputs=("logits",)
+        )["logits"]
 
         word_row = tf.boolean_mask(token_starts.value_rowids(), is_first & kept_tokens)
         word_start = tf.boolean_mask(starts, is_first & kept_tokens)
