@@ -21,6 +21,7 @@ training and --num_dev / 2 held-out sentences.
 Rows, each a fresh process timed from start to exit (imports, data conversion, training, eval
 and saving the fine-tuned model included):
   - ours: run_classifier with length-grouped batches cut to their longest row (the default);
+  - ours --jit_compile: the same, XLA-compiled (batches cut to a multiple of 16);
   - ours --pad_to_max_seq_length: every batch padded to 128 (the behaviour before dynamic shapes);
   - HF PyTorch eager: BertForSequenceClassification, batches padded to their longest row
     (DataCollatorWithPadding), a plain training loop, torch.set_num_threads(--threads).
@@ -197,9 +198,12 @@ def timed_run(command, env, marks, log_path):
     return wall, seen, "".join(lines)
 
 
-def run_ours(args, model_dir, data_dir, work, pad):
+def run_ours(args, model_dir, data_dir, work, pad=False, jit_compile=False):
     """One run_classifier process: its row (wall time, phases, accuracy)."""
-    output_dir = os.path.join(work, "ours_padded" if pad else "ours")
+    name = "ours --pad_to_max_seq_length" if pad else "ours (length-grouped, trimmed)"
+    if jit_compile:
+        name += " --jit_compile"
+    output_dir = os.path.join(work, re.sub(r"\W+", "_", name))
     shutil.rmtree(output_dir, ignore_errors=True)
     command = [
         sys.executable,
@@ -222,14 +226,14 @@ def run_ours(args, model_dir, data_dir, work, pad):
         f"--steps_per_loop={args.steps_per_loop}",
         f"--seed={args.seed}",
         f"--pad_to_max_seq_length={str(pad).lower()}",
-    ] + (["--jit_compile"] if args.jit_compile else [])
+    ] + (["--jit_compile"] if jit_compile else [])
     wall, marks, output = timed_run(
         command, thread_env(args.threads), {"training": "^training "}, output_dir + ".log"
     )
     with open(os.path.join(output_dir, "eval_results.txt")) as f:
         results = dict(line.strip().split(" = ") for line in f)
     return {
-        "name": "ours --pad_to_max_seq_length" if pad else "ours (length-grouped, trimmed)",
+        "name": name,
         "wall": wall,
         "startup": marks["training"],
         "train": marks["trained"] - marks["training"],
@@ -289,9 +293,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps_per_loop", type=int, default=50)
-    parser.add_argument("--jit_compile", action="store_true", help="Ours with --jit_compile.")
     parser.add_argument(
-        "--rows", default="ours,padded,hf", help="Which rows to run: ours, padded, hf."
+        "--rows",
+        default="ours,xla,padded,hf",
+        help="Which rows to run: ours, xla (ours with --jit_compile), padded, hf.",
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="Run the rows this many times, interleaved."
@@ -317,7 +322,7 @@ def main():
             check=True,
             capture_output=True,
         )
-    runs = {"ours": run_ours_row, "padded": run_padded_row, "hf": run_hf}
+    runs = {"ours": run_ours, "xla": run_xla_row, "padded": run_padded_row, "hf": run_hf}
     wanted = args.rows.split(",")
     rounds = []
     for number in range(1, args.rounds + 1):
@@ -332,9 +337,9 @@ def main():
     print_tables(args, counts, work, rounds)
 
 
-def run_ours_row(args, model_dir, data_dir, work):
-    """The default row: length-grouped training batches, every batch cut to its longest row."""
-    return run_ours(args, model_dir, data_dir, work, pad=False)
+def run_xla_row(args, model_dir, data_dir, work):
+    """The default row with --jit_compile: batches cut to their longest row rounded up to 16."""
+    return run_ours(args, model_dir, data_dir, work, jit_compile=True)
 
 
 def run_padded_row(args, model_dir, data_dir, work):

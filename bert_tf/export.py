@@ -340,13 +340,20 @@ def set_method_names(path, methods):
 
 
 def write_warmup_requests(version_dir, module, model_dir):
-    """Writes TF Serving's warm-up file for `module`'s serving_default: one request per padded length."""
+    """Writes TF Serving's warm-up file for `module`'s serving_default: requests of every padded length."""
     function, _ = module.signatures()["serving_default"]
     input_specs = {spec.name: spec for spec in function.input_signature}
     packer = module.packer
     lengths = warmup.padded_lengths(packer.seq_length, packer.dynamic_length)
+    # A dynamic export runs big batches LENGTH_GROUP_ROWS rows at a time: warm that shape too.
+    batch_sizes = (1, export_graph.LENGTH_GROUP_ROWS) if packer.dynamic_length else (1,)
     warmup.write_requests(
-        version_dir, "serving_default", input_specs, lengths, ModelDir(model_dir).vocab_file
+        version_dir,
+        "serving_default",
+        input_specs,
+        lengths,
+        ModelDir(model_dir).vocab_file,
+        batch_sizes,
     )
 
 

@@ -1,8 +1,9 @@
 """The building blocks of an exported serving graph, shared by every task's serving module.
 
 Text in: GraphTokenizer (FullTokenizer's ids) and the original packing, as training packs; the
-assets every export carries; the module base whose `serve` is `serving_default`; and a model call
-that runs any number of rows in bounded chunks. Only TensorFlow core and tensorflow_text ops.
+assets every export carries; the module base whose `serve` is `serving_default`; and model calls
+that run a batch in groups of similar length, or any number of rows in bounded chunks. Only
+TensorFlow core and tensorflow_text ops.
 """
 
 import tensorflow as tf
@@ -10,7 +11,13 @@ import tensorflow as tf
 from bert_tf import io_utils
 from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import bucketed_length, example_lengths, pack_inputs, trim_to_longest
+from bert_tf.tasks import (
+    LENGTH_BUCKET,
+    bucketed_length,
+    example_lengths,
+    pack_inputs,
+    trim_to_longest,
+)
 
 
 class Assets(tf.Module):
@@ -174,24 +181,41 @@ class CompiledModel(tf.Module):
         return self.compiled_call(inputs)
 
 
-# Rows per group when a batch runs in groups of similar length (call_by_length). Smaller groups
-# waste less padding but pay the model's per-call cost more often: on the bench's real sentences
-# (batch 32, mean 19 tokens, longest 61) groups of 8 cut the padded positions from 6,144 to 3,200.
-LENGTH_GROUP_ROWS = 8
+# The most rows a group of one padded length runs at once (call_by_length). Groups of rows that
+# pad to the same length waste no more padding than batch-1 calls would; capping them bounds the
+# memory of a call and the shapes an XLA export compiles ([1..16, length]). On the bench's real
+# sentences (batch 32, mean 19 tokens, longest 61) a batch padded to its longest row runs 6,144
+# positions, grouped 2,448; measured, caps of 16 beat 8 (more calls) by about 7% at batch 32.
+LENGTH_GROUP_ROWS = 16
+
+
+def length_groups(lengths, group_rows=LENGTH_GROUP_ROWS):
+    """Rows grouped by padded length: (order, starts, ends) of groups of the rows sorted by length.
+
+    `order` sorts the rows by length; rows order[starts[i]:ends[i]] form group i: rows that pad to
+    the same multiple of LENGTH_BUCKET, at most `group_rows` of them.
+    """
+    order = tf.argsort(lengths, stable=True)
+    # In buckets, non-decreasing; an empty row pads to one bucket as trim_to_longest pads it.
+    padded = -(-tf.maximum(tf.gather(lengths, order), 1) // LENGTH_BUCKET)
+    first_of_bucket = tf.searchsorted(padded, padded, side="left", out_type=tf.int32)
+    position = tf.range(tf.size(lengths), dtype=tf.int32) - first_of_bucket
+    starts = tf.cast(tf.where(position % group_rows == 0)[:, 0], tf.int32)
+    ends = tf.concat([starts[1:], [tf.size(lengths)]], axis=0)
+    return order, starts, ends
 
 
 def call_by_length(model, inputs, token_outputs=(), group_rows=LENGTH_GROUP_ROWS):
     """`model`'s outputs for a batch of packed rows, computed in groups of rows of similar length.
 
     A batch padded to its longest row makes every short row pay for it. Rows are sorted by length
-    and run `group_rows` at a time, each group cut to its own longest row (trim_to_longest);
-    the outputs come back in the batch's order. `token_outputs` names the outputs that have a
-    sequence axis (the mask's last axis): they are padded back to the batch's length with zeros.
-    A batch of at most `group_rows` rows runs in one call. The model sees exactly the rows it
-    would see in one call, less padding, so each row's outputs are the same up to float rounding.
+    and run in groups (length_groups), each cut to its own longest row (trim_to_longest); the
+    outputs come back in the batch's order. `token_outputs` names the outputs that have a sequence
+    axis (the mask's last axis): they are padded back to the batch's length with zeros. A batch
+    of at most `group_rows` rows runs in one call. The model sees exactly the rows it would see in
+    one call, less padding, so each row's outputs are the same up to float rounding.
     """
     mask = inputs["input_mask"]
-    rows = tf.shape(mask)[0]
     symbolic = model.output  # Keras' symbolic outputs: the dtypes and ranks the loop writes
     sequence_axis = mask.shape.rank - 1
 
@@ -199,16 +223,12 @@ def call_by_length(model, inputs, token_outputs=(), group_rows=LENGTH_GROUP_ROWS
         return dict(model(inputs, training=False))
 
     def in_groups():
-        order = tf.argsort(example_lengths(mask), stable=True)
+        order, starts, ends = length_groups(example_lengths(mask), group_rows)
         sorted_inputs = {name: tf.gather(value, order) for name, value in inputs.items()}
-        num_groups = (rows + group_rows - 1) // group_rows
         length = tf.shape(mask)[-1]
 
         def run_group(i, arrays):
-            start = i * group_rows
-            group = {
-                name: value[start : start + group_rows] for name, value in sorted_inputs.items()
-            }
+            group = {name: value[starts[i] : ends[i]] for name, value in sorted_inputs.items()}
             outputs = model(trim_to_longest(group), training=False)
             written = []
             for array, (name, value) in zip(arrays, sorted(outputs.items())):
@@ -219,6 +239,7 @@ def call_by_length(model, inputs, token_outputs=(), group_rows=LENGTH_GROUP_ROWS
                 written.append(array.write(i, value))
             return i + 1, written
 
+        num_groups = tf.size(starts)
         arrays = [
             tf.TensorArray(
                 symbolic[name].dtype,
@@ -237,7 +258,7 @@ def call_by_length(model, inputs, token_outputs=(), group_rows=LENGTH_GROUP_ROWS
             for name, array in zip(sorted(symbolic), arrays)
         }
 
-    return tf.cond(rows > group_rows, in_groups, whole_batch)
+    return tf.cond(tf.shape(mask)[0] > group_rows, in_groups, whole_batch)
 
 
 def run_in_chunks(model, inputs, output_names, max_rows):

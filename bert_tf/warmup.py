@@ -3,11 +3,13 @@
 TF Serving reads `VERSION/assets.extra/tf_serving_warmup_requests`, a TFRecord file of
 `tensorflow.serving.PredictionLog` protos (at most 1,000), and runs each request once while the
 version loads, so the first real requests pay no graph instantiation, tracing or allocation. A
-request that fails fails the load. `bert_tf.export` writes one predict request per padded length
-the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), so every shape the
-graph will see has run once; `bert_tf.serve` replays the file the same way.
+request that fails fails the load. `bert_tf.export` writes predict requests for every padded length
+the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), of 1 row and of
+LENGTH_GROUP_ROWS rows (the shape a big batch runs in), so the shapes the graph will see have run
+once (an XLA export compiles each); `bert_tf.serve` replays the file the same way.
 """
 
+import itertools
 import os
 
 import numpy as np
@@ -71,20 +73,21 @@ def signature_inputs(input_specs, length, word, ids):
     }
 
 
-def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file):
-    """Writes one batch-1 predict request per length into VERSION_DIR's warm-up file; returns the count."""
+def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,)):
+    """Writes a predict request per length and batch size into VERSION_DIR's warm-up file; returns the count."""
     word = filler_word(vocab_file)
     with tf.io.gfile.GFile(vocab_file) as f:
         ids = {line.rstrip("\n"): i for i, line in enumerate(f)}
     records = []
-    for length in lengths[:MAX_RECORDS]:
+    for length, batch_size in itertools.product(lengths, batch_sizes):
         request = predict_pb2.PredictRequest()
         request.model_spec.signature_name = signature_name
         for name, value in signature_inputs(input_specs, length, word, ids).items():
-            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(np.repeat(value, batch_size, 0)))
         log = prediction_log_pb2.PredictionLog()
         log.predict_log.request.CopyFrom(request)
         records.append(log.SerializeToString())
+    records = records[:MAX_RECORDS]
     path = requests_path(version_dir)
     tf.io.gfile.makedirs(os.path.dirname(path))
     with tf.io.TFRecordWriter(path) as writer:

@@ -49,7 +49,7 @@ QUESTIONS = ["who is it?", "where", "", "what is the name of the town?"]
 # More rows than export_graph.LENGTH_GROUP_ROWS, of very different lengths and out of order, so
 # the batch runs in groups of similar length (call_by_length).
 MANY = [("word " * n) + SHORT[n % 2] for n in (0, 40, 3, 70, 1, 12, 0, 25, 5, 60, 2, 0, 33, 8)]
-MANY += ["", INVALID_UTF8]
+MANY += ["", INVALID_UTF8] + [SHORT[n % 2] * n for n in range(1, 6)]
 CONTEXTS = [
     "Jane lives in Bath.",
     "The café is in Zürich, near the lake. " * 12,
@@ -190,7 +190,8 @@ def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order()
     tf.keras.utils.set_random_seed(5)
     model, _ = models.build_task_model(CONFIG, SPECS["ner"])  # logits [b, s, labels]
     lengths = [3, 70, 5, 9, 64, 2, 17, 33, 4, 80, 6, 1, 48, 7, 20, 11, 3, 5, 2]
-    assert len(lengths) > 2 * LENGTH_GROUP_ROWS
+    lengths += [8, 10, 12, 14, 15, 16, 13]
+    assert len(lengths) > LENGTH_GROUP_ROWS
     rng = np.random.default_rng(0)
     mask = (np.arange(SEQ_LENGTH)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
     inputs = {
@@ -210,9 +211,11 @@ def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order()
     assert grouped.shape == whole.shape
     kept = mask.astype(bool)
     np.testing.assert_allclose(grouped[kept], whole[kept], atol=1e-5)
-    # Rows sorted by length, LENGTH_GROUP_ROWS at a time, each group cut to its longest row
-    # rounded up to LENGTH_BUCKET (longest rows 7, 33 and 80 here).
-    assert [tuple(shape) for shape in calls] == [(8, 16), (8, 48), (3, 80)]
+    # Rows sorted by length and grouped by the length they pad to (a multiple of LENGTH_BUCKET),
+    # at most LENGTH_GROUP_ROWS at a time: 19 rows of at most 16 tokens, 17 and 20, 33 and 48, ...
+    assert LENGTH_GROUP_ROWS == 16 and LENGTH_BUCKET == 16
+    expected = [(16, 16), (3, 16), (2, 32), (2, 48), (1, 64), (2, 80)]
+    assert [tuple(shape) for shape in calls] == expected
     shortest = np.argsort(lengths, kind="stable")[:LENGTH_GROUP_ROWS]
     assert not grouped[shortest, 16:].any()  # padded back with zeros past the group's length
     # Few enough rows run as one batch.
@@ -250,23 +253,28 @@ def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
 @pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
 def test_warmup_file_has_a_request_per_padded_length_that_the_export_answers(exports, kind):
     loaded, paths = exports
+    # (padded length, rows): a dynamic export also runs LENGTH_GROUP_ROWS-row groups.
+    dynamic_lengths = list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH]
     expected = {
-        "dynamic": list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH],
-        "static": [SEQ_LENGTH],
+        "dynamic": [(n, rows) for n in dynamic_lengths for rows in (1, LENGTH_GROUP_ROWS)],
+        "static": [(SEQ_LENGTH, 1)],
     }
-    for variant, lengths in expected.items():
+    for variant, shapes in expected.items():
         path = warmup.requests_path(paths[kind][variant])
         records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
-        assert len(records) == len(lengths)
+        assert len(records) == len(shapes)
         for record in records:  # TF Serving's own proto parses them
             log = prediction_log_pb2.PredictionLog.FromString(record)
             assert log.predict_log.request.model_spec.signature_name == "serving_default"
         requests = warmup.read_requests(paths[kind][variant])
-        for signature_name, inputs in requests:
+        answered_rows = []
+        for _, inputs in requests:
             outputs = call_default(loaded[kind][variant], **inputs)
-            assert all(value.shape[0] == 1 for value in outputs.values())
+            answered_rows.append({value.shape[0] for value in outputs.values()})
+        assert answered_rows == [{rows} for _, rows in shapes]
         if kind == "encoder":
-            assert [inputs["input_word_ids"].shape[1] for _, inputs in requests] == lengths
+            word_ids = [inputs["input_word_ids"].shape for _, inputs in requests]
+            assert word_ids == [(rows, n) for n, rows in shapes]
 
 
 def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, monkeypatch):
@@ -280,7 +288,7 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
     monkeypatch.setattr(servable_module, "call_signature", recording)
     servable_module.Servable("clf", 1, paths["classifier"]["dynamic"])
     replayed = [shapes for name, shapes in calls if name == "serving_default"]
-    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5
+    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 10
     # A signature the warm-up file left out still gets its dummy call.
     assert [name for name, _ in calls if name != "serving_default"] == ["classification"]
 
