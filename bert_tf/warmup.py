@@ -11,10 +11,10 @@ once (an XLA export compiles each); `bert_tf.serve` replays the file the same wa
 
 import itertools
 import os
+import typing
 
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 from bert_tf import io_utils
@@ -96,12 +96,86 @@ def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file
     return len(records)
 
 
-def read_requests(version_dir):
-    """The predict requests of VERSION_DIR's warm-up file: [(signature name, {input: ndarray})].
+DEFAULT_SIGNATURE = "serving_default"
 
-    No file gives []. A record that is not a PredictionLog or more than MAX_RECORDS records is a
-    ValueError naming the file, as TF Serving then fails the load; other logs than predict are
-    skipped with a warning.
+
+class Request(typing.NamedTuple):
+    """One warm-up request: predict `inputs` by name, or classify/regress serialized `examples`."""
+
+    signature_name: str
+    method_name: str  # the SignatureDef method_name the request needs (predict, classify, regress)
+    inputs: dict = None
+    examples: np.ndarray = None
+
+
+def input_examples(input_proto):
+    """The serialized tf.Examples of a tensorflow.serving Input proto ([] when it has none).
+
+    Concatenated serialized protos parse as one merged message, so context + example bytes give
+    each example the context's features, the example's own winning on a shared name.
+    """
+    kind = input_proto.WhichOneof("kind")
+    if kind == "example_list":
+        return [e.SerializeToString() for e in input_proto.example_list.examples]
+    if kind == "example_list_with_context":
+        listed = input_proto.example_list_with_context
+        context = listed.context.SerializeToString()
+        return [context + e.SerializeToString() for e in listed.examples]
+    return []
+
+
+def _log_requests(log):
+    """The Requests of one PredictionLog (one per task of a multi-inference log)."""
+    kind = log.WhichOneof("log_type")
+    if kind is None:
+        return []  # TF Serving's warm-up passes over a log with nothing in it
+    if kind == "predict_log":
+        request = log.predict_log.request
+        inputs = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
+        name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        return [Request(name, tf.saved_model.PREDICT_METHOD_NAME, inputs=inputs)]
+    if kind in ("classify_log", "regress_log"):
+        request = getattr(log, kind).request
+        method = {
+            "classify_log": tf.saved_model.CLASSIFY_METHOD_NAME,
+            "regress_log": tf.saved_model.REGRESS_METHOD_NAME,
+        }[kind]
+        name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        return [Request(name, method, examples=_examples_array(request.input))]
+    if kind == "multi_inference_log":
+        request = log.multi_inference_log.request
+        examples = _examples_array(request.input)
+        return [
+            Request(
+                task.model_spec.signature_name or DEFAULT_SIGNATURE,
+                task.method_name,
+                None,
+                examples,
+            )
+            for task in request.tasks
+        ]
+    # TF Serving's saved_model_warmup.cc answers Unimplemented for these, which fails the load.
+    raise ValueError(f"unsupported log_type for warm-up: {kind}")
+
+
+def _examples_array(input_proto):
+    """An Input proto's serialized tf.Examples as a numpy object array; none is an error."""
+    examples = input_examples(input_proto)
+    if not examples:
+        raise ValueError("Input is empty.")  # TF Serving's classify and regress refuse it too
+    array = np.empty(len(examples), dtype=object)
+    array[:] = examples
+    return array
+
+
+def read_requests(version_dir):
+    """The requests of VERSION_DIR's warm-up file, as Requests.
+
+    Predict logs give their inputs; classify and regress logs their serialized tf.Examples, and a
+    multi-inference log one such request per task, as TF Serving replays each. No file gives [].
+    A record that is not a PredictionLog, a log TF Serving cannot replay (session_run,
+    predict_streamed) and more than MAX_RECORDS records are ValueErrors naming the file and
+    record, as TF Serving then fails the load.
     """
     path = requests_path(version_dir)
     if not tf.io.gfile.exists(path):
@@ -115,17 +189,8 @@ def read_requests(version_dir):
             log.ParseFromString(record)
         except Exception as e:  # protobuf's DecodeError, whose module differs between versions
             raise ValueError(f"{path}: record {number} is not a PredictionLog ({e})") from None
-        if log.WhichOneof("log_type") != "predict_log":
-            # TF Serving also replays classify, regress and multi-inference logs; the exports
-            # write predict logs only, whose graph those signatures share.
-            logging.warning(
-                "%s: record %d is a %s; bert_tf.serve replays predict requests only, skipped",
-                path,
-                number,
-                log.WhichOneof("log_type"),
-            )
-            continue
-        request = log.predict_log.request
-        inputs = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
-        requests.append((request.model_spec.signature_name or "serving_default", inputs))
+        try:
+            requests.extend(_log_requests(log))
+        except ValueError as e:
+            raise ValueError(f"{path}: record {number}: {e}") from None
     return requests

@@ -268,12 +268,12 @@ def test_warmup_file_has_a_request_per_padded_length_that_the_export_answers(exp
             assert log.predict_log.request.model_spec.signature_name == "serving_default"
         requests = warmup.read_requests(paths[kind][variant])
         answered_rows = []
-        for _, inputs in requests:
-            outputs = call_default(loaded[kind][variant], **inputs)
+        for request in requests:
+            outputs = call_default(loaded[kind][variant], **request.inputs)
             answered_rows.append({value.shape[0] for value in outputs.values()})
         assert answered_rows == [{rows} for _, rows in shapes]
         if kind == "encoder":
-            word_ids = [inputs["input_word_ids"].shape for _, inputs in requests]
+            word_ids = [request.inputs["input_word_ids"].shape for request in requests]
             assert word_ids == [(rows, n) for n, rows in shapes]
 
 
@@ -299,3 +299,76 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
         writer.write(b"\xff not a PredictionLog")
     with pytest.raises(ValueError, match="tf_serving_warmup_requests: record 1"):
         servable_module.Servable("clf", 1, str(broken))
+
+
+def text_example(**texts):
+    """A tf.Example of bytes features."""
+    feature = {
+        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
+        for name, text in texts.items()
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def write_logs(version_dir, logs):
+    """Replaces VERSION_DIR's warm-up file with `logs` (PredictionLog protos)."""
+    with tf.io.TFRecordWriter(warmup.requests_path(str(version_dir))) as writer:
+        for log in logs:
+            writer.write(log.SerializeToString())
+
+
+def test_serve_replays_classify_regress_and_multi_inference_logs(exports, tmp_path, monkeypatch):
+    _, paths = exports
+    calls, real = [], servable_module.call_signature
+
+    def recording(signature, arrays):
+        calls.append((signature.name, {name: list(a) for name, a in arrays.items()}))
+        return real(signature, arrays)
+
+    monkeypatch.setattr(servable_module, "call_signature", recording)
+    classifier = tmp_path / "classifier" / "1"
+    shutil.copytree(paths["classifier"]["dynamic"], classifier)
+    classify = prediction_log_pb2.PredictionLog()
+    request = classify.classify_log.request
+    request.model_spec.signature_name = "classification"
+    request.input.example_list.examples.add().CopyFrom(text_example(text="A fine film."))
+    multi = prediction_log_pb2.PredictionLog()
+    task = multi.multi_inference_log.request.tasks.add()
+    task.model_spec.signature_name = "classification"
+    task.method_name = tf.saved_model.CLASSIFY_METHOD_NAME
+    with_context = multi.multi_inference_log.request.input.example_list_with_context
+    with_context.context.CopyFrom(text_example(text="from the context"))
+    with_context.examples.add().CopyFrom(tf.train.Example())
+    with_context.examples.add().CopyFrom(text_example(text="its own"))
+    write_logs(classifier, [classify, multi])
+    servable_module.Servable("clf", 1, str(classifier))
+    replayed = [arrays for name, arrays in calls if name == "classification"]
+    assert len(replayed) == 2
+    assert [len(arrays["inputs"]) for arrays in replayed] == [1, 2]
+    merged = [tf.train.Example.FromString(e) for e in replayed[1]["inputs"]]
+    texts = [e.features.feature["text"].bytes_list.value[0] for e in merged]
+    assert texts == [b"from the context", b"its own"]  # context merged, the example's own wins
+
+    regressor = tmp_path / "regressor" / "1"
+    shutil.copytree(paths["regressor"]["dynamic"], regressor)
+    regress = prediction_log_pb2.PredictionLog()
+    request = regress.regress_log.request
+    request.model_spec.signature_name = "regression"
+    request.input.example_list.examples.add().CopyFrom(text_example(text_a="a", text_b="b"))
+    write_logs(regressor, [regress])
+    calls.clear()
+    servable_module.Servable("reg", 1, str(regressor))
+    assert [name for name, _ in calls][:1] == ["regression"]
+
+    # As in TF Serving: a regress log for a classify signature and a session_run log fail the load.
+    request.model_spec.signature_name = "serving_default"
+    write_logs(regressor, [regress])
+    with pytest.raises(ValueError, match="'serving_default' for tensorflow/serving/regress"):
+        servable_module.Servable("reg", 1, str(regressor))
+    session_run = prediction_log_pb2.PredictionLog()
+    session_run.session_run_log.request.fetch.append("x")
+    write_logs(regressor, [session_run])
+    with pytest.raises(
+        ValueError, match="record 1: unsupported log_type for warm-up: session_run_log"
+    ):
+        servable_module.Servable("reg", 1, str(regressor))

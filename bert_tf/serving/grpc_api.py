@@ -29,6 +29,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from bert_tf import warmup
 from bert_tf.serving import core, errors
 from bert_tf.serving.servable import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
 
@@ -137,19 +138,11 @@ def _fill_model_spec(target, name, version, signature_name):
 
 
 def serialized_examples(input_proto):
-    """The serialized tf.Examples of an Input proto; context features merged into each example.
-
-    Concatenated serialized protos parse as one merged message, so context + example bytes give
-    each example the context's features, the example's own winning on a shared name.
-    """
-    kind = input_proto.WhichOneof("kind")
-    if kind == "example_list":
-        return [e.SerializeToString() for e in input_proto.example_list.examples]
-    if kind == "example_list_with_context":
-        listed = input_proto.example_list_with_context
-        context = listed.context.SerializeToString()
-        return [context + e.SerializeToString() for e in listed.examples]
-    raise errors.invalid_argument("Input is empty.")
+    """The serialized tf.Examples of an Input proto, context features merged into each; none is an error."""
+    examples = warmup.input_examples(input_proto)
+    if not examples:
+        raise errors.invalid_argument("Input is empty.")
+    return examples
 
 
 def _classification_result(result, classes, scores):

@@ -77,14 +77,25 @@ class Servable:
         """
         start = time.perf_counter()
         requests = warmup.read_requests(self.path)
-        for signature_name, inputs in requests:
-            if signature_name not in self.signatures:
+        for request in requests:
+            signature = self.signatures.get(request.signature_name)
+            where = f"{warmup.requests_path(self.path)}: a warm-up request names signature"
+            if signature is None:
                 raise ValueError(
-                    f"{warmup.requests_path(self.path)}: a warm-up request names signature "
-                    f"{signature_name!r}, which the model does not have"
+                    f"{where} {request.signature_name!r}, which the model does not have"
                 )
-            call_signature(self.signatures[signature_name], inputs)
-        replayed = {signature_name for signature_name, _ in requests}
+            if request.examples is not None:
+                # TF Serving's RunClassify/RunRegress checks, which fail its load the same way.
+                if signature.method_name != request.method_name or len(signature.inputs) != 1:
+                    raise ValueError(
+                        f"{where} {request.signature_name!r} for {request.method_name}, but it is "
+                        f"a {signature.method_name} signature of {len(signature.inputs)} inputs"
+                    )
+                inputs = {next(iter(signature.inputs)): request.examples}
+            else:
+                inputs = request.inputs
+            call_signature(signature, inputs)
+        replayed = {request.signature_name for request in requests}
         for signature in self.signatures.values():
             if signature.name in replayed:
                 continue
