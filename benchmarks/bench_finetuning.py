@@ -203,7 +203,7 @@ def run_ours(args, model_dir, data_dir, work, pad=False, jit_compile=False):
     name = "ours --pad_to_max_seq_length" if pad else "ours (length-grouped, trimmed)"
     if jit_compile:
         name += " --jit_compile"
-    output_dir = os.path.join(work, re.sub(r"\W+", "_", name))
+    output_dir = os.path.join(work, re.sub(r"\W+", "_", name).strip("_"))
     shutil.rmtree(output_dir, ignore_errors=True)
     command = [
         sys.executable,

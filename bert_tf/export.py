@@ -57,7 +57,9 @@ serving module (bert_tf/tasks/<task>/serving.py, found through bert_tf.tasks.reg
 
 Every call pads its batch to its own longest packed input rounded up to LENGTH_BUCKET (16), at
 most max_seq_length, which stays the truncation limit (`--pad_to_max_seq_length`: always
-max_seq_length, static shapes); outputs equal the padded graph's. `--precision=bfloat16` computes
+max_seq_length, static shapes); a classifier, regressor, NER or multiple choice batch of more than
+16 rows runs in groups of rows that pad to the same length (export_graph.call_by_length); outputs
+equal the padded graph's up to float rounding. `--precision=bfloat16` computes
 in bfloat16, outputs keep their dtypes. `--jit_compile` XLA-compiles the model part (TF Serving
 then needs --xla_cpu_compilation_enabled=true).
 
@@ -339,14 +341,16 @@ def set_method_names(path, methods):
             tf.io.gfile.remove(fingerprint)
 
 
-def write_warmup_requests(version_dir, module, model_dir):
+def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
     """Writes TF Serving's warm-up file for `module`'s serving_default: requests of every padded length."""
     function, _ = module.signatures()["serving_default"]
     input_specs = {spec.name: spec for spec in function.input_signature}
     packer = module.packer
     lengths = warmup.padded_lengths(packer.seq_length, packer.dynamic_length)
-    # A dynamic export runs big batches LENGTH_GROUP_ROWS rows at a time: warm that shape too.
-    batch_sizes = (1, export_graph.LENGTH_GROUP_ROWS) if packer.dynamic_length else (1,)
+    # XLA compiles every new shape. A request one row over LENGTH_GROUP_ROWS runs the groups'
+    # loop with a full group and a group of 1 (export_graph.call_by_length), so both compile here.
+    # The other graphs run any shape at once and skip it: it is 17x the work at every length.
+    batch_sizes = (1, export_graph.LENGTH_GROUP_ROWS + 1) if jit_compile else (1,)
     warmup.write_requests(
         version_dir,
         "serving_default",
@@ -406,7 +410,7 @@ def export(
     try:
         for subdir, module in modules.items():
             save_module(module, os.path.join(tmp, subdir) if subdir else tmp)
-        write_warmup_requests(tmp, modules[""], model_dir)
+        write_warmup_requests(tmp, modules[""], model_dir, jit_compile)
         tf.io.gfile.rename(tmp, final)
     except BaseException:
         try:

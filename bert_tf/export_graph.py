@@ -155,8 +155,9 @@ class ServingModule(tf.Module):
 class CompiledModel(tf.Module):
     """A Keras model called through one XLA-compiled function (`bert_tf.export --jit_compile`).
 
-    XLA compiles once per input shape, which the length buckets keep few, and the warm-up
-    requests compile them all while a server loads the version. Measured on 2 CPU cores it cut
+    XLA compiles once per input shape, which the length buckets and groups keep few ([1..16,
+    multiple of 16]); the warm-up requests compile batch 1 and the 16-row groups of every length
+    while a server loads the version, the rest compile on first use. Measured on 2 CPU cores it cut
     batch-1 latency by about a third (benchmarks/RESULTS.md). Stock TF Serving runs such a graph
     only with --xla_cpu_compilation_enabled=true (or --xla_gpu_compilation_enabled=true).
     """
@@ -183,9 +184,9 @@ class CompiledModel(tf.Module):
 
 # The most rows a group of one padded length runs at once (call_by_length). Groups of rows that
 # pad to the same length waste no more padding than batch-1 calls would; capping them bounds the
-# memory of a call and the shapes an XLA export compiles ([1..16, length]). On the bench's real
-# sentences (batch 32, mean 19 tokens, longest 61) a batch padded to its longest row runs 6,144
-# positions, grouped 2,448; measured, caps of 16 beat 8 (more calls) by 7% to 10% at batch 32.
+# memory of a call and the shapes an XLA export compiles ([1..16, length]). Over the bench's 96
+# real sentences (3 batches of 32, mean 19 tokens, longest 61), batches padded to their longest
+# row run 6,144 positions, grouped 2,448; caps of 16 beat 8 (more calls) by 7% to 10% at batch 32.
 LENGTH_GROUP_ROWS = 16
 
 
@@ -197,10 +198,10 @@ def length_groups(lengths, group_rows=LENGTH_GROUP_ROWS):
     """
     order = tf.argsort(lengths, stable=True)
     # In buckets, non-decreasing; an empty row pads to one bucket as trim_to_longest pads it.
-    padded = -(-tf.maximum(tf.gather(lengths, order), 1) // LENGTH_BUCKET)
-    first_of_bucket = tf.searchsorted(padded, padded, side="left", out_type=tf.int32)
-    position = tf.range(tf.size(lengths), dtype=tf.int32) - first_of_bucket
-    starts = tf.cast(tf.where(position % group_rows == 0)[:, 0], tf.int32)
+    bucket = -(-tf.maximum(tf.gather(lengths, order), 1) // LENGTH_BUCKET)
+    first_of_bucket = tf.searchsorted(bucket, bucket, side="left", out_type=tf.int32)
+    rank_in_bucket = tf.range(tf.size(lengths), dtype=tf.int32) - first_of_bucket
+    starts = tf.cast(tf.where(rank_in_bucket % group_rows == 0)[:, 0], tf.int32)
     ends = tf.concat([starts[1:], [tf.size(lengths)]], axis=0)
     return order, starts, ends
 

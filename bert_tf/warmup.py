@@ -3,10 +3,11 @@
 TF Serving reads `VERSION/assets.extra/tf_serving_warmup_requests`, a TFRecord file of
 `tensorflow.serving.PredictionLog` protos (at most 1,000), and runs each request once while the
 version loads, so the first real requests pay no graph instantiation, tracing or allocation. A
-request that fails fails the load. `bert_tf.export` writes predict requests for every padded length
-the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), of 1 row and of
-LENGTH_GROUP_ROWS rows (the shape a big batch runs in), so the shapes the graph will see have run
-once (an XLA export compiles each); `bert_tf.serve` replays the file the same way.
+request that fails fails the load. `bert_tf.export` writes a batch-1 predict request for every
+padded length the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), and
+for an XLA export also one of LENGTH_GROUP_ROWS + 1 rows per length, which compiles a full group
+and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file as
+TF Serving does: predict, classify, regress and multi-inference logs.
 """
 
 import itertools
@@ -74,12 +75,13 @@ def signature_inputs(input_specs, length, word, ids):
 
 
 def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,)):
-    """Writes a predict request per length and batch size into VERSION_DIR's warm-up file; returns the count."""
+    """Writes a predict request per batch size and length into VERSION_DIR's warm-up file (the
+    batch-1 ones first, should MAX_RECORDS cut the file short); returns the count."""
     word = filler_word(vocab_file)
     with tf.io.gfile.GFile(vocab_file) as f:
         ids = {line.rstrip("\n"): i for i, line in enumerate(f)}
     records = []
-    for length, batch_size in itertools.product(lengths, batch_sizes):
+    for batch_size, length in itertools.product(batch_sizes, lengths):
         request = predict_pb2.PredictRequest()
         request.model_spec.signature_name = signature_name
         for name, value in signature_inputs(input_specs, length, word, ids).items():
@@ -96,16 +98,19 @@ def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file
     return len(records)
 
 
-DEFAULT_SIGNATURE = "serving_default"
-
-
 class Request(typing.NamedTuple):
-    """One warm-up request: predict `inputs` by name, or classify/regress serialized `examples`."""
+    """One warm-up request, by the PredictionLog's log type (`kind`).
 
-    signature_name: str
-    method_name: str  # the SignatureDef method_name the request needs (predict, classify, regress)
-    inputs: dict = None
-    examples: np.ndarray = None
+    predict_log: `signature_name` and `inputs` {name: ndarray}; classify_log and regress_log:
+    `signature_name` and `examples` (serialized tf.Examples); multi_inference_log: `tasks` (its
+    InferenceTask protos) and `examples`.
+    """
+
+    kind: str
+    signature_name: str = ""
+    inputs: typing.Optional[dict] = None
+    examples: typing.Optional[list] = None
+    tasks: tuple = ()
 
 
 def input_examples(input_proto):
@@ -124,55 +129,31 @@ def input_examples(input_proto):
     return []
 
 
-def _log_requests(log):
-    """The Requests of one PredictionLog (one per task of a multi-inference log)."""
+def _log_request(log):
+    """The Request of one PredictionLog; None for a log with nothing in it (TF Serving skips it)."""
     kind = log.WhichOneof("log_type")
     if kind is None:
-        return []  # TF Serving's warm-up passes over a log with nothing in it
+        return None
     if kind == "predict_log":
         request = log.predict_log.request
         inputs = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
-        name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        return [Request(name, tf.saved_model.PREDICT_METHOD_NAME, inputs=inputs)]
+        return Request(kind, request.model_spec.signature_name, inputs=inputs)
     if kind in ("classify_log", "regress_log"):
         request = getattr(log, kind).request
-        method = {
-            "classify_log": tf.saved_model.CLASSIFY_METHOD_NAME,
-            "regress_log": tf.saved_model.REGRESS_METHOD_NAME,
-        }[kind]
-        name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-        return [Request(name, method, examples=_examples_array(request.input))]
+        examples = input_examples(request.input)
+        return Request(kind, request.model_spec.signature_name, examples=examples)
     if kind == "multi_inference_log":
         request = log.multi_inference_log.request
-        examples = _examples_array(request.input)
-        return [
-            Request(
-                task.model_spec.signature_name or DEFAULT_SIGNATURE,
-                task.method_name,
-                None,
-                examples,
-            )
-            for task in request.tasks
-        ]
-    # TF Serving's saved_model_warmup.cc answers Unimplemented for these, which fails the load.
+        return Request(kind, examples=input_examples(request.input), tasks=tuple(request.tasks))
+    # TF Serving's saved_model_warmup.cc answers Unimplemented for the others (session_run,
+    # predict_streamed), which fails the load.
     raise ValueError(f"unsupported log_type for warm-up: {kind}")
 
 
-def _examples_array(input_proto):
-    """An Input proto's serialized tf.Examples as a numpy object array; none is an error."""
-    examples = input_examples(input_proto)
-    if not examples:
-        raise ValueError("Input is empty.")  # TF Serving's classify and regress refuse it too
-    array = np.empty(len(examples), dtype=object)
-    array[:] = examples
-    return array
-
-
 def read_requests(version_dir):
-    """The requests of VERSION_DIR's warm-up file, as Requests.
-
-    Predict logs give their inputs; classify and regress logs their serialized tf.Examples, and a
-    multi-inference log one such request per task, as TF Serving replays each. No file gives [].
+    """The Requests of VERSION_DIR's warm-up file, one per record: predict, classify, regress and
+    multi-inference logs, the ones TF Serving replays (a log with nothing set is skipped, as there).
+    No file gives [].
     A record that is not a PredictionLog, a log TF Serving cannot replay (session_run,
     predict_streamed) and more than MAX_RECORDS records are ValueErrors naming the file and
     record, as TF Serving then fails the load.
@@ -190,7 +171,9 @@ def read_requests(version_dir):
         except Exception as e:  # protobuf's DecodeError, whose module differs between versions
             raise ValueError(f"{path}: record {number} is not a PredictionLog ({e})") from None
         try:
-            requests.extend(_log_requests(log))
+            request = _log_request(log)
         except ValueError as e:
             raise ValueError(f"{path}: record {number}: {e}") from None
+        if request is not None:
+            requests.append(request)
     return requests

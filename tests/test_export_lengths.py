@@ -218,12 +218,14 @@ def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order()
     assert [tuple(shape) for shape in calls] == expected
     shortest = np.argsort(lengths, kind="stable")[:LENGTH_GROUP_ROWS]
     assert not grouped[shortest, 16:].any()  # padded back with zeros past the group's length
-    # Few enough rows run as one batch.
+    # Up to LENGTH_GROUP_ROWS rows run as one batch, untrimmed (the packer trimmed it already).
     few = {name: value[:LENGTH_GROUP_ROWS] for name, value in inputs.items()}
+    calls.clear()
     np.testing.assert_array_equal(
-        call_by_length(model, few, token_outputs=("logits",))["logits"].numpy(),
+        call_by_length(recording_model, few, token_outputs=("logits",))["logits"].numpy(),
         model(few, training=False)["logits"].numpy(),
     )
+    assert [tuple(shape) for shape in calls] == [(LENGTH_GROUP_ROWS, SEQ_LENGTH)]
 
 
 @pytest.mark.parametrize("kind", BFLOAT16_KINDS)
@@ -251,15 +253,18 @@ def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
 
 
 @pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
-def test_warmup_file_has_a_request_per_padded_length_that_the_export_answers(exports, kind):
+def test_warmup_file_has_requests_of_every_padded_length_that_the_export_answers(exports, kind):
     loaded, paths = exports
-    # (padded length, rows): a dynamic export also runs LENGTH_GROUP_ROWS-row groups.
-    dynamic_lengths = list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH]
+    # (padded length, rows). An XLA export also compiles a full group and a group of 1 per length.
+    lengths = list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH]
     expected = {
-        "dynamic": [(n, rows) for n in dynamic_lengths for rows in (1, LENGTH_GROUP_ROWS)],
+        "dynamic": [(n, 1) for n in lengths],
         "static": [(SEQ_LENGTH, 1)],
+        "xla": [(n, 1) for n in lengths] + [(n, LENGTH_GROUP_ROWS + 1) for n in lengths],
     }
     for variant, shapes in expected.items():
+        if variant not in paths[kind]:
+            continue
         path = warmup.requests_path(paths[kind][variant])
         records = list(tf.data.TFRecordDataset(path).as_numpy_iterator())
         assert len(records) == len(shapes)
@@ -288,7 +293,7 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
     monkeypatch.setattr(servable_module, "call_signature", recording)
     servable_module.Servable("clf", 1, paths["classifier"]["dynamic"])
     replayed = [shapes for name, shapes in calls if name == "serving_default"]
-    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 10
+    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5
     # A signature the warm-up file left out still gets its dummy call.
     assert [name for name, _ in calls if name != "serving_default"] == ["classification"]
 
@@ -334,6 +339,7 @@ def test_serve_replays_classify_regress_and_multi_inference_logs(exports, tmp_pa
     request.input.example_list.examples.add().CopyFrom(text_example(text="A fine film."))
     multi = prediction_log_pb2.PredictionLog()
     task = multi.multi_inference_log.request.tasks.add()
+    task.model_spec.name = "clf"
     task.model_spec.signature_name = "classification"
     task.method_name = tf.saved_model.CLASSIFY_METHOD_NAME
     with_context = multi.multi_inference_log.request.input.example_list_with_context
@@ -349,6 +355,22 @@ def test_serve_replays_classify_regress_and_multi_inference_logs(exports, tmp_pa
     texts = [e.features.feature["text"].bytes_list.value[0] for e in merged]
     assert texts == [b"from the context", b"its own"]  # context merged, the example's own wins
 
+    # TF Serving's multi-inference checks fail the load: a predict task, a task with no model name.
+    for field, value, message in (
+        ("method_name", tf.saved_model.PREDICT_METHOD_NAME, "Unsupported signature method_name"),
+        ("model_name", "", "Found ModelSpec with an empty model name"),
+    ):
+        broken = prediction_log_pb2.PredictionLog()
+        broken.CopyFrom(multi)
+        broken_task = broken.multi_inference_log.request.tasks[0]
+        if field == "method_name":
+            broken_task.method_name = value
+        else:
+            broken_task.model_spec.name = value
+        write_logs(classifier, [broken])
+        with pytest.raises(ValueError, match=f"warm-up request 1: {message}"):
+            servable_module.Servable("clf", 1, str(classifier))
+
     regressor = tmp_path / "regressor" / "1"
     shutil.copytree(paths["regressor"]["dynamic"], regressor)
     regress = prediction_log_pb2.PredictionLog()
@@ -358,12 +380,19 @@ def test_serve_replays_classify_regress_and_multi_inference_logs(exports, tmp_pa
     write_logs(regressor, [regress])
     calls.clear()
     servable_module.Servable("reg", 1, str(regressor))
-    assert [name for name, _ in calls][:1] == ["regression"]
+    regressed = [arrays for name, arrays in calls if name == "regression"]
+    assert [len(arrays["inputs"]) for arrays in regressed] == [1]
 
-    # As in TF Serving: a regress log for a classify signature and a session_run log fail the load.
+    # As in TF Serving: a regress log for a predict signature, an empty Input and a session_run
+    # log fail the load.
     request.model_spec.signature_name = "serving_default"
     write_logs(regressor, [regress])
-    with pytest.raises(ValueError, match="'serving_default' for tensorflow/serving/regress"):
+    with pytest.raises(ValueError, match="Expected regression signature method_name"):
+        servable_module.Servable("reg", 1, str(regressor))
+    request.model_spec.signature_name = "regression"
+    request.input.example_list.Clear()
+    write_logs(regressor, [regress])
+    with pytest.raises(ValueError, match="warm-up request 1: Input is empty"):
         servable_module.Servable("reg", 1, str(regressor))
     session_run = prediction_log_pb2.PredictionLog()
     session_run.session_run_log.request.fetch.append("x")

@@ -345,6 +345,46 @@ def regress(servable, signature_name, serialized, options):
     return values.astype(np.float32)
 
 
+def check_multi_inference(servable, tasks):
+    """TF Serving's multi_inference.cc checks of a request's InferenceTasks, in its order: a model
+    name on every task, the same one, no signature twice, each signature present, classify or
+    regress only."""
+    model_name = tasks[0].model_spec.name if tasks else ""
+    seen = set()
+    for task in tasks:
+        if not task.model_spec.name:
+            raise errors.invalid_argument("Found ModelSpec with an empty model name.")
+        if task.model_spec.name != model_name:
+            raise errors.invalid_argument(
+                "All ModelSpecs in a MultiInferenceRequest must access the same model name."
+            )
+        signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+        if signature_name in seen:
+            raise errors.invalid_argument(f"Duplicate evaluation of signature: {signature_name}")
+        seen.add(signature_name)
+        if signature_name not in servable.signatures:
+            raise errors.invalid_argument(
+                f"Requested signature not found in model graph: {signature_name}"
+            )
+        if task.method_name not in (CLASSIFY_METHOD, REGRESS_METHOD):
+            raise errors.ServingError(
+                "UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}"
+            )
+
+
+def multi_inference(servable, tasks, serialized, options):
+    """Each checked InferenceTask's classify or regress signature on the same serialized
+    tf.Examples: one (classes, scores) or values per task, as classify and regress return them."""
+    results = []
+    for task in tasks:
+        signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+        if task.method_name == CLASSIFY_METHOD:
+            results.append(classify(servable, signature_name, serialized, options))
+        else:
+            results.append(regress(servable, signature_name, serialized, options))
+    return results
+
+
 def signature_def_map(servable):
     """The servable's SignatureDefMap proto, as GetModelMetadata returns it."""
     result = get_model_metadata_pb2.SignatureDefMap()

@@ -31,7 +31,7 @@ from tensorflow_serving.apis import (
 
 from bert_tf import warmup
 from bert_tf.serving import core, errors
-from bert_tf.serving.servable import CLASSIFY_METHOD, DEFAULT_SIGNATURE, REGRESS_METHOD
+from bert_tf.serving.servable import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 
 # TF Serving sets no message size limit of its own (SetMaxMessageSize(INT32_MAX) in server.cc);
 # --grpc_channel_arguments may set lower ones.
@@ -282,42 +282,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                 raise errors.invalid_argument("ModelSpec has no name specified.")
             name, version, label = _model_spec_args(first)
             servable = self.core.servable(name, version, label)
-            signatures = set()
-            for task in request.tasks:
-                # The checks of TF Serving's multi_inference.cc, in its order.
-                if not task.model_spec.name:
-                    raise errors.invalid_argument("Found ModelSpec with an empty model name.")
-                if task.model_spec.name != name:
-                    raise errors.invalid_argument(
-                        "All ModelSpecs in a MultiInferenceRequest must access the same model name."
-                    )
-                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
-                if signature_name in signatures:
-                    raise errors.invalid_argument(
-                        f"Duplicate evaluation of signature: {signature_name}"
-                    )
-                signatures.add(signature_name)
-                if signature_name not in servable.signatures:
-                    raise errors.invalid_argument(
-                        f"Requested signature not found in model graph: {signature_name}"
-                    )
-                if task.method_name not in (CLASSIFY_METHOD, REGRESS_METHOD):
-                    raise errors.ServingError(
-                        "UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}"
-                    )
+            core.check_multi_inference(servable, request.tasks)
             serialized = serialized_examples(request.input)
+            results = core.multi_inference(servable, request.tasks, serialized, self.core.options)
             response = inference_pb2.MultiInferenceResponse()
-            for task in request.tasks:
-                signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+            for task, outcome in zip(request.tasks, results):
                 result = response.results.add()
                 if task.method_name == CLASSIFY_METHOD:
-                    classes, scores = core.classify(
-                        servable, signature_name, serialized, self.core.options
-                    )
-                    _classification_result(result.classification_result, classes, scores)
+                    _classification_result(result.classification_result, *outcome)
                 else:
-                    values = core.regress(servable, signature_name, serialized, self.core.options)
-                    _regression_result(result.regression_result, values)
+                    _regression_result(result.regression_result, outcome)
                 _fill_model_spec(
                     result.model_spec, name, servable.version, task.model_spec.signature_name
                 )

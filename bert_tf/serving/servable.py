@@ -64,6 +64,24 @@ class Servable:
         if warmup:
             self._warm_up()
 
+    def _replay(self, request):
+        """Runs one warm-up request (a warmup.Request) as the server would run it; a ServingError
+        says why it failed."""
+        # Imported here: core imports this module.
+        from bert_tf.serving import core  # pylint: disable=import-outside-toplevel
+
+        options = core.CoreOptions(warmup=False)
+        if request.kind == "predict_log":
+            signature = core.predict_signature(self, request.signature_name)
+            core.predict(self, signature, request.inputs, options)
+        elif request.kind == "classify_log":
+            core.classify(self, request.signature_name, request.examples, options)
+        elif request.kind == "regress_log":
+            core.regress(self, request.signature_name, request.examples, options)
+        else:
+            core.check_multi_inference(self, request.tasks)
+            core.multi_inference(self, request.tasks, request.examples, options)
+
     def _warm_up(self):
         """Replays the version's warm-up requests, then calls each signature they left out once on a
         one-row dummy batch, before the version serves.
@@ -77,25 +95,23 @@ class Servable:
         """
         start = time.perf_counter()
         requests = warmup.read_requests(self.path)
-        for request in requests:
-            signature = self.signatures.get(request.signature_name)
-            where = f"{warmup.requests_path(self.path)}: a warm-up request names signature"
-            if signature is None:
+        for number, request in enumerate(requests, 1):
+            try:
+                self._replay(request)
+            except errors.ServingError as e:
                 raise ValueError(
-                    f"{where} {request.signature_name!r}, which the model does not have"
-                )
-            if request.examples is not None:
-                # TF Serving's RunClassify/RunRegress checks, which fail its load the same way.
-                if signature.method_name != request.method_name or len(signature.inputs) != 1:
-                    raise ValueError(
-                        f"{where} {request.signature_name!r} for {request.method_name}, but it is "
-                        f"a {signature.method_name} signature of {len(signature.inputs)} inputs"
-                    )
-                inputs = {next(iter(signature.inputs)): request.examples}
-            else:
-                inputs = request.inputs
-            call_signature(signature, inputs)
-        replayed = {request.signature_name for request in requests}
+                    f"{warmup.requests_path(self.path)}: warm-up request {number}: {e.message}"
+                ) from None
+        replayed = {
+            request.signature_name or DEFAULT_SIGNATURE
+            for request in requests
+            if request.kind != "multi_inference_log"
+        }
+        replayed |= {
+            task.model_spec.signature_name or DEFAULT_SIGNATURE
+            for request in requests
+            for task in request.tasks
+        }
         for signature in self.signatures.values():
             if signature.name in replayed:
                 continue
@@ -112,7 +128,7 @@ class Servable:
             except Exception:  # Only the graph's instantiation matters here.
                 pass
         logging.info(
-            "model %s version %d: warmed up %d signatures (%d warm-up requests) in %.1fs",
+            "model %s version %d: warmed up %d signatures (%d warm-up records) in %.1fs",
             self.name,
             self.version,
             len(self.signatures),
