@@ -153,8 +153,7 @@ def _log_request(log):
 def read_requests(version_dir):
     """The Requests of VERSION_DIR's warm-up file, one per record: predict, classify, regress and
     multi-inference logs, the ones TF Serving replays (a log with nothing set is skipped, as there).
-    No file gives [].
-    A record that is not a PredictionLog, a log TF Serving cannot replay (session_run,
+    No file gives []. A record that is not a PredictionLog, a log TF Serving cannot replay (session_run,
     predict_streamed) and more than MAX_RECORDS records are ValueErrors naming the file and
     record, as TF Serving then fails the load.
     """
