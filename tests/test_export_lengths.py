@@ -24,7 +24,7 @@ from tests.helpers import tiny_config
 pytestmark = pytest.mark.slow
 
 CONFIG = tiny_config(vocab_size=30522, max_position_embeddings=128)  # the real vocabulary
-SEQ_LENGTH = 80  # not a multiple of LENGTH_BUCKET: the last bucket is cut to it
+SEQ_LENGTH = 80  # a multiple of LENGTH_BUCKET: no bucket here is cut short to max_seq_length
 SPECS = {
     "classifier": models.TaskSpec("classifier", labels=["a", "b", "c"], max_seq_length=SEQ_LENGTH),
     "regressor": models.TaskSpec("regressor", is_pair=True, max_seq_length=SEQ_LENGTH),
