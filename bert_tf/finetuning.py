@@ -333,7 +333,10 @@ class Finetuner:
 
             # reduce_retracing: a call whose shapes an earlier, more general trace covers reuses
             # it, so batches of any length run the one trace made for the dataset's element spec.
-            self._predict_fns[has_labels] = tf.function(step, reduce_retracing=True)
+            # No AutoGraph: the step has no tensor-dependent Python control flow (see training).
+            self._predict_fns[has_labels] = tf.function(
+                step, reduce_retracing=True, autograph=False
+            )
         return self._predict_fns[has_labels]
 
     def predict(self, features, batch_size, has_labels=False):

@@ -1,5 +1,11 @@
 """Optimizers and schedule against NumPy references written here from the original code and the paper."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -19,6 +25,7 @@ GRADIENTS = [
     for _ in range(3)
 ]
 DECAYED = {"encoder_kernel"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def numpy_original_adamw(
@@ -96,6 +103,71 @@ def test_adamw_matches_the_original_update_rule(num_steps, bias_correction):
     )
     for name in INITIAL:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+MIRRORED_ADAMW_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    from bert_tf import distribution, optimization
+    import test_optimization as t
+    strategy = distribution.get_strategy("mirrored", num_cpu_replicas=2)
+    with strategy.scope():
+        variables = [tf.keras.Variable(value, name=name) for name, value in t.INITIAL.items()]
+        optimizer = optimization.AdamWeightDecay(learning_rate=0.01)
+        optimizer.build(variables)
+        slot_copies = []
+        for index, variable in enumerate(variables):
+            for copy in strategy.experimental_local_results(variable.value):
+                found = optimization._component_beside(optimizer._first_moments[index], copy)
+                slot_copies.append(found is not None and found.device == copy.device)
+
+    @tf.function
+    def step(grads):
+        # What bert_tf.training does after its all-reduce: update_step on each device's copy.
+        def update(copy, grad):
+            return optimizer.update_step(grad, copy, optimizer.learning_rate)
+
+        for grad, variable in zip(grads, variables):
+            strategy.extended.update(variable.value, update, args=(grad,), group=False)
+
+    for grads in t.GRADIENTS[:2]:
+        step([tf.constant(grads[name]) for name in t.INITIAL])
+    copies = {
+        name: [c.numpy().tolist() for c in strategy.experimental_local_results(v.value)]
+        for name, v in zip(t.INITIAL, variables)
+    }
+    traces = optimization._adamw_update_in_place.experimental_get_tracing_count()
+    json.dump({"copies": copies, "slot_copies": slot_copies, "traces": traces}, sys.stdout)
+""")
+
+
+@pytest.mark.slow
+def test_adamw_on_two_mirrored_cpu_replicas_updates_each_copy_in_place():
+    # Under a strategy update_step runs once per device copy and writes that device's copies of
+    # the moments in place; both copies must follow the original's rule.
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", MIRRORED_ADAMW_SCRIPT],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(out.stdout)
+    assert result["slot_copies"] and all(result["slot_copies"])
+    assert result["traces"] > 0  # the in-place update ran, not the fallback for TPU variables
+    want = numpy_original_adamw(INITIAL, GRADIENTS[:2], [0.01, 0.01])
+    for name in INITIAL:
+        assert len(result["copies"][name]) == 2
+        for copy in result["copies"][name]:
+            np.testing.assert_allclose(copy, want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_adamw_without_bias_correction_differs_from_keras_adamw():
