@@ -12,8 +12,9 @@ if sys.argv[:1] == ["-m"]:
     from bert_tf import quiet
 
     quiet.install()
-    # TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX-512 VNNI, BF16 or AMX.
-    # On an AVX2-only CPU they trained all-MiniLM-L6-v2 about 30% faster than the default Eigen
-    # kernels (benchmarks/RESULTS.md); a user's own TF_ENABLE_ONEDNN_OPTS=0 still wins. The
-    # variable is read when TensorFlow loads, which for a command line is after this point.
+    # On Linux TensorFlow turns its oneDNN kernels on by itself only where the CPU has AVX-512
+    # VNNI or BF16, AVX-VNNI or AMX (DefaultOneDnnPolicy in tensorflow/core/util/port.cc). On an
+    # AVX2-only CPU they fine-tuned all-MiniLM-L6-v2 about 30% faster than the default Eigen
+    # kernels (benchmarks/RESULTS.md). A user's own TF_ENABLE_ONEDNN_OPTS still wins. TensorFlow
+    # reads the variable when it loads, which for a command line comes after this point.
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

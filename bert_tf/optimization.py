@@ -265,16 +265,16 @@ def _adamw_update_in_place(gradient, m, v, x, learning_rate, beta_1, beta_2, eps
 
 
 def _component_beside(slot, variable):
-    """The copy of optimizer slot `slot` (a keras.Variable) on `variable`'s device, or None.
+    """The tf.Variable of optimizer slot `slot` (a keras.Variable) on `variable`'s device, or None.
 
     Under a tf.distribute strategy a slot is a distributed variable with one tf.Variable per
     device, and update_step runs once per device on that device's copy of the model variable.
     """
     copies = tf.distribute.get_strategy().experimental_local_results(slot.value)
-    if len(copies) == 1:
-        return copies[0]
-    beside = [copy for copy in copies if copy.device == variable.device]
-    return beside[0] if len(beside) == 1 else None
+    beside = copies if len(copies) == 1 else [c for c in copies if c.device == variable.device]
+    if len(beside) != 1 or isinstance(beside[0], tf.distribute.DistributedValues):
+        return None
+    return beside[0]
 
 
 @keras.saving.register_keras_serializable(package="bert_tf")

@@ -19,7 +19,11 @@ NOTICES = (
 
 def run_export_cli(*extra, environ=None):
     """`python -m bert_tf.export` on a missing model directory: it imports TensorFlow, then exits 2."""
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
+    }
     env.update(environ or {}, PYTHONPATH=ROOT)
     return subprocess.run(
         [
@@ -50,6 +54,16 @@ def test_verbosity_or_the_users_own_level_brings_the_notices_back():
     assert any(
         notice in run_export_cli(environ={"TF_CPP_MIN_LOG_LEVEL": "0"}).stderr for notice in NOTICES
     )
+
+
+def test_a_command_line_turns_onednn_on_unless_the_user_set_it():
+    # TensorFlow logs this notice when it reads TF_ENABLE_ONEDNN_OPTS as on; on a CPU without
+    # AVX-512 VNNI/BF16, AVX-VNNI or AMX it would otherwise stay off.
+    on = "oneDNN custom operations are on"
+    assert on in run_export_cli("--verbosity=1").stderr
+    assert on not in run_export_cli(
+        "--verbosity=1", environ={"TF_ENABLE_ONEDNN_OPTS": "0"}
+    ).stderr
 
 
 def test_verbose_requested_reads_absl_verbosity_and_the_environment():
