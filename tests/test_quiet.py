@@ -61,9 +61,7 @@ def test_a_command_line_turns_onednn_on_unless_the_user_set_it():
     # AVX-512 VNNI/BF16, AVX-VNNI or AMX it would otherwise stay off.
     on = "oneDNN custom operations are on"
     assert on in run_export_cli("--verbosity=1").stderr
-    assert on not in run_export_cli(
-        "--verbosity=1", environ={"TF_ENABLE_ONEDNN_OPTS": "0"}
-    ).stderr
+    assert on not in run_export_cli("--verbosity=1", environ={"TF_ENABLE_ONEDNN_OPTS": "0"}).stderr
 
 
 def test_verbose_requested_reads_absl_verbosity_and_the_environment():
