@@ -34,10 +34,6 @@ import sysconfig
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# As bert_tf's command lines (bert_tf.serve among them) set it: oneDNN kernels even where
-# TensorFlow would leave them off (CPUs without AVX-512 VNNI/BF16, AVX-VNNI or AMX). An app that
-# loads the SavedModel itself sets it the same way; TF_ENABLE_ONEDNN_OPTS=0 measures without.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -229,7 +225,7 @@ def main(argv):
     print(
         f"{platform.node()}: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"TensorFlow {tf.__version__}, TF_ENABLE_ONEDNN_OPTS="
-        f"{os.environ['TF_ENABLE_ONEDNN_OPTS']}; {len(sentences)} sentences, mean "
+        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}; {len(sentences)} sentences, mean "
         f"{np.mean([len(s.split()) for s in sentences]):.1f} words"
     )
     print(

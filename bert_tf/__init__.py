@@ -5,16 +5,42 @@ import sys
 
 __version__ = "0.1.0"
 
+# On Linux TensorFlow turns its oneDNN kernels on by itself only where the CPU has AVX-512 VNNI or
+# BF16, AVX-VNNI or AMX (DefaultOneDnnPolicy in tensorflow/core/util/port.cc). On a 2-core AVX2
+# CPU they made a MiniLM training step (forward and backward, batch 32) 24% faster than the
+# default Eigen kernels, so the training jobs turn them on there too; a user's own
+# TF_ENABLE_ONEDNN_OPTS still wins. Export and serving keep TensorFlow's choice: on that CPU
+# oneDNN made BERT-base inference slower (benchmarks/RESULTS.md).
+TRAINING_JOBS = (
+    "bert_tf.run_classifier",
+    "bert_tf.run_multiple_choice",
+    "bert_tf.run_ner",
+    "bert_tf.run_pretraining",
+    "bert_tf.run_squad",
+)
+
+
+def job_module(orig_argv):
+    """The module a `python -m MODULE ...` command line runs, from sys.orig_argv; None otherwise."""
+    args = iter(orig_argv[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, None)
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg in ("-W", "-X"):
+            next(args, None)  # the option's value
+        elif not arg.startswith("-"):
+            return None  # a script path: no -m
+    return None
+
+
 # `python -m bert_tf.<job>`: Python sets sys.argv[0] to "-m" while it imports this package, before
-# the job imports TensorFlow. A command line is quiet by default (see bert_tf.quiet); a library
-# import changes nothing.
+# the job imports TensorFlow, which reads TF_ENABLE_ONEDNN_OPTS when it loads. A command line is
+# quiet by default (see bert_tf.quiet); a library import changes nothing.
 if sys.argv[:1] == ["-m"]:
     from bert_tf import quiet
 
     quiet.install()
-    # On Linux TensorFlow turns its oneDNN kernels on by itself only where the CPU has AVX-512
-    # VNNI or BF16, AVX-VNNI or AMX (DefaultOneDnnPolicy in tensorflow/core/util/port.cc). On an
-    # AVX2-only CPU they fine-tuned all-MiniLM-L6-v2 about 30% faster than the default Eigen
-    # kernels (benchmarks/RESULTS.md). A user's own TF_ENABLE_ONEDNN_OPTS still wins. TensorFlow
-    # reads the variable when it loads, which for a command line comes after this point.
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    if job_module(sys.orig_argv) in TRAINING_JOBS:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import threading
 
+import bert_tf
 from bert_tf import quiet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,11 +20,7 @@ NOTICES = (
 
 def run_export_cli(*extra, environ=None):
     """`python -m bert_tf.export` on a missing model directory: it imports TensorFlow, then exits 2."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")
-    }
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     env.update(environ or {}, PYTHONPATH=ROOT)
     return subprocess.run(
         [
@@ -56,12 +53,46 @@ def test_verbosity_or_the_users_own_level_brings_the_notices_back():
     )
 
 
-def test_a_command_line_turns_onednn_on_unless_the_user_set_it():
+def test_a_training_job_turns_onednn_on_unless_the_user_set_it(tmp_path):
     # TensorFlow logs this notice when it reads TF_ENABLE_ONEDNN_OPTS as on; on a CPU without
-    # AVX-512 VNNI/BF16, AVX-VNNI or AMX it would otherwise stay off.
-    on = "oneDNN custom operations are on"
-    assert on in run_export_cli("--verbosity=1").stderr
-    assert on not in run_export_cli("--verbosity=1", environ={"TF_ENABLE_ONEDNN_OPTS": "0"}).stderr
+    # AVX-512 VNNI/BF16, AVX-VNNI or AMX it would otherwise stay off. The job imports TensorFlow,
+    # then exits 2 for the missing --init_checkpoint.
+    def run(environ=None):
+        env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+        env.update(environ or {}, PYTHONPATH=ROOT)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bert_tf.run_classifier",
+                "--task_name=mrpc",
+                f"--data_dir={tmp_path / 'missing'}",
+                f"--output_dir={tmp_path / 'out'}",
+                "--do_train",
+                "--verbosity=1",
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 2, result.stderr
+        return "oneDNN custom operations are on" in result.stderr
+
+    assert run()
+    assert not run({"TF_ENABLE_ONEDNN_OPTS": "0"})
+
+
+def test_job_module_reads_the_module_of_python_dash_m():
+    assert bert_tf.job_module(["python", "-m", "bert_tf.run_squad", "--x=1"]) == "bert_tf.run_squad"
+    assert bert_tf.job_module(["python", "-mbert_tf.run_ner"]) == "bert_tf.run_ner"
+    assert bert_tf.job_module(["python", "-u", "-W", "ignore", "-m", "bert_tf.export"]) == (
+        "bert_tf.export"
+    )
+    assert bert_tf.job_module(["python", "script.py", "-m", "x"]) is None
+    assert bert_tf.job_module(["python", "-c", "pass", "-m", "x"]) is None
+    assert set(bert_tf.TRAINING_JOBS) >= {"bert_tf.run_classifier", "bert_tf.run_pretraining"}
 
 
 def test_verbose_requested_reads_absl_verbosity_and_the_environment():
