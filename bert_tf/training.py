@@ -415,8 +415,8 @@ class Trainer:
         return grads, self._stats_vector(loss, stats)
 
     # The loops need AutoGraph (tf.range, break); the steps do not, and converting the model's and
-    # the optimizer's code on every trace took 3 of the 13 s that the first loop of a MiniLM
-    # fine-tuning spent tracing and compiling.
+    # the optimizer's code on every trace took 1.4 to 3.3 s of the 13 s that the first loop of a
+    # MiniLM fine-tuning spent tracing and compiling.
     @tf.autograph.experimental.do_not_convert
     def _replica_train_step(self, batch):
         """One step on one replica; the update happens in cross-replica context via merge_call."""
