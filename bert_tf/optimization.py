@@ -202,40 +202,28 @@ class AdamWeightDecay(_DecoupledWeightDecayOptimizer):
         forms 1 - beta_2 in float32, 1.3e-5 off.)
         """
         index = self._get_variable_index(variable)
+        gradient = tf.cast(tf.convert_to_tensor(gradient), variable.dtype)
+        decay = self.weight_decay_rate if self.decays_variable(variable) else 0.0
+        hyperparameters = (learning_rate, self.beta_1, self.beta_2, self.epsilon, decay)
         x = variable.value if isinstance(variable, keras.Variable) else variable
         m = _component_beside(self._first_moments[index], x)
         v = _component_beside(self._second_moments[index], x)
-        decay = self.weight_decay_rate if self.decays_variable(variable) else 0.0
-        if m is None or v is None or isinstance(x, tf.distribute.DistributedValues):
-            # No per-device copy to write (a TPU's replicated variable): the assigns go through
-            # the distributed variables, which route them.
-            m, v = self._first_moments[index], self._second_moments[index]
-            new_m, new_v, new_x = _adamw_values(
-                tf.cast(tf.convert_to_tensor(gradient), variable.dtype),
-                tf.convert_to_tensor(m),
-                tf.convert_to_tensor(v),
-                tf.convert_to_tensor(variable),
-                learning_rate,
-                self.beta_1,
-                self.beta_2,
-                self.epsilon,
-                decay,
-            )
-            self.assign(m, new_m)
-            self.assign(v, new_v)
-            self.assign(variable, new_x)
+        if m is not None and v is not None and not isinstance(x, tf.distribute.DistributedValues):
+            _adamw_update_in_place(gradient, m, v, x, *hyperparameters)
             return
-        _adamw_update_in_place(
-            tf.cast(tf.convert_to_tensor(gradient), x.dtype),
-            m,
-            v,
-            x,
-            learning_rate,
-            self.beta_1,
-            self.beta_2,
-            self.epsilon,
-            decay,
+        # No per-device copy to write (a TPU's replicated variable): the assigns go through the
+        # distributed variables, which route them.
+        m, v = self._first_moments[index], self._second_moments[index]
+        new_m, new_v, new_x = _adamw_values(
+            gradient,
+            tf.convert_to_tensor(m),
+            tf.convert_to_tensor(v),
+            tf.convert_to_tensor(variable),
+            *hyperparameters,
         )
+        self.assign(m, new_m)
+        self.assign(v, new_v)
+        self.assign(variable, new_x)
 
     def get_config(self):
         config = super().get_config()

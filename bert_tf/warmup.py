@@ -111,6 +111,7 @@ class Request(typing.NamedTuple):
     inputs: typing.Optional[dict] = None
     examples: typing.Optional[list] = None
     tasks: tuple = ()
+    record: int = 0  # its record's number in the file, from 1 (empty logs count too)
 
 
 def input_examples(input_proto):
@@ -174,5 +175,5 @@ def read_requests(version_dir):
         except ValueError as e:
             raise ValueError(f"{path}: record {number}: {e}") from None
         if request is not None:
-            requests.append(request)
+            requests.append(request._replace(record=number))
     return requests

@@ -370,6 +370,10 @@ def test_serve_replays_classify_regress_and_multi_inference_logs(exports, tmp_pa
         write_logs(classifier, [broken])
         with pytest.raises(ValueError, match=f"warm-up request 1: {message}"):
             servable_module.Servable("clf", 1, str(classifier))
+    # The error names the record's place in the file, the empty log TF Serving skips included.
+    write_logs(classifier, [prediction_log_pb2.PredictionLog(), broken])
+    with pytest.raises(ValueError, match="warm-up request 2: Found ModelSpec with an empty"):
+        servable_module.Servable("clf", 1, str(classifier))
 
     regressor = tmp_path / "regressor" / "1"
     shutil.copytree(paths["regressor"]["dynamic"], regressor)

@@ -95,12 +95,13 @@ class Servable:
         """
         start = time.perf_counter()
         requests = warmup.read_requests(self.path)
-        for number, request in enumerate(requests, 1):
+        for request in requests:
             try:
                 self._replay(request)
             except errors.ServingError as e:
                 raise ValueError(
-                    f"{warmup.requests_path(self.path)}: warm-up request {number}: {e.message}"
+                    f"{warmup.requests_path(self.path)}: warm-up request {request.record}: "
+                    f"{e.message}"
                 ) from None
         replayed = {
             request.signature_name or DEFAULT_SIGNATURE
