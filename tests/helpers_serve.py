@@ -3,6 +3,8 @@
 Built once per session and shared by test_serve and test_serve_fuzz.
 """
 
+import fcntl
+import os
 import shutil
 
 import tensorflow as tf
@@ -160,15 +162,26 @@ def _save(module, path, signatures):
 
 
 def build_test_exports(tmp_path_factory, vocab_file):
-    """{"v1": dir, "v2": dir}: two versions of the test model (v2 has upper-case label names)."""
+    """{"v1": dir, "v2": dir}: two versions of the test model (v2 has upper-case label names).
+
+    Tests only read them. Under pytest-xdist the workers share the run's temp directory (the parent
+    of each worker's own), so the first worker builds them and the others wait and reuse them:
+    building takes about 35 s of CI's 2 cores.
+    """
     if not _BUILT:
-        root = tmp_path_factory.mktemp("serve_models")
-        module = _make_module(vocab_file)
-        _save(module, str(root / "v1"), _signatures(module))
-        # Version 2: the same graphs with other label names (re-saving the loaded model is fast).
-        loaded = tf.saved_model.load(str(root / "v1"))
-        loaded.labels.assign(V2_LABELS)
-        _save(loaded, str(root / "v2"), dict(loaded.signatures))
+        base = tmp_path_factory.getbasetemp()
+        root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "serve_models"
+        with open(f"{root}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not (root / "built").exists():
+                shutil.rmtree(root, ignore_errors=True)  # a build that failed midway
+                module = _make_module(vocab_file)
+                _save(module, str(root / "v1"), _signatures(module))
+                # Version 2: the same graphs with other label names (re-saving is fast).
+                loaded = tf.saved_model.load(str(root / "v1"))
+                loaded.labels.assign(V2_LABELS)
+                _save(loaded, str(root / "v2"), dict(loaded.signatures))
+                (root / "built").touch()
         _BUILT.update(v1=str(root / "v1"), v2=str(root / "v2"))
     return dict(_BUILT)
 
