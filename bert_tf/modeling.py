@@ -235,6 +235,9 @@ def _initializer(config):
 
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 LAYER_NORM_EPSILON = 1e-12
+# The word embedding layer. The original looks its table up with tf.gather on GPUs and CPUs (with a
+# one-hot matmul on TPUs), so there its gradient is sparse; bert_tf.training keeps it so.
+WORD_EMBEDDING_LAYER = "token_embedding"
 
 
 def build_encoder(config):
@@ -254,7 +257,7 @@ def build_encoder(config):
         config.hidden_size,
         tie_weights=True,
         embeddings_initializer=_initializer(config),
-        name="token_embedding",
+        name=WORD_EMBEDDING_LAYER,
     )
     position_embeddings = keras_hub.layers.PositionEmbedding(
         sequence_length=config.max_position_embeddings,
@@ -317,7 +320,7 @@ def build_pretraining_model(config, encoder=None):
         encoder = build_encoder(config)
     activation = get_activation(config.hidden_act)
     mlm_head = keras_hub.layers.MaskedLMHead(
-        token_embedding=encoder.get_layer("token_embedding"),
+        token_embedding=encoder.get_layer(WORD_EMBEDDING_LAYER),
         intermediate_activation=activation,
         layer_norm_epsilon=LAYER_NORM_EPSILON,
         kernel_initializer=_initializer(config),

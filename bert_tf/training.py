@@ -9,9 +9,10 @@ Each step, on every replica:
   2. forward and backward (optionally XLA-compiled with jit_compile);
   3. ONE all-reduce of the gradients together with the step's statistics (loss, accuracy sums);
   4. the summed gradients are clipped by their global norm (identical on every replica): the
-     gradient of the global batch's loss, clipped as the original clips it on one GPU or CPU
-     (on a multi-core TPU the original clips each core's gradient before summing them; see
-     bert_tf.optimization);
+     gradient of the global batch's loss, clipped as the original clips it on one GPU or CPU,
+     where the word embedding's gradient is one row per token and its norm is taken over those
+     rows (keeps_sparse_gradient); on a multi-core TPU the original clips each core's gradient
+     before summing them (see bert_tf.optimization);
   5. the update is applied only when the loss and the gradient norm are finite and the loss has
      not exploded (over `max_loss_ratio` times the mean loss of the run's earlier steps). A failed
      step is skipped, as is every later step of its loop, so the weights stay as they were, and
@@ -47,7 +48,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
-from bert_tf import distribution, io_utils, model_dir
+from bert_tf import distribution, io_utils, model_dir, modeling
 from bert_tf.cli import arg
 from bert_tf.distribution import is_chief
 from bert_tf.model_dir import CHECKPOINT_NAME
@@ -213,6 +214,29 @@ _SCALAR_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
+def keeps_sparse_gradient(variable, strategy):
+    """Whether `variable`'s gradient stays an IndexedSlices (one row per token) through the step.
+
+    The original clips with tf.clip_by_global_norm, which takes an IndexedSlices' norm over its
+    rows as they are, not over the table they sum to. Its word embedding's gradient is such rows
+    on a GPU or CPU (a tf.gather) and a dense table on a TPU (a one-hot matmul); its segment
+    embedding's is always dense (a one-hot matmul). Keeping the word embedding's rows gives the
+    original's global norm on each platform. (The optimizers sum them into a dense gradient, as
+    the original's tf.multiply does; a row-wise AdamW update measured no faster on a CPU, since
+    the pass over the whole table that weight decay and the moments' decay need dominates.)
+    """
+    return variable.path.endswith(f"{modeling.WORD_EMBEDDING_LAYER}/embeddings") and not isinstance(
+        strategy, tf.distribute.TPUStrategy
+    )
+
+
+def map_values(gradient, fn):
+    """`fn` applied to a gradient's values: the tensor's, or an IndexedSlices' rows."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(fn(gradient.values), gradient.indices, gradient.dense_shape)
+    return fn(gradient)
+
+
 def write_scalar(name, value, step):
     """Writes one TensorBoard scalar to the default summary writer."""
     tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
@@ -286,6 +310,9 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.is_chief = is_chief(strategy)
         self._variables = list(objective.model.trainable_variables)
+        self._sparse_gradients = [
+            keeps_sparse_gradient(variable, strategy) for variable in self._variables
+        ]
         with strategy.scope():
             # Slots are created now, under the strategy, so that restoring fills them immediately.
             optimizer.build(self._variables)
@@ -407,10 +434,13 @@ class Trainer:
             loss, stats = self.objective.loss_and_stats(batch, denominators, training=True)
             scaled_loss = loss * loss_scale if self.config.loss_scaling else loss
         grads = tape.gradient(scaled_loss, self._variables)
-        # Dense gradients: embedding IndexedSlices would be densified by the all-reduce anyway.
         grads = [
-            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-            for g, v in zip(grads, self._variables)
+            tf.zeros_like(v)
+            if g is None
+            else g
+            if sparse and isinstance(g, tf.IndexedSlices)
+            else tf.convert_to_tensor(g)
+            for g, v, sparse in zip(grads, self._variables, self._sparse_gradients)
         ]
         return grads, self._stats_vector(loss, stats)
 
@@ -429,7 +459,7 @@ class Trainer:
         reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats])
         grads, stats = reduced[:-1], reduced[-1]
         if self.config.loss_scaling:
-            grads = [g / loss_scale for g in grads]
+            grads = [map_values(g, lambda values: values / loss_scale) for g in grads]
         if self.config.clip_norm and self.config.clip_norm > 0:
             grads, global_norm = tf.clip_by_global_norm(grads, self.config.clip_norm)
         else:

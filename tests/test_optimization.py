@@ -29,7 +29,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def numpy_original_adamw(
-    params, grads_per_step, lrs, wd=0.01, b1=0.9, b2=0.999, eps=1e-6, bias_correction=False
+    params,
+    grads_per_step,
+    lrs,
+    wd=0.01,
+    b1=0.9,
+    b2=0.999,
+    eps=1e-6,
+    bias_correction=False,
+    decayed=DECAYED,
 ):
     """The original AdamWeightDecayOptimizer.apply_gradients, transcribed to NumPy (plus optional correction)."""
     params = {k: v.astype(np.float64) for k, v in params.items()}
@@ -44,7 +52,7 @@ def numpy_original_adamw(
             if bias_correction:
                 m_used, v_used = m_used / (1 - b1**t), v_used / (1 - b2**t)
             update = m_used / (np.sqrt(v_used) + eps)
-            if name in DECAYED:
+            if name in decayed:
                 update = update + wd * params[name]
             params[name] = params[name] - lr * update
     return params
@@ -103,6 +111,34 @@ def test_adamw_matches_the_original_update_rule(num_steps, bias_correction):
     )
     for name in INITIAL:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_adamw_given_rows_matches_the_original_rule_on_the_table_they_sum_to():
+    # An embedding lookup's gradient arrives as rows (bert_tf.training keeps the word embedding's
+    # so): repeated rows sum, untouched rows (4 and 5) still decay, as the original's dense step
+    # does after tf.multiply turned the IndexedSlices into a table.
+    table = RNG.normal(size=(6, 3)).astype(np.float32)
+    indices = np.array([0, 2, 0, 3, 2, 2], np.int64)
+    steps = [RNG.normal(size=(len(indices), 3)).astype(np.float32) for _ in range(3)]
+    variable = keras.Variable(table, name="word_embeddings")
+    optimizer = optimization.AdamWeightDecay(learning_rate=0.1)
+    optimizer.build([variable])
+
+    @tf.function
+    def step(values):
+        rows = tf.IndexedSlices(values, tf.constant(indices), tf.constant(table.shape, tf.int64))
+        optimizer.update_step(rows, variable, optimizer.learning_rate)
+
+    for values in steps:
+        step(tf.constant(values))
+    dense = []
+    for values in steps:
+        summed = np.zeros_like(table)
+        np.add.at(summed, indices, values)
+        dense.append({"table": summed})
+    want = numpy_original_adamw({"table": table}, dense, [0.1] * 3, decayed={"table"})
+    np.testing.assert_allclose(variable.numpy(), want["table"], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(variable.numpy()[4:], table[4:])  # decayed without a gradient
 
 
 MIRRORED_ADAMW_SCRIPT = textwrap.dedent("""

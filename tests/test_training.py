@@ -16,6 +16,8 @@ from helpers_records import write_real_text_records
 from bert_tf import input_pipeline, io_utils, modeling, optimization, training
 from bert_tf.model_dir import ModelDir
 from bert_tf.run_pretraining import PretrainingObjective
+from bert_tf.tasks import models
+from bert_tf.tasks.classification.model import ClassificationObjective
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PRED, BATCH = 32, 5, 8
@@ -166,6 +168,59 @@ def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records,
             got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=got.path
         )
     assert tf.train.latest_checkpoint(str(tmp_path / "a")).endswith("ckpt-2")
+
+
+def test_clipping_takes_the_word_embeddings_norm_over_its_rows_as_the_original_does(tmp_path):
+    # The original fine-tunes on a GPU or CPU with tf.gather for the word embedding and a one-hot
+    # matmul for the segment embedding, then calls tf.clip_by_global_norm on tf.gradients: the
+    # word embedding's norm is over its rows (one per token, repeats not summed), the others'
+    # over dense tables. The reference below makes exactly that call.
+    config = tiny_config(**NO_DROPOUT)
+    spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
+    clip_norm = 1e-3  # far under the gradient's norm: the clip factor decides the step
+
+    def build():
+        keras.utils.set_random_seed(4)
+        return models.build_task_model(config, spec)
+
+    model, encoder = build()
+    reference, _ = build()
+    ids = np.array([[2, 7, 7, 8, 7, 3, 0, 0], [2, 8, 8, 3, 9, 9, 3, 0], [2, 7, 3, 0, 0, 0, 0, 0]])
+    batch = {
+        "input_word_ids": tf.constant(ids, tf.int32),
+        "input_mask": tf.constant((ids > 0).astype(np.int32)),
+        "input_type_ids": tf.constant(((ids > 0) & (np.arange(8) > 3)).astype(np.int32)),
+        "label_ids": tf.constant([0, 1, 1], tf.int32),
+    }
+    trainer = training.Trainer(
+        tf.distribute.get_strategy(),
+        ClassificationObjective(model),
+        sgd(),
+        {"encoder": encoder, "model": model},
+        str(tmp_path),
+        training.LoopConfig(
+            num_train_steps=1, steps_per_loop=1, save_checkpoints_steps=100, clip_norm=clip_norm
+        ),
+        len(ids),
+    )
+    iterator = iterate([batch])
+    trainer.restore_or_initialize(iterator)
+    trainer.train(iterator, log_fn=lambda line: None)
+
+    objective = ClassificationObjective(reference)
+    with tf.GradientTape() as tape:
+        loss, _ = objective.loss_and_stats(batch, objective.denominators(batch), training=True)
+    grads = tape.gradient(loss, reference.trainable_variables)
+    paths = [v.path for v in reference.trainable_variables]
+    word = paths.index("token_embedding/embeddings")
+    assert isinstance(grads[word], tf.IndexedSlices)  # a gather's rows, as on the original's GPU
+    as_original = [g if i == word else tf.convert_to_tensor(g) for i, g in enumerate(grads)]
+    clipped, rows_norm = tf.clip_by_global_norm(as_original, clip_norm)
+    table_norm = tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads])
+    assert float(rows_norm) > float(table_norm) * 1.001  # repeats: the two norms differ
+    for got, start, grad in zip(model.trainable_variables, reference.trainable_variables, clipped):
+        want = start.numpy() - 0.5 * tf.convert_to_tensor(grad).numpy()  # sgd()'s step
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7, err_msg=got.path)
 
 
 def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_path):
