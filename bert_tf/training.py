@@ -10,9 +10,9 @@ Each step, on every replica:
   3. ONE all-reduce of the gradients together with the step's statistics (loss, accuracy sums);
   4. the summed gradients are clipped by their global norm (identical on every replica): the
      gradient of the global batch's loss, clipped as the original clips it on one GPU or CPU,
-     where the word embedding's gradient is one row per token and its norm is taken over those
-     rows (keeps_sparse_gradient); on a multi-core TPU the original clips each core's gradient
-     before summing them (see bert_tf.optimization);
+     where the word embedding's gradient is one row per token and its part of the norm is taken
+     over those rows (norm_over_rows); on a multi-core TPU the original clips each core's
+     gradient before summing them (see bert_tf.optimization);
   5. the update is applied only when the loss and the gradient norm are finite and the loss has
      not exploded (over `max_loss_ratio` times the mean loss of the run's earlier steps). A failed
      step is skipped, as is every later step of its loop, so the weights stay as they were, and
@@ -214,27 +214,23 @@ _SCALAR_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
-def keeps_sparse_gradient(variable, strategy):
-    """Whether `variable`'s gradient stays an IndexedSlices (one row per token) through the step.
+def norm_over_rows(variable, strategy):
+    """Whether the clip norm takes `variable`'s gradient over its rows, when it comes as rows.
 
     The original clips with tf.clip_by_global_norm, which takes an IndexedSlices' norm over its
-    rows as they are, not over the table they sum to. Its word embedding's gradient is such rows
-    on a GPU or CPU (a tf.gather) and a dense table on a TPU (a one-hot matmul); its segment
-    embedding's is always dense (a one-hot matmul). Keeping the word embedding's rows gives the
-    original's global norm on each platform. (The optimizers sum them into a dense gradient, as
-    the original's tf.multiply does; a row-wise AdamW update measured no faster on a CPU, since
-    the pass over the whole table that weight decay and the moments' decay need dominates.)
+    rows as they are (one per token, repeats not summed), not over the table they sum to. Its word
+    embedding's gradient is such rows on a GPU or CPU (a tf.gather) and a dense table on a TPU (a
+    one-hot matmul); its segment embedding's is always dense (a one-hot matmul), and so is the word
+    embedding's in pretraining, where the table is also the MLM output layer.
     """
     return variable.path.endswith(f"{modeling.WORD_EMBEDDING_LAYER}/embeddings") and not isinstance(
         strategy, tf.distribute.TPUStrategy
     )
 
 
-def map_values(gradient, fn):
-    """`fn` applied to a gradient's values: the tensor's, or an IndexedSlices' rows."""
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(fn(gradient.values), gradient.indices, gradient.dense_shape)
-    return fn(gradient)
+def half_squared_norm(tensor):
+    """sum(tensor ** 2) / 2 in float32 (tf.nn.l2_loss), the term tf.linalg.global_norm adds up."""
+    return tf.nn.l2_loss(tf.cast(tensor, tf.float32))
 
 
 def write_scalar(name, value, step):
@@ -310,9 +306,7 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.is_chief = is_chief(strategy)
         self._variables = list(objective.model.trainable_variables)
-        self._sparse_gradients = [
-            keeps_sparse_gradient(variable, strategy) for variable in self._variables
-        ]
+        self._norm_over_rows = [norm_over_rows(variable, strategy) for variable in self._variables]
         with strategy.scope():
             # Slots are created now, under the strategy, so that restoring fills them immediately.
             optimizer.build(self._variables)
@@ -429,20 +423,49 @@ class Trainer:
         return tf.stack([tf.cast(stats[name], tf.float32) for name in self.objective.stat_names])
 
     def _forward_backward(self, batch, denominators, loss_scale):
-        """Per replica: loss, gradients (dense, in variable order) and the stats vector."""
+        """Per replica: dense gradients in variable order, the stats vector, and the row norms.
+
+        The row norms are two vectors over the variables: the half squared norm (l2_loss) of the
+        gradient's rows where the clip norm is taken over rows (norm_over_rows) and the gradient
+        came as rows, and 1 where it did (0 elsewhere). Summed over replicas, the first is the
+        norm of all the global batch's rows, as one GPU running the original would take it.
+        The gradients themselves go to the all-reduce dense, as before: MirroredStrategy's
+        all-reduce takes IndexedSlices by another path ("Efficient allreduce is not supported"
+        in cross_device_ops.py), which copies every replica's rows around.
+        """
         with tf.GradientTape() as tape:
             loss, stats = self.objective.loss_and_stats(batch, denominators, training=True)
             scaled_loss = loss * loss_scale if self.config.loss_scaling else loss
         grads = tape.gradient(scaled_loss, self._variables)
+        row_half_squares, by_rows = [], []
+        for grad, over_rows in zip(grads, self._norm_over_rows):
+            rows = over_rows and isinstance(grad, tf.IndexedSlices)
+            half_square = half_squared_norm(grad.values) if rows else 0.0
+            row_half_squares.append(half_square)
+            by_rows.append(1.0 if rows else 0.0)
         grads = [
-            tf.zeros_like(v)
-            if g is None
-            else g
-            if sparse and isinstance(g, tf.IndexedSlices)
-            else tf.convert_to_tensor(g)
-            for g, v, sparse in zip(grads, self._variables, self._sparse_gradients)
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for g, v in zip(grads, self._variables)
         ]
-        return grads, self._stats_vector(loss, stats)
+        row_norms = [tf.stack(row_half_squares), tf.constant(by_rows)]
+        return grads, self._stats_vector(loss, stats), row_norms
+
+    def _global_norm(self, grads, row_half_squares, by_rows):
+        """The global norm of the summed gradients, each variable's part over its rows where the
+        original takes it so; the same arithmetic as tf.linalg.global_norm (sqrt(2 sum l2_loss))."""
+        half_squares = []
+        for index, (grad, over_rows) in enumerate(zip(grads, self._norm_over_rows)):
+            if over_rows:  # a cond, so that a table measured by its rows is not read again
+                half_squares.append(
+                    tf.cond(
+                        by_rows[index] > 0,
+                        lambda index=index: row_half_squares[index],
+                        lambda grad=grad: half_squared_norm(grad),
+                    )
+                )
+            else:
+                half_squares.append(half_squared_norm(grad))
+        return tf.sqrt(2.0 * tf.reduce_sum(tf.stack(half_squares)))
 
     # The loops need AutoGraph (tf.range, break); the steps do not, and converting the model's and
     # the optimizer's code on every trace took 1.4 to 3.3 s of the 13 s that the first loop of a
@@ -455,15 +478,15 @@ class Trainer:
             tf.distribute.ReduceOp.SUM, self.objective.denominators(batch)
         )
         loss_scale = tf.convert_to_tensor(self.loss_scale)
-        grads, stats = self._compute(batch, denominators, loss_scale)
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats])
-        grads, stats = reduced[:-1], reduced[-1]
+        grads, stats, row_norms = self._compute(batch, denominators, loss_scale)
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats, *row_norms])
+        grads, (stats, row_half_squares, by_rows) = reduced[:-3], reduced[-3:]
         if self.config.loss_scaling:
-            grads = [map_values(g, lambda values: values / loss_scale) for g in grads]
+            grads = [g / loss_scale for g in grads]
+            row_half_squares /= tf.square(loss_scale)
+        global_norm = self._global_norm(grads, row_half_squares, by_rows)
         if self.config.clip_norm and self.config.clip_norm > 0:
-            grads, global_norm = tf.clip_by_global_norm(grads, self.config.clip_norm)
-        else:
-            global_norm = tf.linalg.global_norm(grads)
+            grads, _ = tf.clip_by_global_norm(grads, self.config.clip_norm, use_norm=global_norm)
         grads_finite = tf.math.is_finite(global_norm)
         context.merge_call(self._apply_update, args=(grads, stats, grads_finite))
 

@@ -1,6 +1,6 @@
 """The serving tests' SavedModels: strings in, GraphTokenizer, the tiny BERT, named outputs.
 
-Built once per session and shared by test_serve and test_serve_fuzz.
+Built once per test run (shared by the xdist workers) and used by every serving test.
 """
 
 import fcntl

@@ -44,7 +44,7 @@ SPECS = {
 }
 # Each export takes seconds on CI's 2 cores, so these options are shown on the kinds with the most
 # outputs and the most complex batching (SQuAD's windows), not on every kind.
-BFLOAT16_KINDS = ["squad"]
+BFLOAT16_KINDS = ["classifier", "squad"]  # probabilities, and spans
 XLA_KINDS = ["classifier", "squad"]
 MEGABYTE = ("Ünïcode wörds and plain words, " * 40000)[: 1 << 20]
 INVALID_UTF8 = b"caf\xc3 broken \xff\xfe bytes"

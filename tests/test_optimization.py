@@ -114,9 +114,9 @@ def test_adamw_matches_the_original_update_rule(num_steps, bias_correction):
 
 
 def test_adamw_given_rows_matches_the_original_rule_on_the_table_they_sum_to():
-    # An embedding lookup's gradient arrives as rows (bert_tf.training keeps the word embedding's
-    # so): repeated rows sum, untouched rows (4 and 5) still decay, as the original's dense step
-    # does after tf.multiply turned the IndexedSlices into a table.
+    # An embedding lookup's gradient is rows (an IndexedSlices) when it reaches the optimizer
+    # straight from a tape: repeated rows sum, untouched rows (4 and 5) still decay, as the
+    # original's dense step does after tf.multiply turned the rows into a table.
     table = RNG.normal(size=(6, 3)).astype(np.float32)
     indices = np.array([0, 2, 0, 3, 2, 2], np.int64)
     steps = [RNG.normal(size=(len(indices), 3)).astype(np.float32) for _ in range(3)]

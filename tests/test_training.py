@@ -170,57 +170,94 @@ def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records,
     assert tf.train.latest_checkpoint(str(tmp_path / "a")).endswith("ckpt-2")
 
 
-def test_clipping_takes_the_word_embeddings_norm_over_its_rows_as_the_original_does(tmp_path):
+# A fine-tuning batch with repeated tokens: the word embedding's rows and table norms differ.
+CLIP_IDS = np.array(
+    [
+        [2, 7, 7, 8, 7, 3, 0, 0],
+        [2, 8, 8, 3, 9, 9, 3, 0],
+        [2, 7, 3, 0, 0, 0, 0, 0],
+        [2, 9, 3, 9, 3, 0, 0, 0],
+    ]
+)
+CLIP_BATCH = {
+    "input_word_ids": CLIP_IDS.astype(np.int32),
+    "input_mask": (CLIP_IDS > 0).astype(np.int32),
+    "input_type_ids": ((CLIP_IDS > 0) & (np.arange(8) > 3)).astype(np.int32),
+    "label_ids": np.array([0, 1, 1, 0], np.int32),
+}
+CLIP_NORM = 1e-3  # far under the gradient's norm: the clip factor decides the step
+
+
+def classifier_trainer(output_dir, strategy=None, **loop):
+    """A Trainer (SGD, clip_norm CLIP_NORM, one step) for a fresh seeded tiny classifier."""
+    strategy = strategy or tf.distribute.get_strategy()
+    spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
+    with strategy.scope():
+        keras.utils.set_random_seed(4)
+        model, encoder = models.build_task_model(tiny_config(**NO_DROPOUT), spec)
+    trainer = training.Trainer(
+        strategy,
+        ClassificationObjective(model),
+        sgd(),
+        {"encoder": encoder, "model": model},
+        str(output_dir),
+        training.LoopConfig(
+            num_train_steps=1,
+            steps_per_loop=1,
+            save_checkpoints_steps=100,
+            clip_norm=CLIP_NORM,
+            **loop,
+        ),
+        len(CLIP_IDS),
+    )
+    return trainer, model
+
+
+def clip_batches():
+    """CLIP_BATCH, repeated, as a batched dataset (which a strategy can split)."""
+    return tf.data.Dataset.from_tensor_slices(CLIP_BATCH).batch(len(CLIP_IDS)).repeat()
+
+
+@pytest.mark.parametrize("loop", [{}, {"jit_compile": True}, {"loss_scaling": True}])
+def test_clipping_takes_the_word_embeddings_norm_over_its_rows_as_the_original_does(tmp_path, loop):
     # The original fine-tunes on a GPU or CPU with tf.gather for the word embedding and a one-hot
     # matmul for the segment embedding, then calls tf.clip_by_global_norm on tf.gradients: the
     # word embedding's norm is over its rows (one per token, repeats not summed), the others'
     # over dense tables. The reference below makes exactly that call.
-    config = tiny_config(**NO_DROPOUT)
-    spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
-    clip_norm = 1e-3  # far under the gradient's norm: the clip factor decides the step
-
-    def build():
-        keras.utils.set_random_seed(4)
-        return models.build_task_model(config, spec)
-
-    model, encoder = build()
-    reference, _ = build()
-    ids = np.array([[2, 7, 7, 8, 7, 3, 0, 0], [2, 8, 8, 3, 9, 9, 3, 0], [2, 7, 3, 0, 0, 0, 0, 0]])
-    batch = {
-        "input_word_ids": tf.constant(ids, tf.int32),
-        "input_mask": tf.constant((ids > 0).astype(np.int32)),
-        "input_type_ids": tf.constant(((ids > 0) & (np.arange(8) > 3)).astype(np.int32)),
-        "label_ids": tf.constant([0, 1, 1], tf.int32),
-    }
-    trainer = training.Trainer(
-        tf.distribute.get_strategy(),
-        ClassificationObjective(model),
-        sgd(),
-        {"encoder": encoder, "model": model},
-        str(tmp_path),
-        training.LoopConfig(
-            num_train_steps=1, steps_per_loop=1, save_checkpoints_steps=100, clip_norm=clip_norm
-        ),
-        len(ids),
-    )
-    iterator = iterate([batch])
+    trainer, model = classifier_trainer(tmp_path, **loop)
+    iterator = iter(clip_batches())
     trainer.restore_or_initialize(iterator)
     trainer.train(iterator, log_fn=lambda line: None)
 
+    _, reference = classifier_trainer(tmp_path / "reference")
     objective = ClassificationObjective(reference)
+    batch = {name: tf.constant(value) for name, value in CLIP_BATCH.items()}
     with tf.GradientTape() as tape:
         loss, _ = objective.loss_and_stats(batch, objective.denominators(batch), training=True)
     grads = tape.gradient(loss, reference.trainable_variables)
-    paths = [v.path for v in reference.trainable_variables]
-    word = paths.index("token_embedding/embeddings")
+    word = [v.path for v in reference.trainable_variables].index("token_embedding/embeddings")
     assert isinstance(grads[word], tf.IndexedSlices)  # a gather's rows, as on the original's GPU
     as_original = [g if i == word else tf.convert_to_tensor(g) for i, g in enumerate(grads)]
-    clipped, rows_norm = tf.clip_by_global_norm(as_original, clip_norm)
-    table_norm = tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads])
-    assert float(rows_norm) > float(table_norm) * 1.001  # repeats: the two norms differ
-    for got, start, grad in zip(model.trainable_variables, reference.trainable_variables, clipped):
-        want = start.numpy() - 0.5 * tf.convert_to_tensor(grad).numpy()  # sgd()'s step
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7, err_msg=got.path)
+    clipped, rows_norm = tf.clip_by_global_norm(as_original, CLIP_NORM)
+    dense = [tf.convert_to_tensor(g) for g in grads]
+    clipped_by_table, table_norm = tf.clip_by_global_norm(dense, CLIP_NORM)
+    assert float(rows_norm) > float(table_norm) * 1.01  # repeats: the two norms differ
+
+    def after_sgd(clipped_grads):
+        """The reference weights after sgd()'s step with these gradients."""
+        return [
+            v.numpy() - 0.5 * tf.convert_to_tensor(g).numpy()
+            for v, g in zip(reference.trainable_variables, clipped_grads)
+        ]
+
+    got = [v.numpy() for v in model.trainable_variables]
+    for value, want, variable in zip(got, after_sgd(clipped), model.trainable_variables):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-7, err_msg=variable.path)
+    # ...and the test can tell: the table's norm would have moved the weights elsewhere.
+    assert not all(
+        np.allclose(value, want, rtol=1e-5, atol=1e-7)
+        for value, want in zip(got, after_sgd(clipped_by_table))
+    )
 
 
 def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_path):
@@ -354,6 +391,12 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     metrics = trainer.train(iter(dataset), log_fn=lambda line: None)
     np.savez(sys.argv[2] + "/weights.npz", *[v.numpy() for v in model.trainable_variables],
              loss=metrics["loss"], replicas=strategy.num_replicas_in_sync)
+    # Fine-tuning: the word embedding's norm over rows, whose squares are summed over replicas.
+    trainer, model = t.classifier_trainer(sys.argv[2] + "/classifier", strategy=strategy)
+    trainer.restore_or_initialize()
+    trainer.train(iter(strategy.experimental_distribute_dataset(t.clip_batches())),
+                  log_fn=lambda line: None)
+    np.savez(sys.argv[2] + "/classifier.npz", *[v.numpy() for v in model.trainable_variables])
 """)
 
 
@@ -389,6 +432,11 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
         np.testing.assert_allclose(
             results["mirrored"][name], results["default"][name], rtol=1e-4, atol=1e-6
         )
+    # The clipped fine-tuning step too (the norm of the rows of both replicas, then the clip).
+    mirrored, default = (np.load(tmp_path / name / "classifier.npz") for name in results)
+    assert len(default.files) > 30
+    for name in default.files:
+        np.testing.assert_allclose(mirrored[name], default[name], rtol=1e-5, atol=1e-7)
 
 
 def test_progress_helpers_and_eval_results_format(tmp_path):
