@@ -478,9 +478,10 @@ class Trainer:
             tf.distribute.ReduceOp.SUM, self.objective.denominators(batch)
         )
         loss_scale = tf.convert_to_tensor(self.loss_scale)
-        grads, stats, row_norms = self._compute(batch, denominators, loss_scale)
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats, *row_norms])
-        grads, (stats, row_half_squares, by_rows) = reduced[:-3], reduced[-3:]
+        grads, stats, (row_half_squares, by_rows) = self._compute(batch, denominators, loss_scale)
+        # by_rows is the same constant on every replica: only the sums need the all-reduce.
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats, row_half_squares])
+        grads, (stats, row_half_squares) = reduced[:-2], reduced[-2:]
         if self.config.loss_scaling:
             grads = [g / loss_scale for g in grads]
             row_half_squares /= tf.square(loss_scale)
