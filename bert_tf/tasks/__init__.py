@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_tf import io_utils
+from bert_tf.input_pipeline import without_autotune
 
 # Record feature name -> the model's input name (the TF Hub / Model Garden convention).
 MODEL_INPUT_NAMES = {
@@ -277,20 +278,23 @@ def _sort_window(index, window, batch_size, seed):
 
 def _batched(dataset, batch_size, is_training, drop_remainder, seed, length_bucket, parse):
     """Batches of `dataset` through `parse`: static, or trimmed (and length-grouped for training)."""
+    # The map functions hold no tensor-dependent Python control flow: AutoGraph's conversion of
+    # them only cost each job about 1 s before its first step.
+    plain = tf.autograph.experimental.do_not_convert
     group = is_training and length_bucket
     window = batch_size * LENGTH_GROUP_BATCHES if group else batch_size
     dataset = dataset.batch(window, drop_remainder=drop_remainder or bool(group))
     # Parsing a batch at once is much faster than parsing records one by one.
-    dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.map(plain(parse), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if group:
         dataset = (
             dataset.enumerate()
-            .map(lambda index, batch: _sort_window(index, batch, batch_size, seed))
+            .map(plain(lambda index, batch: _sort_window(index, batch, batch_size, seed)))
             .unbatch()
         )
     if length_bucket:
-        dataset = dataset.map(lambda batch: trim_to_longest(batch, length_bucket))
-    return dataset.prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.map(plain(lambda batch: trim_to_longest(batch, length_bucket)))
+    return without_autotune(dataset).prefetch(tf.data.AUTOTUNE)
 
 
 def records_dataset(
