@@ -44,7 +44,7 @@ def without_autotune(dataset, deterministic=None):
 
     With autotuning on, TF 2.21 made the deletion of an iterator wait for the autotuner's
     background thread, for longer the older the iterator: a finished eval pass of 16 batches
-    waited 0 or 4 to 5 s at random, and a job exiting with its training iterator alive up to 18 s
+    waited 0 or 4 to 5 s at random, and a process exiting with a 25 s old iterator alive 18 s
     (benchmarks/RESULTS.md). Our pipelines only parse small records, far cheaper than a model
     step, so AUTOTUNE's fixed defaults without the autotuner (parallelism min(16, cores)) lose
     nothing, and no deletion waits.
