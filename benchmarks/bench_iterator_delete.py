@@ -1,11 +1,12 @@
 """How long deleting a finished tf.data iterator takes, with tf.data's autotuner on (TF's default)
 and off (ours: `input_pipeline.without_autotune`), on the eval dataset of a fine-tuning job.
 
-Each round builds `tasks.features_dataset` (batches of 32 trimmed rows, as `Finetuner.predict`
-does), runs a fixed matmul workload after every batch as a model step would, and times `del` of the
-exhausted iterator. Rows alternate between the two settings.
+Each round builds `tasks.features_dataset` over --rows eval rows (batches of 32 cut to their
+longest row, as fine-tuning's eval and predict batches are), runs a fixed matmul workload after
+every batch as a model step would, and times `del` of the exhausted iterator. Rows alternate
+between the two settings.
 
-    .venv/bin/python benchmarks/bench_iterator_delete.py [--rounds=6] [--step_matmuls=20]
+    .venv/bin/python benchmarks/bench_iterator_delete.py [--rounds=6] [--rows=512] [--step_matmuls=20]
 """
 
 import argparse
@@ -40,7 +41,9 @@ def deletion_seconds(features, autotune, step_matmuls, work):
     dataset = tasks.features_dataset(features, 32, length_bucket=1)
     if autotune:
         options = tf.data.Options()
-        options.autotune.enabled = True  # what tf.data does unless told otherwise
+        # What tf.data does unless told otherwise. A later with_options wins (tf.data logs a
+        # warning that the value changed).
+        options.autotune.enabled = True
         dataset = dataset.with_options(options)
     iterator = iter(dataset)
     for _ in iterator:

@@ -43,11 +43,12 @@ def without_autotune(dataset, deterministic=None):
     """`dataset` with tf.data's autotuning off (and `deterministic` set where given).
 
     With autotuning on, TF 2.21 made the deletion of an iterator wait for the autotuner's
-    background thread, for longer the older the iterator: a finished eval pass of 16 batches
-    waited 0 or 4 to 5 s at random, and a process exiting with a 25 s old iterator alive 18 s
-    (benchmarks/RESULTS.md). Our pipelines only parse small records, far cheaper than a model
-    step, so AUTOTUNE's fixed defaults without the autotuner (parallelism min(16, cores)) lose
-    nothing, and no deletion waits.
+    background thread, for longer the longer the iterator had run: a finished eval pass of 16
+    batches waited 0 or 4 to 5 s at random, and a process exiting with an iterator alive ran up
+    to 18 s longer (benchmarks/RESULTS.md, session 9). Our pipelines parse (and re-mask) batches
+    at a small fraction of a model step's cost, so they take AUTOTUNE's fixed defaults instead
+    (parallelism min(16, cores)); fine-tuning's steady training speed was unchanged within noise
+    on a 2-vCPU machine, and no deletion waits.
     """
     options = tf.data.Options()
     options.autotune.enabled = False

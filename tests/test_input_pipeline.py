@@ -72,8 +72,11 @@ def test_every_input_pipeline_runs_without_the_autotuner(numbered_files):
     for dataset in datasets:
         assert dataset.options().autotune.enabled is False
         assert next(iter(dataset))["input_mask"].shape[0] == 4
-    # The pretraining reader still sets its order's determinism.
+    # The pretraining reader still sets its order's determinism: fixed with a seed or for eval.
+    assert datasets[0].options().deterministic is True
     assert datasets[1].options().deterministic is True
+    unseeded = input_pipeline.pretraining_dataset(numbered_files, 4, 8, 3, is_training=True)
+    assert unseeded.options().deterministic is False
 
 
 def test_each_worker_reads_its_own_files(numbered_files):
