@@ -151,7 +151,7 @@ def run(main, pass_unknown_flags=False):
     # What the job imported (with TensorFlow and Keras, about 320,000 objects the collector
     # tracks) lives until the process exits. Frozen, it is skipped by the collector's full passes
     # and by the collection at exit: a short run_classifier job spent 0.4 s less collecting and
-    # exited 1 s sooner. (No collection first: what garbage the imports left stays, once.)
+    # exited 1 s sooner. (Without a collection first, the imports' own garbage is kept: once.)
     gc.freeze()
     app.run(
         guarded, flags_parser=lambda argv: _parse_flags_or_exit(argv, known_only=pass_unknown_flags)
