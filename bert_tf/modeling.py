@@ -236,7 +236,7 @@ def _initializer(config):
 ENCODER_INPUTS = ("input_word_ids", "input_mask", "input_type_ids")
 LAYER_NORM_EPSILON = 1e-12
 # The word embedding layer. The original looks its table up with tf.gather on GPUs and CPUs (with a
-# one-hot matmul on TPUs), so there its gradient is rows; bert_tf.training.norm_over_rows.
+# one-hot matmul on TPUs), so there its gradient comes as rows (see training.norm_over_rows).
 WORD_EMBEDDING_LAYER = "token_embedding"
 
 

@@ -429,7 +429,7 @@ class Trainer:
         gradient's rows where the clip norm is taken over rows (norm_over_rows) and the gradient
         came as rows, and 1 where it did (0 elsewhere). Summed over replicas, the first is the
         norm of all the global batch's rows, as one GPU running the original would take it.
-        The gradients themselves go to the all-reduce dense, as before: MirroredStrategy's
+        The gradients themselves go to the all-reduce dense: MirroredStrategy's
         all-reduce takes IndexedSlices by another path ("Efficient allreduce is not supported"
         in cross_device_ops.py), which copies every replica's rows around.
         """

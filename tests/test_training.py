@@ -188,13 +188,18 @@ CLIP_BATCH = {
 CLIP_NORM = 1e-3  # far under the gradient's norm: the clip factor decides the step
 
 
-def classifier_trainer(output_dir, strategy=None, **loop):
-    """A Trainer (SGD, clip_norm CLIP_NORM, one step) for a fresh seeded tiny classifier."""
-    strategy = strategy or tf.distribute.get_strategy()
+def seeded_classifier():
+    """(model, encoder): a tiny classifier without dropout, the same weights on every call."""
     spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
+    keras.utils.set_random_seed(4)
+    return models.build_task_model(tiny_config(**NO_DROPOUT), spec)
+
+
+def classifier_trainer(output_dir, strategy=None, **loop):
+    """A Trainer (SGD, clip_norm CLIP_NORM, one step) for a fresh seeded_classifier()."""
+    strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
-        keras.utils.set_random_seed(4)
-        model, encoder = models.build_task_model(tiny_config(**NO_DROPOUT), spec)
+        model, encoder = seeded_classifier()
     trainer = training.Trainer(
         strategy,
         ClassificationObjective(model),
@@ -229,7 +234,7 @@ def test_clipping_takes_the_word_embeddings_norm_over_its_rows_as_the_original_d
     trainer.restore_or_initialize(iterator)
     trainer.train(iterator, log_fn=lambda line: None)
 
-    _, reference = classifier_trainer(tmp_path / "reference")
+    reference, _ = seeded_classifier()
     objective = ClassificationObjective(reference)
     batch = {name: tf.constant(value) for name, value in CLIP_BATCH.items()}
     with tf.GradientTape() as tape:
