@@ -160,8 +160,10 @@ class EncoderModule(export_graph.ServingModule):
             name: tf.TensorSpec([None, None], tf.int32, name=name)
             for name in modeling.ENCODER_INPUTS
         }
-        self.__call__ = tf.function(self._call, input_signature=[inputs_spec])
-        self.serve = tf.function(self._serve, input_signature=list(inputs_spec.values()))
+        self.__call__ = export_graph.serving_function(self._call, input_signature=[inputs_spec])
+        self.serve = export_graph.serving_function(
+            self._serve, input_signature=list(inputs_spec.values())
+        )
 
     def _call(self, inputs):
         """The TF Hub call: a dict of the three int32 inputs -> the outputs dict (encoder_outputs a list)."""
@@ -198,11 +200,13 @@ class PreprocessModule(export_graph.ServingModule):
         self.packer = packer
         self.vocab_file = assets.vocab_file
         self.do_lower_case = assets.do_lower_case
-        self.__call__ = tf.function(self._call, input_signature=[export_graph.text_spec("text")])
-        self.tokenize = tf.function(
+        self.__call__ = export_graph.serving_function(
+            self._call, input_signature=[export_graph.text_spec("text")]
+        )
+        self.tokenize = export_graph.serving_function(
             self._tokenize, input_signature=[export_graph.text_spec("text")]
         )
-        self.bert_pack_inputs = tf.function(self._bert_pack_inputs)
+        self.bert_pack_inputs = export_graph.serving_function(self._bert_pack_inputs)
         # Traced for one and two segments, so the loaded model has both without Python code.
         segment = tf.RaggedTensorSpec(
             [None, None], tf.int32, ragged_rank=1, row_splits_dtype=tf.int64

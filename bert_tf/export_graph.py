@@ -140,6 +140,15 @@ class TextPacker:
         return tf.constant(self.seq_length, tf.int32)
 
 
+def serving_function(python_function, **options):
+    """tf.function without AutoGraph, for the exported graphs' functions (their control flow is explicit)."""
+    # The exported graphs branch and loop with tf.cond, tf.while_loop and tf.map_fn only, so
+    # AutoGraph had nothing to convert; its work on every trace made a classifier's export take
+    # 13.1 and 13.3 s instead of 6.6 and 7.2 s, and SQuAD's 11.3 and 11.2 s instead of 9.5 and
+    # 8.8 s (two alternating runs, 2 CPU cores).
+    return tf.function(python_function, autograph=False, **options)
+
+
 class ServingModule(tf.Module):
     """What every exported module shares: the assets, and `serve` as its `serving_default` signature."""
 
@@ -165,7 +174,7 @@ class CompiledModel(tf.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
-        self.compiled_call = tf.function(self._call, jit_compile=True)
+        self.compiled_call = serving_function(self._call, jit_compile=True)
 
     def _call(self, inputs):
         return self.model(inputs, training=False)

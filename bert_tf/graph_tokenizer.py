@@ -258,12 +258,14 @@ class GraphTokenizer(tf.Module):
             no_pretokenization=False,
         )
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    # No AutoGraph, as for the exported graphs (export_graph.serving_function): what branches on
+    # a tensor here is a tf.cond; the Python ifs test settings (do_lower_case, with_offsets).
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize(self, texts):
         """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
         return self._plain_or(texts, self._tokenize_by_segment, with_offsets=False)[0]
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize_with_offsets(self, texts):
         """Like tokenize, plus each token's [start, end) byte offsets into its input string.
 
@@ -330,7 +332,7 @@ class GraphTokenizer(tf.Module):
             for r in results
         )
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def split_words(self, texts):
         """Returns the normalized words, the input of WordPiece, as a RaggedTensor [batch, (words)]."""
         words, word_rows, _ = self._words(texts, with_offsets=False)

@@ -19,7 +19,7 @@ class ClassifierModule(export_graph.ServingModule):
         self.text_features = ("text_a", "text_b") if spec.is_pair else ("text",)
         self.labels = tf.constant(spec.labels or [""], tf.string)
         if spec.is_pair:
-            self.serve = tf.function(
+            self.serve = export_graph.serving_function(
                 self._serve_pair,
                 input_signature=[
                     export_graph.text_spec("text_a"),
@@ -27,10 +27,10 @@ class ClassifierModule(export_graph.ServingModule):
                 ],
             )
         else:
-            self.serve = tf.function(
+            self.serve = export_graph.serving_function(
                 self._serve_single, input_signature=[export_graph.text_spec("text")]
             )
-        self.serve_examples = tf.function(
+        self.serve_examples = export_graph.serving_function(
             self._serve_examples, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")]
         )
 

@@ -18,7 +18,7 @@ class MultipleChoiceModule(export_graph.ServingModule):
         super().__init__(assets)
         self.model = model
         self.packer = packer
-        self.serve = tf.function(
+        self.serve = export_graph.serving_function(
             self._serve,
             input_signature=[
                 export_graph.text_spec("context"),

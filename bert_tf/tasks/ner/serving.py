@@ -22,7 +22,9 @@ class NerModule(export_graph.ServingModule):
         self.label_prefix = tf.constant(prefixes, tf.int32)
         self.label_type = tf.constant([type_names.index(t) if t else -1 for t in types], tf.int32)
         self.type_names = tf.constant(type_names or [""], tf.string)
-        self.serve = tf.function(self._serve, input_signature=[export_graph.text_spec("text")])
+        self.serve = export_graph.serving_function(
+            self._serve, input_signature=[export_graph.text_spec("text")]
+        )
 
     def _serve(self, text):
         """text [b] -> entity_text, entity_type, start, end [b, e] and num_entities [b]."""

@@ -28,7 +28,7 @@ class SquadModule(export_graph.ServingModule):
                 f"max_seq_length {self.seq_length} leaves no room for the context after max_query_length "
                 f"{self.max_query_length} + [CLS] and two [SEP]"
             )
-        self.serve = tf.function(
+        self.serve = export_graph.serving_function(
             self._serve,
             input_signature=[export_graph.text_spec("question"), export_graph.text_spec("context")],
         )
