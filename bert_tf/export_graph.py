@@ -143,9 +143,9 @@ class TextPacker:
 def serving_function(python_function, **options):
     """tf.function without AutoGraph, for the exported graphs' functions (their control flow is explicit)."""
     # The exported graphs branch and loop with tf.cond, tf.while_loop and tf.map_fn only, so
-    # AutoGraph had nothing to convert; its work on every trace made a classifier's export take
-    # 13.1 and 13.3 s instead of 6.6 and 7.2 s, and SQuAD's 11.3 and 11.2 s instead of 9.5 and
-    # 8.8 s (two alternating runs, 2 CPU cores).
+    # AutoGraph had nothing to convert; its work on every trace made a tiny-config classifier's
+    # export take 13.1 and 13.3 s instead of 6.6 and 7.2 s, and SQuAD's 11.3 and 11.2 s instead of
+    # 9.5 and 8.8 s (two alternating runs, 2 CPU cores): a fixed cost per export.
     return tf.function(python_function, autograph=False, **options)
 
 

@@ -299,6 +299,8 @@ def exported(tmp_path_factory, real_vocab):
     for mode, process in shows.items():
         stdout, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, (mode, stderr[-3000:])
+        # absl logs to the process's own stderr, not to the per-export capture.
+        assert "Traceback" not in stderr, (mode, stderr[-3000:])
         results = json.loads(stdout.splitlines()[-1])  # the script's last line
         show_results.update({name: tuple(result) for name, result in results.items()})
     usage = subprocess.run(
