@@ -4,9 +4,9 @@ Rows, for each model size (`--sizes`: minilm = all-MiniLM-L6-v2's real weights, 
 base = BERT-base's shape, 12 layers H768, random weights: speed does not depend on their values)
 and each `--max_seq_lengths`:
   - ours: `bert_tf.export` of a classifier model directory, called through `serving_default`
-    with raw strings (tokenization in the graph), each batch padded to its longest input
-    (rounded up to 16), float32 and, with `--precisions`, bfloat16; and XLA-compiled
-    (`--jit_compile`, float32);
+    with raw strings (tokenization in the graph), each batch padded to its longest input,
+    float32 and, with `--precisions`, bfloat16; and XLA-compiled (`--jit_compile`, float32,
+    lengths rounded up to 16);
   - ours, static: the same export with --pad_to_max_seq_length (every batch padded to
     max_seq_length, as every export was before issue 12);
   - keras-hub: `BertTextClassifier` with its `BertTextClassifierPreprocessor` at the same

@@ -48,17 +48,18 @@ serving module (bert_tf/tasks/<task>/serving.py, found through bert_tf.tasks.reg
     encoder_outputs stacked batch-first, [b, layers, s, h] (TF Serving's row format needs every
     output batch-first).
   - EXPORT_DIR/N/preprocess/ is the preprocessor. `__call__` and `serving_default` map `text` to
-    the three inputs, padded to the batch's bucketed longest row (at most --max_seq_length,
+    the three inputs, padded to the batch's longest row (at most --max_seq_length,
     default 128, at most max_position_embeddings; exactly it with --pad_to_max_seq_length);
     `tokenize(text)` gives the ids as a RaggedTensor int32 [b, (tokens)];
     `bert_pack_inputs(segments, seq_length)` packs a list of one or two such tensors (a row whose
     second segment is empty is packed as a single sentence, see below).
   Both have `vocab_file` (the asset) and `do_lower_case` (a bool tf.Variable).
 
-Every call pads its batch to its own longest packed input rounded up to LENGTH_BUCKET (16), at
-most max_seq_length, which stays the truncation limit (`--pad_to_max_seq_length`: always
-max_seq_length, static shapes); a classifier, regressor, NER or multiple choice batch of more than
-16 rows runs in groups of rows that pad to the same length (export_graph.call_by_length); outputs
+Every call pads its batch to its own longest packed input (rounded up to LENGTH_BUCKET, 16, with
+`--jit_compile`, so that XLA compiles few shapes), at most max_seq_length, which stays the
+truncation limit (`--pad_to_max_seq_length`: always max_seq_length, static shapes); a classifier,
+regressor, NER or multiple choice batch of more than 16 rows runs in groups of rows of similar
+length, each padded to its own longest row (export_graph.call_by_length); outputs
 equal the padded graph's up to float rounding. `--precision=bfloat16` computes
 in bfloat16, outputs keep their dtypes. `--jit_compile` XLA-compiles the model part (TF Serving
 then needs --xla_cpu_compilation_enabled=true).
@@ -86,7 +87,7 @@ from bert_tf import cli, export_graph, io_utils, modeling, warmup
 from bert_tf.cli import arg
 from bert_tf.model_dir import ModelDir
 from bert_tf.model_versions import list_versions
-from bert_tf.tasks import pack_inputs, registry
+from bert_tf.tasks import length_multiple, pack_inputs, registry
 
 ENCODER_KIND = "encoder"
 PREPROCESS_SUBDIR = "preprocess"
@@ -123,7 +124,7 @@ class ExportArgs:
     pad_to_max_seq_length: bool = arg(
         False,
         "Pad every batch to max_seq_length (static shapes, as before) instead of to its own "
-        "longest input rounded up to a multiple of 16.",
+        "longest input (rounded up to a multiple of 16 with --jit_compile).",
     )
     precision: str = arg(
         "float32",
@@ -271,7 +272,11 @@ def build_serving_modules(
             f"--precision={precision} is not one of {', '.join(PRECISION_POLICIES)}"
         )
     packer = export_graph.TextPacker(
-        model_dir, config, seq_length, dynamic_length=not pad_to_max_seq_length
+        model_dir,
+        config,
+        seq_length,
+        dynamic_length=not pad_to_max_seq_length,
+        length_multiple=length_multiple(jit_compile),
     )
     assets = export_graph.Assets(model_dir, config)
     compiled = export_graph.CompiledModel if jit_compile else lambda model: model
@@ -350,7 +355,7 @@ def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
     function, _ = module.signatures()["serving_default"]
     input_specs = {spec.name: spec for spec in function.input_signature}
     packer = module.packer
-    lengths = warmup.padded_lengths(packer.seq_length, packer.dynamic_length)
+    lengths = warmup.request_lengths(packer.seq_length, packer.dynamic_length)
     # XLA compiles every new shape. A request one row over LENGTH_GROUP_ROWS runs the groups'
     # loop with a full group and a group of 1 (export_graph.call_by_length), so both compile here.
     # The other graphs run any shape at once and skip it: it is 17x the work at every length.

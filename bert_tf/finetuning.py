@@ -174,7 +174,7 @@ def length_bucket(args):
     """
     if args.pad_to_max_seq_length or args.strategy == "tpu":
         return None
-    return tasks.LENGTH_BUCKET if args.jit_compile else 1
+    return tasks.length_multiple(args.jit_compile)
 
 
 def num_train_steps(num_examples, train_batch_size, num_train_epochs):

@@ -4,9 +4,10 @@ TF Serving reads `VERSION/assets.extra/tf_serving_warmup_requests`, a TFRecord f
 `tensorflow.serving.PredictionLog` protos (at most 1,000), and runs each request once while the
 version loads, so the first real requests pay no graph instantiation, tracing or allocation. A
 request that fails fails the load. `bert_tf.export` writes a batch-1 predict request for every
-padded length the export can produce (every multiple of LENGTH_BUCKET up to max_seq_length), and
-for an XLA export also one of LENGTH_GROUP_ROWS + 1 rows per length, which compiles a full group
-and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file as
+multiple of LENGTH_BUCKET up to max_seq_length: the lengths an XLA export pads to and compiles
+(a graph export runs any length; these reach its kernels at lengths across its range). An XLA
+export also gets one request of LENGTH_GROUP_ROWS + 1 rows per length, which compiles a full
+group and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file as
 TF Serving does: predict, classify, regress and multi-inference logs.
 """
 
@@ -42,8 +43,8 @@ def filler_word(vocab_file):
     raise io_utils.UsageError(f"{vocab_file} has no plain lower-case word to build warm-up inputs")
 
 
-def padded_lengths(seq_length, dynamic_length):
-    """The lengths a graph pads batches to: every LENGTH_BUCKET multiple, or seq_length alone."""
+def request_lengths(seq_length, dynamic_length):
+    """The warm-up lengths: every LENGTH_BUCKET multiple and seq_length, or seq_length alone."""
     if not dynamic_length:
         return [seq_length]
     lengths = list(range(LENGTH_BUCKET, seq_length, LENGTH_BUCKET))

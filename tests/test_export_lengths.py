@@ -163,16 +163,17 @@ def test_empty_batch_gives_empty_outputs_of_the_right_dtypes(exports, kind):
             assert value.shape[1:] == reference[name].shape[1:]
 
 
-def test_preprocessor_pads_to_the_bucketed_longest_input_and_encoder_agrees(exports):
+def test_preprocessor_pads_to_the_longest_input_and_encoder_agrees(exports):
     loaded, _ = exports
     preprocess = tf.saved_model.load(
         exports[1]["encoder"]["dynamic"] + "/" + export.PREPROCESS_SUBDIR
     )
     static = tf.saved_model.load(exports[1]["encoder"]["static"] + "/" + export.PREPROCESS_SUBDIR)
     short = preprocess(tf.constant(SHORT))
-    assert short["input_word_ids"].shape == (2, LENGTH_BUCKET)  # "a fine film about a dog" + 2
+    # A graph export (no XLA) pads to the exact longest row: "a fine film about a dog ." + 2.
+    assert short["input_word_ids"].shape == (2, 9)
     assert static(tf.constant(SHORT))["input_word_ids"].shape == (2, SEQ_LENGTH)
-    assert preprocess(tf.constant(["word " * 20]))["input_mask"].shape == (1, 32)  # 22 tokens
+    assert preprocess(tf.constant(["word " * 20]))["input_mask"].shape == (1, 22)
     assert preprocess(tf.constant([MEGABYTE]))["input_mask"].shape == (1, SEQ_LENGTH)
     # A caller that asks for a seq_length gets it, as from TF Hub's preprocessors.
     segments = [preprocess.tokenize(tf.constant(SHORT))]
@@ -183,17 +184,41 @@ def test_preprocessor_pads_to_the_bucketed_longest_input_and_encoder_agrees(expo
     np.testing.assert_allclose(trimmed, encoder(full)["pooled_output"].numpy(), atol=1e-5)
 
 
-def test_text_packer_lengths_follow_buckets(tmp_path, real_vocab):
+def test_text_packer_lengths_follow_the_longest_row_rounded_up(tmp_path, real_vocab):
     (tmp_path / "vocab.txt").write_bytes(open(real_vocab, "rb").read())
-    packer = TextPacker(str(tmp_path), CONFIG, 80)
+    exact = TextPacker(str(tmp_path), CONFIG, 80)
+    bucketed = TextPacker(str(tmp_path), CONFIG, 80, length_multiple=LENGTH_BUCKET)  # XLA's
     static = TextPacker(str(tmp_path), CONFIG, 80, dynamic_length=False)
-    for words, expected in ((1, 16), (14, 16), (15, 32), (60, 64), (78, 80), (500, 80)):
+    # words -> packed tokens (words + [CLS] + [SEP], at most 80), and rounded up to 16.
+    for words, tokens, rounded in (
+        (1, 3, 16),
+        (14, 16, 16),
+        (15, 17, 32),
+        (60, 62, 64),
+        (78, 80, 80),
+        (500, 80, 80),
+    ):
         texts = [tf.constant(["word " * words, "short"])]
-        assert packer.pack(texts)["input_word_ids"].shape == (2, expected), words
+        assert exact.pack(texts)["input_word_ids"].shape == (2, tokens), words
+        assert bucketed.pack(texts)["input_word_ids"].shape == (2, rounded), words
         assert static.pack(texts)["input_word_ids"].shape == (2, 80), words
+        window_tokens = tf.constant([tokens, 3])
+        assert exact.padded_length(window_tokens).numpy() == tokens
+        assert bucketed.padded_length(window_tokens).numpy() == rounded
 
 
-def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order():
+# Rows sorted by length and grouped by the multiple of LENGTH_BUCKET they round up to, at most
+# LENGTH_GROUP_ROWS at a time: 19 rows of at most 16 tokens (16, then 3), 17 and 20, 33 and 48, 64,
+# and 70 and 72. Each group is cut to its longest row: exactly (graph exports), or rounded up to
+# LENGTH_BUCKET (XLA), where 70 and 72's bucket (80) is cut to the batch's length.
+GROUP_SHAPES = {
+    1: [(16, 13), (3, 16), (2, 20), (2, 48), (1, 64), (2, SEQ_LENGTH)],
+    LENGTH_BUCKET: [(16, 16), (3, 16), (2, 32), (2, 48), (1, 64), (2, SEQ_LENGTH)],
+}
+
+
+@pytest.mark.parametrize("length_multiple", sorted(GROUP_SHAPES))
+def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order(length_multiple):
     tf.keras.utils.set_random_seed(5)
     model, _ = models.build_task_model(CONFIG, SPECS["ner"])  # logits [b, s, labels]
     lengths = [3, 70, 5, 9, 64, 2, 17, 33, 4, 72, 6, 1, 48, 7, 20, 11, 3, 5, 2]
@@ -213,24 +238,22 @@ def test_call_by_length_runs_groups_cut_to_their_own_length_in_the_batch_order()
         return model(batch, training=training)
 
     recording_model.output = model.output
-    grouped = call_by_length(recording_model, inputs, token_outputs=("logits",))["logits"].numpy()
+    grouped = call_by_length(recording_model, inputs, ("logits",), length_multiple)["logits"]
+    grouped = grouped.numpy()
     whole = model(inputs, training=False)["logits"].numpy()
     assert grouped.shape == whole.shape
     kept = mask.astype(bool)
     np.testing.assert_allclose(grouped[kept], whole[kept], atol=1e-5)
-    # Rows sorted by length and grouped by the length they pad to (a multiple of LENGTH_BUCKET),
-    # at most LENGTH_GROUP_ROWS at a time: 19 rows of at most 16 tokens, 17 and 20, 33 and 48, ...
-    # and 70 and 72, whose bucket (80) is cut to the batch's length.
     assert LENGTH_GROUP_ROWS == 16 and LENGTH_BUCKET == 16
-    expected = [(16, 16), (3, 16), (2, 32), (2, 48), (1, 64), (2, SEQ_LENGTH)]
-    assert [tuple(shape) for shape in calls] == expected
+    assert [tuple(shape) for shape in calls] == GROUP_SHAPES[length_multiple]
     shortest = np.argsort(lengths, kind="stable")[:LENGTH_GROUP_ROWS]
-    assert not grouped[shortest, 16:].any()  # padded back with zeros past the group's length
+    first_length = GROUP_SHAPES[length_multiple][0][1]
+    assert not grouped[shortest, first_length:].any()  # padded back with zeros past the group
     # Up to LENGTH_GROUP_ROWS rows run as one batch, untrimmed (the packer trimmed it already).
     few = {name: value[:LENGTH_GROUP_ROWS] for name, value in inputs.items()}
     calls.clear()
     np.testing.assert_array_equal(
-        call_by_length(recording_model, few, token_outputs=("logits",))["logits"].numpy(),
+        call_by_length(recording_model, few, ("logits",), length_multiple)["logits"].numpy(),
         model(few, training=False)["logits"].numpy(),
     )
     assert [tuple(shape) for shape in calls] == [(LENGTH_GROUP_ROWS, SEQ_LENGTH)]

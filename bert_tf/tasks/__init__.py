@@ -33,10 +33,10 @@ MODEL_INPUT_NAMES = {
     "segment_ids": "input_type_ids",
 }
 
-# Where every distinct shape is compiled (XLA, --jit_compile; exported graphs), a dynamic-length
-# batch is cut to its longest row rounded up to this many tokens: little padding, and at most
-# max_seq_length / 16 shapes. (Graph-mode fine-tuning cuts to the exact longest row: its kernels
-# take any shape at no extra cost.)
+# Where every distinct shape is compiled (XLA: --jit_compile, in training and in exports), a
+# dynamic-length batch is cut to its longest row rounded up to this many tokens: little padding,
+# and at most max_seq_length / 16 shapes. TensorFlow's graph kernels take any shape at no extra
+# cost, so without XLA a batch is cut to its exact longest row (length_multiple).
 LENGTH_BUCKET = 16
 # Training groups examples of similar length within windows of this many batches of the shuffled
 # stream: wide enough that each batch spans a narrow band of lengths, narrow enough that a window
@@ -224,6 +224,11 @@ def _row_ends(mask):
     positions = tf.range(1, tf.shape(mask)[-1] + 1, dtype=tf.int32)
     # The last set position, not the mask's sum, so a mask with holes is never cut short.
     return tf.reduce_max(tf.where(tf.not_equal(mask, 0), positions, 0), axis=-1)
+
+
+def length_multiple(jit_compile):
+    """What a dynamic-length batch's length is rounded up to: LENGTH_BUCKET under XLA, else 1."""
+    return LENGTH_BUCKET if jit_compile else 1
 
 
 def bucketed_length(row_lengths, max_length, multiple=LENGTH_BUCKET):
