@@ -16,9 +16,12 @@ and each `--max_seq_lengths`:
     interpreter with torch + transformers, e.g. /tmp/refvenv/bin/python), 2 threads.
 Each row reports batch-1 p50 latency over `--sentences` sentences (one request each, after a
 warm-up pass) and batch-32 throughput over the same sentences (best of `--rounds`), and the
-ratio to Hugging Face's figure from the same run. The sentences are real English: the first
-`--sentences` lines of the embedded corpus (standard-library docstrings, bert_tf.corpus) of
-5 to 60 words.
+ratio to Hugging Face's figure. The rows are timed in pairs (latency.paired_timings): every row
+runs each sentence and each batch back to back with the others, Hugging Face's in its own
+interpreter kept waiting on a pipe, so the machine's drift falls on all rows alike. With the
+static or keras_hub rows, every row's batch-32 figure covers the first --static_batches batches.
+The sentences are real English: the first `--sentences` lines of the embedded corpus
+(standard-library docstrings, bert_tf.corpus) of 5 to 60 words.
 
     .venv/bin/python benchmarks/bench_inference.py --torch_python=/tmp/refvenv/bin/python
     .venv/bin/python benchmarks/bench_inference.py --quick   # minilm at 128 only
@@ -54,7 +57,9 @@ flags.DEFINE_list(
 flags.DEFINE_integer("sentences", 128, "Real sentences timed (batch-1 requests; batch-32 batches).")
 flags.DEFINE_integer("rounds", 2, "Throughput rounds; the best is reported.")
 flags.DEFINE_integer(
-    "static_batches", 2, "Batch-32 batches timed for the static rows (slow at 512)."
+    "static_batches",
+    2,
+    "Batch-32 batches timed (by every row) when the static or keras_hub rows run.",
 )
 flags.DEFINE_bool("quick", False, "minilm at 128 only, 32 sentences: checks the script runs.")
 flags.DEFINE_string(
@@ -65,6 +70,7 @@ flags.DEFINE_string(
 )
 
 BATCH = 32
+HF_ROW = "HF PyTorch, dynamic padding"
 NUM_LABELS = 2
 BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
 
@@ -110,11 +116,6 @@ def classifier_model_dir(size, work):
         encoder.set_weights(source_encoder.get_weights())
     ModelDir(path).write(config, vocab, encoder, spec=spec, model=model)
     return path, config
-
-
-def timings(call, sentences, static_batches=None):
-    """(batch-1 p50 ms, batch-32 sentences/s) of `call(list of str)` (see latency.timings)."""
-    return latency.timings(call, sentences, BATCH, FLAGS.rounds, static_batches)
 
 
 def ours(model_dir, seq_length, work, **options):
@@ -170,43 +171,37 @@ else:
     config = transformers.BertConfig(num_labels=2, **request["shape"])
     model = transformers.BertForSequenceClassification(config)
 model.eval()
-sentences, batch_size = request["sentences"], request["batch"]
 def call(texts):
     encoded = tokenizer(texts, padding=True, truncation=True, max_length=request["seq_length"], return_tensors="pt")
     with torch.inference_mode():
         return model(**encoded).logits.softmax(-1).numpy()
 sys.path.insert(0, request["benchmarks"])
-from latency import timings
-p50_ms, per_s = timings(call, sentences, batch_size, request["rounds"])
-print(json.dumps({"p50_ms": p50_ms, "per_s": per_s,
-                  "version": f"torch {torch.__version__}, transformers {transformers.__version__}"}))
+from latency import serve_timed_calls
+print(json.dumps(f"torch {torch.__version__}, transformers {transformers.__version__}"), flush=True)
+serve_timed_calls(call)
 """
 
 
-def hugging_face(size, seq_length, sentences):
-    """The Hugging Face row, measured in FLAGS.torch_python; None when unavailable."""
-    if not FLAGS.torch_python:
-        return None
+def hugging_face(size, seq_length):
+    """(row name, the Hugging Face peer as a latency.PeerProcess) in FLAGS.torch_python."""
     request = dict(
         size=size,
         minilm=minilm_dir(),
         vocab=os.path.join(minilm_dir(), "vocab.txt"),
         shape=BASE_SHAPE,
         seq_length=seq_length,
-        sentences=sentences,
-        batch=BATCH,
-        rounds=FLAGS.rounds,
         benchmarks=os.path.dirname(os.path.abspath(__file__)),
     )
-    result = subprocess.run(
+    process = subprocess.Popen(
         [FLAGS.torch_python, "-c", _TORCH_SCRIPT, json.dumps(request)],
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
-    if result.returncode:
-        print(f"hf row failed: {result.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    version = process.stdout.readline()
+    if not version:
+        raise RuntimeError(f"the Hugging Face peer failed to start ({process.wait()})")
+    return f"{HF_ROW} ({json.loads(version)})", latency.PeerProcess(process)
 
 
 def main(argv):
@@ -236,49 +231,56 @@ def main(argv):
         for size in sizes:
             model_dir, config = classifier_model_dir(size, work)
             for seq_length in seq_lengths:
-                rows = []
-                hf = hugging_face(size, seq_length, sentences) if "hf" in FLAGS.rows else None
-                if "ours" in FLAGS.rows:
-                    for precision in FLAGS.precisions:
-                        call = ours(model_dir, seq_length, work, precision=precision)
-                        rows.append((f"bert_tf export, {precision}", *timings(call, sentences)))
-                if "xla" in FLAGS.rows:
-                    call = ours(model_dir, seq_length, work, jit_compile=True)
-                    rows.append(
-                        ("bert_tf export, float32, --jit_compile", *timings(call, sentences))
-                    )
-                if "static" in FLAGS.rows:
-                    call = ours(model_dir, seq_length, work, pad_to_max_seq_length=True)
-                    rows.append(
-                        (
-                            "bert_tf export, padded to max_seq_length (before)",
-                            *timings(call, sentences, FLAGS.static_batches),
-                        )
-                    )
-                if "keras_hub" in FLAGS.rows:
-                    call = keras_hub_classifier(config, seq_length)
-                    rows.append(
-                        (
-                            "keras-hub BertTextClassifier + preprocessor",
-                            *timings(call, sentences, FLAGS.static_batches),
-                        )
-                    )
-                if hf:
-                    rows.append(
-                        (
-                            f"HF PyTorch, dynamic padding ({hf['version']})",
-                            hf["p50_ms"],
-                            hf["per_s"],
-                        )
-                    )
-                for name, p50, per_s in rows:
-                    vs_p50 = f"{p50 / hf['p50_ms']:.2f}x" if hf else "-"
-                    vs_per_s = f"{per_s / hf['per_s']:.2f}x" if hf else "-"
-                    print(
-                        f"| {size} | {seq_length} | {name} | {p50:.2f} | {vs_p50} | "
-                        f"{per_s:.1f} | {vs_per_s} |",
-                        flush=True,
-                    )
+                runs = row_calls(size, seq_length, model_dir, config, work)
+                print_rows(size, seq_length, runs, sentences)
+
+
+def row_calls(size, seq_length, model_dir, config, work):
+    """{row name: texts -> seconds} of the rows FLAGS.rows asks for, HF's last."""
+    calls = {}
+    if "ours" in FLAGS.rows:
+        for precision in FLAGS.precisions:
+            calls[f"bert_tf export, {precision}"] = ours(
+                model_dir, seq_length, work, precision=precision
+            )
+    if "xla" in FLAGS.rows:
+        calls["bert_tf export, float32, --jit_compile"] = ours(
+            model_dir, seq_length, work, jit_compile=True
+        )
+    if "static" in FLAGS.rows:
+        calls["bert_tf export, padded to max_seq_length (before)"] = ours(
+            model_dir, seq_length, work, pad_to_max_seq_length=True
+        )
+    if "keras_hub" in FLAGS.rows:
+        calls["keras-hub BertTextClassifier + preprocessor"] = keras_hub_classifier(
+            config, seq_length
+        )
+    runs = {name: latency.timed(call) for name, call in calls.items()}
+    if "hf" in FLAGS.rows and FLAGS.torch_python:
+        name, peer = hugging_face(size, seq_length)
+        runs[name] = peer
+    return runs
+
+
+def print_rows(size, seq_length, runs, sentences):
+    """Times `runs` in pairs (latency.paired_timings) and prints their table rows, HF's as 1.00x."""
+    # The padded rows take seconds per batch at 512; then every row times the same few batches.
+    slow = {"static", "keras_hub"} & set(FLAGS.rows)
+    max_batches = FLAGS.static_batches if slow else None
+    try:
+        results = latency.paired_timings(runs, sentences, BATCH, FLAGS.rounds, max_batches)
+    finally:
+        for run in runs.values():
+            if isinstance(run, latency.PeerProcess):
+                run.close()
+    hf = next((value for name, value in results.items() if name.startswith(HF_ROW)), None)
+    for name, (p50, per_s) in results.items():
+        vs_p50 = f"{p50 / hf[0]:.2f}x" if hf else "-"
+        vs_per_s = f"{per_s / hf[1]:.2f}x" if hf else "-"
+        print(
+            f"| {size} | {seq_length} | {name} | {p50:.2f} | {vs_p50} | {per_s:.1f} | {vs_per_s} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,34 +1,95 @@
-"""Latency and throughput of a text model's call, shared by the benchmarks and their peer scripts.
+"""Latency and throughput of text models' calls, measured in pairs, shared by the benchmarks and their peers.
+
+The 2-core machines these run on drift by 10% to 40% within minutes, so rows timed one after
+another compare badly: paired_timings runs every row on the same input back to back, in rotating
+order, so that drift falls on all rows alike. A peer in another interpreter (Hugging Face on
+PyTorch) joins the pairs through serve_timed_calls, timing its own calls.
 
 No TensorFlow here: the Hugging Face peer's interpreter (torch, no TensorFlow) imports it too.
 """
 
+import json
 import statistics
+import sys
 import time
 
 
-def timings(call, sentences, batch_size, rounds, max_batches=None):
-    """(batch-1 p50 ms, batch sentences/s) of `call(list of str)`, after a warm-up pass.
+def timed(call):
+    """`call(list of str)` as a function that returns the seconds the call took."""
 
-    Batch 1: one call per sentence, the median. Batches of `batch_size` (the first `max_batches`
-    of them when given): the best of `rounds` passes.
+    def run(texts):
+        start = time.perf_counter()
+        call(texts)
+        return time.perf_counter() - start
+
+    return run
+
+
+def serve_timed_calls(call, stdin=sys.stdin, stdout=sys.stdout):
+    """The peer's side of paired_timings: for each JSON list of texts on stdin, calls `call` on it
+    and writes the seconds it took as one JSON line."""
+    run = timed(call)
+    for line in stdin:
+        stdout.write(json.dumps(run(json.loads(line))) + "\n")
+        stdout.flush()
+
+
+class PeerProcess:
+    """A peer interpreter running serve_timed_calls: calling it with texts returns its seconds."""
+
+    def __init__(self, popen):
+        self.process = popen
+
+    def __call__(self, texts):
+        self.process.stdin.write(json.dumps(texts) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the peer exited ({self.process.wait()})")
+        return json.loads(line)
+
+    def close(self):
+        """Ends the peer: it exits when its stdin closes."""
+        self.process.stdin.close()
+        self.process.wait()
+
+
+# Batch-1 calls run in blocks of this many sentences per row: a row's first call after another
+# row's finds the caches holding the other's weights (MiniLM's float32 weights exceed this
+# machine's 32 MB L3), which a server answering a stream of requests would not see every time.
+BLOCK = 8
+
+
+def paired_timings(runs, sentences, batch_size, rounds, max_batches=None, block=BLOCK):
+    """{name: (batch-1 p50 ms, batch sentences/s)} of `runs` {name: texts -> seconds}, in pairs.
+
+    Batch 1: one call per sentence, the rows taking turns (in rotating order) on each block of
+    `block` sentences; the median per row. Batches of `batch_size` (the first `max_batches` of
+    them when given, for every row alike): the rows take turns on each batch; the best of
+    `rounds` passes per row. A warm-up pass runs first.
     """
+    names = list(runs)
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
     if max_batches:
         batches = batches[:max_batches]
-    for text in sentences[:8]:
-        call([text])
-    for batch in batches[:2]:
-        call(batch)
-    singles = []
-    for text in sentences:
-        start = time.perf_counter()
-        call([text])
-        singles.append(time.perf_counter() - start)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for batch in batches:
-            call(batch)
-        best = min(best, time.perf_counter() - start)
-    return statistics.median(singles) * 1e3, sum(len(b) for b in batches) / best
+    blocks = [sentences[i : i + block] for i in range(0, len(sentences), block)]
+
+    def in_turn(turn, inputs):
+        """{name: [seconds of each input]}: each row on all of `inputs`, the rows in turn."""
+        shift = turn % len(names)
+        return {name: [runs[name](x) for x in inputs] for name in names[shift:] + names[:shift]}
+
+    in_turn(0, [[text] for text in blocks[0]] + batches[:2])
+    singles = {name: [] for name in names}
+    for turn, texts in enumerate(blocks):
+        for name, seconds in in_turn(turn, [[text] for text in texts]).items():
+            singles[name] += seconds
+    best = {name: float("inf") for name in names}
+    for round_index in range(rounds):
+        totals = {name: 0.0 for name in names}
+        for turn, batch in enumerate(batches):
+            for name, seconds in in_turn(turn + round_index, [batch]).items():
+                totals[name] += seconds[0]
+        best = {name: min(best[name], totals[name]) for name in names}
+    rows = sum(len(b) for b in batches)
+    return {name: (statistics.median(singles[name]) * 1e3, rows / best[name]) for name in names}
