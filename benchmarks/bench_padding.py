@@ -5,19 +5,18 @@ round it up to tasks.LENGTH_BUCKET (16), but TensorFlow's graph kernels take any
 measures what the rounding costs a graph export: the classifier bench_inference.py builds
 (`--sizes`: minilm = all-MiniLM-L6-v2's real weights; base = BERT-base's shape, random weights),
 called inside one tf.function (no XLA) on real sentences packed by the export's TextPacker with
-each `length_multiple`. On this noisy machine rows run one after another drift apart, so the
-calls are paired: for each sentence (batch 1) or batch of 32 (run in length groups, as an export
-runs it: export_graph.call_by_length), every multiple runs back to back, in rotating order, and
-the table reports each multiple's median time and the median of its per-pair ratio to 16's.
+each `length_multiple`, packed ahead so that only the model's call is timed. Batches of 32 run in
+length groups, as an export runs them (export_graph.call_by_length). The multiples are timed in
+pairs (latency.paired_timings: they take turns on each block of sentences and each batch), and
+the table gives batch-1 p50 latency and batch-32 throughput (best of --rounds), each against
+the first multiple's, and how many positions the model runs over the sentences.
 
     .venv/bin/python benchmarks/bench_padding.py --sizes=minilm,base
 """
 
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -26,27 +25,10 @@ from absl import app, flags, logging  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_inference  # noqa: E402
+import latency  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("multiples", ["16", "8", "1"], "Length multiples compared; the first is 1.00x.")
-flags.DEFINE_integer("passes", 3, "Paired passes over the sentences.")
-
-
-def paired_times(calls, inputs, passes):
-    """{multiple: [seconds]}: every input through every call back to back, the order rotating."""
-    names = list(calls)
-    times = {name: [] for name in names}
-    for name in names:  # warm-up: the first call of each length allocates
-        for batch in inputs[name]:
-            calls[name](batch).numpy()
-    for _ in range(passes):
-        for i in range(len(inputs[names[0]])):
-            shift = i % len(names)
-            for name in names[shift:] + names[:shift]:
-                start = time.perf_counter()
-                calls[name](inputs[name][i]).numpy()
-                times[name].append(time.perf_counter() - start)
-    return times
 
 
 def model_positions(batch, length_multiple):
@@ -76,35 +58,44 @@ def main(argv):
     sentences = bench_inference.real_sentences(FLAGS.sentences)
     batch = bench_inference.BATCH
     print(
-        "| model | call | length multiple | positions | median ms | paired ratio to "
-        f"{multiples[0]} |\n|---|---|---|---|---|---|"
+        "| model | length multiple | positions at batch 1 | at batch 32 | batch-1 p50 ms | "
+        f"vs {multiples[0]} | batch-32 sentences/s | vs {multiples[0]} |"
     )
+    print("|---|---|---|---|---|---|---|---|")
     for size in FLAGS.sizes:
         with tempfile.TemporaryDirectory() as work:
             model_dir, config = bench_inference.classifier_model_dir(size, work)
             model = ModelDir(model_dir).load_task_model()[0]
             packers = {m: TextPacker(model_dir, config, 128, length_multiple=m) for m in multiples}
-        for label, rows in (("batch 1", 1), (f"batch {batch}", batch)):
-            groups = [sentences[i : i + rows] for i in range(0, len(sentences), rows)]
-            inputs = {m: [packers[m].pack([tf.constant(g)]) for g in groups] for m in multiples}
-            signature = [{name: tf.TensorSpec([None, None], tf.int32) for name in inputs[1][0]}]
-            calls = {
-                m: tf.function(
-                    lambda x, m=m: call_by_length(model, x, length_multiple=m)["logits"],
-                    input_signature=signature,
-                    autograph=False,
-                )
-                for m in multiples
-            }
-            times = paired_times(calls, inputs, FLAGS.passes)
-            for m in multiples:
-                ratios = [t / t0 for t, t0 in zip(times[m], times[multiples[0]])]
-                positions = sum(model_positions(b, m) for b in inputs[m])
-                print(
-                    f"| {size} | {label} | {m} | {positions} | "
-                    f"{statistics.median(times[m]) * 1e3:.2f} | {statistics.median(ratios):.3f}x |",
-                    flush=True,
-                )
+        groups = [[s] for s in sentences]
+        groups += [sentences[i : i + batch] for i in range(0, len(sentences), batch)]
+        runs, positions = {}, {}
+        for m in multiples:
+            # Packed ahead, so that only the model's call is timed.
+            packed = {tuple(g): packers[m].pack([tf.constant(g)]) for g in groups}
+            positions[m] = [
+                sum(model_positions(packed[tuple(g)], m) for g in groups if len(g) == rows)
+                for rows in (1, batch)
+            ]
+            call = tf.function(
+                lambda x, m=m: call_by_length(model, x, length_multiple=m)["logits"],
+                input_signature=[
+                    {
+                        name: tf.TensorSpec([None, None], tf.int32)
+                        for name in packed[tuple(groups[0])]
+                    }
+                ],
+                autograph=False,
+            )
+            runs[m] = latency.timed(lambda texts, p=packed, c=call: c(p[tuple(texts)]).numpy())
+        results = latency.paired_timings(runs, sentences, batch, FLAGS.rounds)
+        p50_0, per_s_0 = results[multiples[0]]
+        for m, (p50, per_s) in results.items():
+            print(
+                f"| {size} | {m} | {positions[m][0]} | {positions[m][1]} | {p50:.2f} | "
+                f"{p50 / p50_0:.3f}x | {per_s:.1f} | {per_s / per_s_0:.3f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

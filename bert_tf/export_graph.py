@@ -109,9 +109,10 @@ class TextPacker:
         # Pad each batch to its longest input, not to seq_length, which stays the truncation
         # limit: short requests stop paying for the longest one allowed. The length is rounded up
         # to `length_multiple`: 1 for graph kernels, which take any shape; LENGTH_BUCKET for XLA,
-        # which compiles each (tasks.length_multiple). Against multiples of 16, exact lengths cut
-        # a MiniLM's and a BERT-base's calls by 10% and 14% at batch 1, 11% and 9% at batch 32, on
-        # real sentences of 19 tokens on average (benchmarks/bench_padding.py, 2 CPU cores).
+        # which compiles each (tasks.length_multiple). Against multiples of 16, exact lengths took
+        # 5% to 18% off a MiniLM's and a BERT-base's batch-1 calls and added 0% to 14% to their
+        # batch-32 throughput, oneDNN on or off, on real sentences of 19 tokens on average
+        # (benchmarks/bench_padding.py, 2 CPU cores).
         self.dynamic_length = dynamic_length
         self.length_multiple = length_multiple
         self.cls_id = self.tokenizer.special_ids["[CLS]"]
@@ -227,10 +228,10 @@ def call_by_length(
 
     A batch padded to its longest row makes every short row pay for it. Rows are sorted by length
     and run in groups (length_groups), each cut to its own longest row rounded up to
-    `length_multiple` (trim_to_longest); the
-    outputs come back in the batch's order. `token_outputs` names the outputs that have a sequence
-    axis (the mask's last axis): they are padded back to the batch's length with zeros. A batch
-    of at most `group_rows` rows runs in one call. The model sees exactly the rows it would see in
+    `length_multiple` (trim_to_longest); the outputs come back in the batch's order.
+    `token_outputs` names the outputs that have a sequence axis (the mask's last axis): they are
+    padded back to the batch's length with zeros. A batch of at most `group_rows` rows runs in
+    one call. The model sees exactly the rows it would see in
     one call, less padding, so each row's outputs are the same up to float rounding.
     """
     mask = inputs["input_mask"]

@@ -7,8 +7,8 @@ request that fails fails the load. `bert_tf.export` writes a batch-1 predict req
 multiple of LENGTH_BUCKET up to max_seq_length: the lengths an XLA export pads to and compiles
 (a graph export runs any length; these reach its kernels at lengths across its range). An XLA
 export also gets one request of LENGTH_GROUP_ROWS + 1 rows per length, which compiles a full
-group and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file as
-TF Serving does: predict, classify, regress and multi-inference logs.
+group and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file
+as TF Serving does: predict, classify, regress and multi-inference logs.
 """
 
 import itertools
