@@ -160,7 +160,11 @@ def keras_hub_classifier(config, seq_length):
 
 
 _TORCH_SCRIPT = r"""
-import json, sys
+import json, os, sys
+# stdout carries the replies alone: whatever the libraries print goes to stderr.
+protocol = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
 import torch, transformers
 request = json.loads(sys.argv[1])
 torch.set_num_threads(2)
@@ -177,13 +181,13 @@ def call(texts):
         return model(**encoded).logits.softmax(-1).numpy()
 sys.path.insert(0, request["benchmarks"])
 from latency import serve_timed_calls
-print(json.dumps(f"torch {torch.__version__}, transformers {transformers.__version__}"), flush=True)
-serve_timed_calls(call)
+print(json.dumps(f"torch {torch.__version__}, transformers {transformers.__version__}"), file=protocol, flush=True)
+serve_timed_calls(call, stdout=protocol)
 """
 
 
 def hugging_face(size, seq_length):
-    """(row name, the Hugging Face peer as a latency.PeerProcess) in FLAGS.torch_python."""
+    """(row name, the Hugging Face peer as a latency.PeerProcess) in FLAGS.torch_python, or None."""
     request = dict(
         size=size,
         minilm=minilm_dir(),
@@ -200,7 +204,8 @@ def hugging_face(size, seq_length):
     )
     version = process.stdout.readline()
     if not version:
-        raise RuntimeError(f"the Hugging Face peer failed to start ({process.wait()})")
+        print(f"hf row skipped: its peer exited with {process.wait()}", file=sys.stderr)
+        return None
     return f"{HF_ROW} ({json.loads(version)})", latency.PeerProcess(process)
 
 
@@ -256,9 +261,10 @@ def row_calls(size, seq_length, model_dir, config, work):
             config, seq_length
         )
     runs = {name: latency.timed(call) for name, call in calls.items()}
-    if "hf" in FLAGS.rows and FLAGS.torch_python:
-        name, peer = hugging_face(size, seq_length)
-        runs[name] = peer
+    peer = hugging_face(size, seq_length) if "hf" in FLAGS.rows and FLAGS.torch_python else None
+    if peer:
+        name, process = peer
+        runs[name] = process
     return runs
 
 

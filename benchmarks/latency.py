@@ -10,6 +10,7 @@ No TensorFlow here: the Hugging Face peer's interpreter (torch, no TensorFlow) i
 
 import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -41,17 +42,27 @@ class PeerProcess:
         self.process = popen
 
     def __call__(self, texts):
-        self.process.stdin.write(json.dumps(texts) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
+        try:
+            self.process.stdin.write(json.dumps(texts) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except OSError as error:  # a broken pipe: the peer is gone
+            raise RuntimeError(f"the peer exited with {self.process.wait()}") from error
         if not line:
-            raise RuntimeError(f"the peer exited ({self.process.wait()})")
+            raise RuntimeError(f"the peer exited with {self.process.wait()}")
         return json.loads(line)
 
     def close(self):
-        """Ends the peer: it exits when its stdin closes."""
-        self.process.stdin.close()
-        self.process.wait()
+        """Ends the peer (it exits when its stdin closes), killing it if it does not within 30 s."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass  # it exited already
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 # Batch-1 calls run in blocks of this many sentences per row: a row's first call after another

@@ -351,7 +351,7 @@ def set_method_names(path, methods):
 
 
 def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
-    """Writes TF Serving's warm-up file for `module`'s serving_default: requests of every padded length."""
+    """Writes TF Serving's warm-up file for `module`'s serving_default (warmup.request_lengths)."""
     function, _ = module.signatures()["serving_default"]
     input_specs = {spec.name: spec for spec in function.input_signature}
     packer = module.packer

@@ -110,9 +110,9 @@ class TextPacker:
         # limit: short requests stop paying for the longest one allowed. The length is rounded up
         # to `length_multiple`: 1 for graph kernels, which take any shape; LENGTH_BUCKET for XLA,
         # which compiles each (tasks.length_multiple). Against multiples of 16, exact lengths took
-        # 5% to 18% off a MiniLM's and a BERT-base's batch-1 calls and added 0% to 14% to their
-        # batch-32 throughput, oneDNN on or off, on real sentences of 19 tokens on average
-        # (benchmarks/bench_padding.py, 2 CPU cores).
+        # 5% to 18% off a MiniLM's and a BERT-base's batch-1 calls, oneDNN on or off, on real
+        # sentences of 19 tokens on average; batch-32 throughput moved by 0.99x to 1.14x, inside
+        # the runs' noise (benchmarks/bench_padding.py, 2 CPU cores).
         self.dynamic_length = dynamic_length
         self.length_multiple = length_multiple
         self.cls_id = self.tokenizer.special_ids["[CLS]"]
@@ -201,18 +201,19 @@ class CompiledModel(tf.Module):
 # round up to the same LENGTH_BUCKET waste fewer than 16 positions a row; capping them bounds the
 # memory of a call and the shapes an XLA export compiles ([1..16, length]). Over the bench's 96
 # real sentences (3 batches of 32, mean 19 tokens, longest 61), batches padded to their longest
-# row run 6,144 positions, grouped 2,448; caps of 16 beat 8 (more calls) by 7% to 10% at batch 32.
+# row run 5,408 positions, grouped 2,203 (6,144 and 2,448 in multiples of 16, as under XLA); caps
+# of 16 beat 8 (more calls) by 7% to 10% at batch 32.
 LENGTH_GROUP_ROWS = 16
 
 
 def length_groups(lengths, group_rows=LENGTH_GROUP_ROWS):
-    """Rows grouped by padded length: (order, starts, ends) of groups of the rows sorted by length.
+    """Rows grouped by length band: (order, starts, ends) of groups of the rows sorted by length.
 
-    `order` sorts the rows by length; rows order[starts[i]:ends[i]] form group i: rows that pad to
-    the same multiple of LENGTH_BUCKET, at most `group_rows` of them.
+    `order` sorts the rows by length; rows order[starts[i]:ends[i]] form group i: rows whose
+    lengths round up to the same multiple of LENGTH_BUCKET, at most `group_rows` of them.
     """
     order = tf.argsort(lengths, stable=True)
-    # In buckets, non-decreasing; an empty row pads to one bucket as trim_to_longest pads it.
+    # In buckets, non-decreasing; an empty row counts as length 1, as trim_to_longest counts it.
     bucket = -(-tf.maximum(tf.gather(lengths, order), 1) // LENGTH_BUCKET)
     first_of_bucket = tf.searchsorted(bucket, bucket, side="left", out_type=tf.int32)
     rank_in_bucket = tf.range(tf.size(lengths), dtype=tf.int32) - first_of_bucket

@@ -5,7 +5,7 @@ and with `pad_to_max_seq_length=True` (today's static shapes, the reference); a 
 `precision="bfloat16"` and with `jit_compile=True`. The dynamic export must give the reference's
 probabilities within 1e-5 and the same labels, spans and entities, on short, mixed, megabyte-long
 and invalid-UTF-8 inputs; an empty batch gives empty outputs of the right dtypes; the warm-up file
-covers every padded length.
+has requests at every multiple of 16 (the lengths an XLA export pads to).
 """
 
 import shutil
@@ -207,6 +207,18 @@ def test_text_packer_lengths_follow_the_longest_row_rounded_up(tmp_path, real_vo
         assert bucketed.padded_length(window_tokens).numpy() == rounded
 
 
+def test_xla_exports_round_lengths_up_to_the_bucket_and_graph_exports_do_not(tmp_path, real_vocab):
+    spec = SPECS["classifier"]
+    model, encoder = models.build_task_model(CONFIG, spec)
+    ModelDir(str(tmp_path)).write(CONFIG, real_vocab, encoder, spec=spec, model=model)
+    for jit_compile, multiple, width in ((False, 1, 9), (True, LENGTH_BUCKET, LENGTH_BUCKET)):
+        modules, _ = export.build_serving_modules(str(tmp_path), jit_compile=jit_compile)
+        packer = modules[""].packer
+        assert packer.length_multiple == multiple
+        # "a fine film about a dog ." and [CLS], [SEP]: 9 tokens.
+        assert packer.pack([tf.constant(SHORT)])["input_word_ids"].shape == (2, width)
+
+
 # Rows sorted by length and grouped by the multiple of LENGTH_BUCKET they round up to, at most
 # LENGTH_GROUP_ROWS at a time: 19 rows of at most 16 tokens (16, then 3), 17 and 20, 33 and 48, 64,
 # and 70 and 72. Each group is cut to its longest row: exactly (graph exports), or rounded up to
@@ -284,9 +296,9 @@ def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
 
 
 @pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
-def test_warmup_file_has_requests_of_every_padded_length_that_the_export_answers(exports, kind):
+def test_warmup_file_has_requests_of_every_bucket_length_that_the_export_answers(exports, kind):
     loaded, paths = exports
-    # (padded length, rows). An XLA export also compiles a full group and a group of 1 per length.
+    # (length, rows). An XLA export also compiles a full group and a group of 1 per length.
     lengths = list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH]
     expected = {
         "dynamic": [(n, 1) for n in lengths],

@@ -88,8 +88,8 @@ class Servable:
 
         A loaded function's first call instantiates and optimizes its graph, which takes seconds;
         doing it here keeps that out of the first requests (and out of a version switch). The
-        warm-up file (assets.extra/tf_serving_warmup_requests, as TF Serving reads it) covers every
-        padded length the export produces; a request of it that fails fails the load, as in TF
+        warm-up file (assets.extra/tf_serving_warmup_requests, as TF Serving reads it) has requests
+        of lengths across the export's range; a request of it that fails fails the load, as in TF
         Serving. A dummy input the graph rejects (an empty tf.Example, say) still pays the
         instantiation, so errors of the dummy calls are ignored.
         """
