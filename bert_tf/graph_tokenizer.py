@@ -263,7 +263,7 @@ class GraphTokenizer(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize(self, texts):
         """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
-        return self._plain_or(texts, self._tokenize_by_segment, with_offsets=False)[0]
+        return self._plain_or(texts, with_offsets=False)[0]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize_with_offsets(self, texts):
@@ -273,17 +273,17 @@ class GraphTokenizer(tf.Module):
         normalized word maps back to the source characters it came from; a word that became [UNK]
         spans the whole word. Dropped characters inside a span stay inside it.
         """
-        return self._plain_or(texts, self._tokenize_by_segment, with_offsets=True)
+        return self._plain_or(texts, with_offsets=True)
 
-    def _plain_or(self, texts, tokenize_other, with_offsets):
-        """Tokenizes plain-ASCII strings on the fast path and the others with `tokenize_other`."""
+    def _plain_or(self, texts, with_offsets):
+        """Tokenizes plain-ASCII strings on the fast path and the others segment by segment."""
         plain = _is_plain(texts)
         # A batch of plain rows skips the other pipeline and the reordering: their hundreds of ops
         # cost about 1 ms a call even on no rows, as much as the plain path (2 CPU cores).
         return tf.cond(
             tf.reduce_all(plain),
             lambda: self._plain(texts, with_offsets),
-            lambda: self._mixed(texts, plain, tokenize_other, with_offsets),
+            lambda: self._mixed(texts, plain, self._tokenize_by_segment, with_offsets),
         )
 
     def _plain(self, texts, with_offsets):
