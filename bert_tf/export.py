@@ -85,6 +85,7 @@ from absl import logging
 
 from bert_tf import cli, export_graph, io_utils, modeling, warmup
 from bert_tf.cli import arg
+from bert_tf.inference_encoder import with_inference_encoder
 from bert_tf.model_dir import ModelDir
 from bert_tf.model_versions import list_versions
 from bert_tf.tasks import length_multiple, pack_inputs, registry
@@ -282,12 +283,14 @@ def build_serving_modules(
     compiled = export_graph.CompiledModel if jit_compile else lambda model: model
     with dtype_policy(PRECISION_POLICIES[precision]):
         if spec is None:
-            encoder = compiled(directory.load_encoder())
+            encoder = directory.load_encoder()
+            encoder = compiled(with_inference_encoder(encoder, encoder, config))
             return {
                 "": EncoderModule(encoder, assets, packer),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
-        model, _, _, spec = directory.load_task_model()
+        model, encoder, _, spec = directory.load_task_model()
+        model = with_inference_encoder(model, encoder, config)
     serving_module = registry.get(spec.kind).serving_module
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
 

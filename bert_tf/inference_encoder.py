@@ -1,0 +1,194 @@
+"""The encoder's forward pass for exported models: the Keras encoder's network in 2-D matmuls.
+
+Why not call the Keras encoder: at small batches an exported graph's cost is mostly its kernels'
+count, not their arithmetic, and keras-hub's attention computes each of the query, key, value and
+output projections as an einsum with its own reshapes and transposes. Here the three input
+projections are one [b*s, H] by [H, 3H] MatMul and the rest are plain 2-D MatMuls. Measured on the
+2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same classifier with
+the Keras encoder and with this one, loaded in one process and called in alternation on 96 real
+sentences: MiniLM at batch 1 took 0.81x the time (two runs, 17.6 -> 14.4 and 15.5 -> 12.9 ms),
+BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either graph, the two were
+within noise (1.03x at batch 1, 0.93x at batch 32).
+
+It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
+transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
+tanh(dense(first token)); outputs match the Keras encoder's within float rounding (tests compare
+every output). Inference only: there is no dropout, and the weights are copies of the encoder's in
+this layout, so training goes through bert_tf.modeling's Keras encoder.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from bert_tf import modeling
+
+# Added to the attention scores of padding keys: as Keras' masked softmax, exp() of it is 0.
+_MASKED_SCORE = -1e9
+
+
+def _layer_norm(x, gamma, beta):
+    """LayerNorm over the last axis (eps 1e-12) in at least float32, as Keras computes it."""
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    normed = tf.nn.batch_normalization(
+        x32,
+        mean,
+        variance,
+        tf.cast(beta, tf.float32),
+        tf.cast(gamma, tf.float32),
+        modeling.LAYER_NORM_EPSILON,
+    )
+    return tf.cast(normed, x.dtype)
+
+
+class InferenceEncoder(keras.layers.Layer):
+    """A Keras encoder's network (inputs and outputs as bert_tf.modeling's) in 2-D matmuls, for inference."""
+
+    def __init__(self, encoder, config, **kwargs):
+        super().__init__(name="inference_encoder", **kwargs)
+        self.hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.activation = modeling.get_activation(config.hidden_act)
+        source = {variable.path: variable.numpy() for variable in encoder.weights}
+        hidden = config.hidden_size
+
+        def copy(name, value):
+            weight = self.add_weight(
+                name=name, shape=value.shape, initializer="zeros", trainable=False
+            )
+            weight.assign(value)
+            return weight
+
+        def read(path, *shape):
+            return source[path].reshape(shape or source[path].shape)
+
+        self.word_embeddings = copy(
+            "word_embeddings", read(f"{modeling.WORD_EMBEDDING_LAYER}/embeddings")
+        )
+        self.position_embeddings = copy(
+            "position_embeddings", read("position_embedding/embeddings")
+        )
+        self.segment_embeddings = copy("segment_embeddings", read("segment_embedding/embeddings"))
+        self.embeddings_norm = [
+            copy(f"embeddings_layer_norm_{part}", read(f"embeddings_layer_norm/{part}"))
+            for part in ("gamma", "beta")
+        ]
+        self.transformer_layers = []
+        for i in range(config.num_hidden_layers):
+            prefix = f"transformer_layer_{i}"
+            attention = f"{prefix}/self_attention_layer"
+            weights = {
+                # [H, 3H]: the query, key and value projections side by side, heads inside each.
+                "qkv_kernel": np.concatenate(
+                    [
+                        read(f"{attention}/{p}/kernel", hidden, hidden)
+                        for p in ("query", "key", "value")
+                    ],
+                    axis=1,
+                ),
+                "qkv_bias": np.concatenate(
+                    [read(f"{attention}/{p}/bias", hidden) for p in ("query", "key", "value")]
+                ),
+                "output_kernel": read(f"{attention}/attention_output/kernel", hidden, hidden),
+                "output_bias": read(f"{attention}/attention_output/bias"),
+                "attention_norm_gamma": read(f"{prefix}/self_attention_layer_norm/gamma"),
+                "attention_norm_beta": read(f"{prefix}/self_attention_layer_norm/beta"),
+                "intermediate_kernel": read(f"{prefix}/feedforward_intermediate_dense/kernel"),
+                "intermediate_bias": read(f"{prefix}/feedforward_intermediate_dense/bias"),
+                "ffn_output_kernel": read(f"{prefix}/feedforward_output_dense/kernel"),
+                "ffn_output_bias": read(f"{prefix}/feedforward_output_dense/bias"),
+                "ffn_norm_gamma": read(f"{prefix}/feedforward_layer_norm/gamma"),
+                "ffn_norm_beta": read(f"{prefix}/feedforward_layer_norm/beta"),
+            }
+            self.transformer_layers.append(
+                {name: copy(f"{prefix}_{name}", value) for name, value in weights.items()}
+            )
+        self.pooler = [
+            copy(f"pooler_{part}", read(f"pooled_dense/{part}")) for part in ("kernel", "bias")
+        ]
+        self.built = True
+
+    def _dense(self, x, kernel, bias):
+        """x [n, k] @ kernel [k, m] + bias, in the compute dtype."""
+        dtype = self.compute_dtype
+        return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
+
+    def _attention(self, x, layer, score_bias, batch, length):
+        """Multi-head self-attention of x [b*s, H]: the attention output projection's input, [b*s, H]."""
+        head_size = self.hidden_size // self.num_heads
+        qkv = self._dense(x, layer["qkv_kernel"], layer["qkv_bias"])
+        # [3, b, heads, s, head_size]
+        qkv = tf.transpose(
+            tf.reshape(qkv, [batch, length, 3, self.num_heads, head_size]), [2, 0, 3, 1, 4]
+        )
+        query, key, value = tf.unstack(qkv)
+        # Keras scales the query before the product; so do we, for the same rounding.
+        query = query * tf.cast(1.0 / math.sqrt(head_size), query.dtype)
+        scores = tf.matmul(query, key, transpose_b=True) + score_bias
+        context = tf.matmul(tf.nn.softmax(scores), value)  # [b, heads, s, head_size]
+        return tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, self.hidden_size])
+
+    def call(self, inputs, training=False, mask=None):
+        """{input_word_ids, input_mask, input_type_ids} [b, s] -> the Keras encoder's outputs dict."""
+        dtype = self.compute_dtype
+        word_ids = inputs["input_word_ids"]
+        batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]
+        embeddings = (
+            tf.gather(self.word_embeddings, word_ids)
+            + self.position_embeddings[tf.newaxis, :length]
+            + tf.gather(self.segment_embeddings, inputs["input_type_ids"])
+        )
+        x = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
+        x = tf.reshape(x, [-1, self.hidden_size])
+        keys = tf.cast(inputs["input_mask"], tf.float32)[:, tf.newaxis, tf.newaxis, :]
+        score_bias = tf.cast((1.0 - keys) * _MASKED_SCORE, dtype)
+        encoder_outputs = []
+        for layer in self.transformer_layers:
+            attended = self._attention(x, layer, score_bias, batch, length)
+            attended = self._dense(attended, layer["output_kernel"], layer["output_bias"])
+            x = _layer_norm(
+                attended + x, layer["attention_norm_gamma"], layer["attention_norm_beta"]
+            )
+            hidden = self.activation(
+                self._dense(x, layer["intermediate_kernel"], layer["intermediate_bias"])
+            )
+            hidden = self._dense(hidden, layer["ffn_output_kernel"], layer["ffn_output_bias"])
+            x = _layer_norm(hidden + x, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
+            encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
+        sequence_output = encoder_outputs[-1]
+        pooled_output = tf.tanh(self._dense(sequence_output[:, 0], *self.pooler))
+        return {
+            "sequence_output": sequence_output,
+            "pooled_output": pooled_output,
+            "encoder_outputs": encoder_outputs,
+        }
+
+    def compute_output_spec(self, inputs, training=False, mask=None):
+        """The outputs' shapes and dtypes, as the Keras encoder's."""
+        batch, length = inputs["input_word_ids"].shape
+        encoder_outputs = [
+            keras.KerasTensor((batch, length, self.hidden_size), dtype=self.compute_dtype)
+            for _ in self.transformer_layers
+        ]
+        return {
+            "sequence_output": encoder_outputs[-1],
+            "pooled_output": keras.KerasTensor((batch, self.hidden_size), dtype=self.compute_dtype),
+            "encoder_outputs": encoder_outputs,
+        }
+
+
+def with_inference_encoder(model, encoder, config):
+    """`model` (a task model on `encoder`, or the encoder itself) with the encoder's calls run by InferenceEncoder."""
+    fast = InferenceEncoder(encoder, config)
+    if model is encoder:
+        inputs = {
+            name: keras.Input(shape=(None,), dtype="int32", name=name)
+            for name in modeling.ENCODER_INPUTS
+        }
+        return keras.Model(inputs, fast(inputs), name=encoder.name)
+    return keras.models.clone_model(
+        model, clone_function=lambda layer: fast if layer is encoder else layer
+    )
