@@ -284,13 +284,13 @@ def build_serving_modules(
     with dtype_policy(PRECISION_POLICIES[precision]):
         if spec is None:
             encoder = directory.load_encoder()
-            encoder = compiled(with_inference_encoder(encoder, encoder, config))
+            encoder = compiled(with_inference_encoder(encoder, config))
             return {
                 "": EncoderModule(encoder, assets, packer),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
         model, encoder, _, spec = directory.load_task_model()
-        model = with_inference_encoder(model, encoder, config)
+        model = with_inference_encoder(encoder, config, model)
     serving_module = registry.get(spec.kind).serving_module
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
 

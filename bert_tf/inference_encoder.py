@@ -3,10 +3,11 @@
 Why not call the Keras encoder: at small batches an exported graph's cost is mostly its kernels'
 count, not their arithmetic, and keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
-projections are one [b*s, H] by [H, 3H] MatMul and the rest are plain 2-D MatMuls. Measured on the
+projections are one [b*s, H] by [H, 3H] MatMul and every other projection a 2-D MatMul (a traced
+MiniLM call runs 415 ops besides constants, against the Keras encoder's 640). Measured on the
 2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same classifier with
 the Keras encoder and with this one, loaded in one process and called in alternation on 96 real
-sentences: MiniLM at batch 1 took 0.81x the time (two runs, 17.6 -> 14.4 and 15.5 -> 12.9 ms),
+sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 -> 13.2 ms in the last),
 BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either graph, the two were
 within noise (1.03x at batch 1, 0.93x at batch 32).
 
@@ -25,12 +26,12 @@ import tensorflow as tf
 
 from bert_tf import modeling
 
-# Added to the attention scores of padding keys: as Keras' masked softmax, exp() of it is 0.
+# The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
 _MASKED_SCORE = -1e9
 
 
 def _layer_norm(x, gamma, beta):
-    """LayerNorm over the last axis (eps 1e-12) in at least float32, as Keras computes it."""
+    """LayerNorm over the last axis (eps 1e-12), computed in float32 as Keras computes it."""
     x32 = tf.cast(x, tf.float32)
     mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
     normed = tf.nn.batch_normalization(
@@ -45,10 +46,11 @@ def _layer_norm(x, gamma, beta):
 
 
 class InferenceEncoder(keras.layers.Layer):
-    """A Keras encoder's network (inputs and outputs as bert_tf.modeling's) in 2-D matmuls, for inference."""
+    """A Keras encoder's network (its inputs and outputs) in 2-D matmuls, for inference."""
 
     def __init__(self, encoder, config, **kwargs):
-        super().__init__(name="inference_encoder", **kwargs)
+        kwargs.setdefault("name", "inference_encoder")
+        super().__init__(**kwargs)
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.activation = modeling.get_activation(config.hidden_act)
@@ -56,8 +58,13 @@ class InferenceEncoder(keras.layers.Layer):
         hidden = config.hidden_size
 
         def copy(name, value):
+            # float32 as stored; the calls cast what runs in the compute dtype (LayerNorm does not).
             weight = self.add_weight(
-                name=name, shape=value.shape, initializer="zeros", trainable=False
+                name=name,
+                shape=value.shape,
+                initializer="zeros",
+                trainable=False,
+                autocast=False,
             )
             weight.assign(value)
             return weight
@@ -116,8 +123,8 @@ class InferenceEncoder(keras.layers.Layer):
         dtype = self.compute_dtype
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
-    def _attention(self, x, layer, score_bias, batch, length):
-        """Multi-head self-attention of x [b*s, H]: the attention output projection's input, [b*s, H]."""
+    def _attention(self, x, layer, keys, batch, length):
+        """Self-attention of x [b*s, H] over `keys` (bool [b, 1, 1, s]): the context, [b*s, H]."""
         head_size = self.hidden_size // self.num_heads
         qkv = self._dense(x, layer["qkv_kernel"], layer["qkv_bias"])
         # [3, b, heads, s, head_size]
@@ -125,14 +132,18 @@ class InferenceEncoder(keras.layers.Layer):
             tf.reshape(qkv, [batch, length, 3, self.num_heads, head_size]), [2, 0, 3, 1, 4]
         )
         query, key, value = tf.unstack(qkv)
-        # Keras scales the query before the product; so do we, for the same rounding.
+        # Keras scales the query before the product when it has attention dropout (every released
+        # config); so do we, for the same rounding.
         query = query * tf.cast(1.0 / math.sqrt(head_size), query.dtype)
-        scores = tf.matmul(query, key, transpose_b=True) + score_bias
-        context = tf.matmul(tf.nn.softmax(scores), value)  # [b, heads, s, head_size]
+        products = tf.matmul(query, key, transpose_b=True)
+        scores = tf.where(keys, products, tf.cast(_MASKED_SCORE, products.dtype))
+        # Zeroed after the softmax too, as Keras does: a row without real keys attends to nothing.
+        probabilities = tf.where(keys, tf.nn.softmax(scores), tf.zeros([], products.dtype))
+        context = tf.matmul(probabilities, value)  # [b, heads, s, head_size]
         return tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, self.hidden_size])
 
     def call(self, inputs, training=False, mask=None):
-        """{input_word_ids, input_mask, input_type_ids} [b, s] -> the Keras encoder's outputs dict."""
+        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
         dtype = self.compute_dtype
         word_ids = inputs["input_word_ids"]
         batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]
@@ -143,11 +154,11 @@ class InferenceEncoder(keras.layers.Layer):
         )
         x = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
         x = tf.reshape(x, [-1, self.hidden_size])
-        keys = tf.cast(inputs["input_mask"], tf.float32)[:, tf.newaxis, tf.newaxis, :]
-        score_bias = tf.cast((1.0 - keys) * _MASKED_SCORE, dtype)
+        # A key is real where its mask is above 0.5, as Keras' masked softmax reads it.
+        keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         encoder_outputs = []
         for layer in self.transformer_layers:
-            attended = self._attention(x, layer, score_bias, batch, length)
+            attended = self._attention(x, layer, keys, batch, length)
             attended = self._dense(attended, layer["output_kernel"], layer["output_bias"])
             x = _layer_norm(
                 attended + x, layer["attention_norm_gamma"], layer["attention_norm_beta"]
@@ -180,10 +191,10 @@ class InferenceEncoder(keras.layers.Layer):
         }
 
 
-def with_inference_encoder(model, encoder, config):
-    """`model` (a task model on `encoder`, or the encoder itself) with the encoder's calls run by InferenceEncoder."""
+def with_inference_encoder(encoder, config, model=None):
+    """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place."""
     fast = InferenceEncoder(encoder, config)
-    if model is encoder:
+    if model is None:
         inputs = {
             name: keras.Input(shape=(None,), dtype="int32", name=name)
             for name in modeling.ENCODER_INPUTS
