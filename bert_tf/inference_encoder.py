@@ -1,7 +1,6 @@
 """The encoder's forward pass for exported models: the Keras encoder's network in 2-D matmuls.
 
-Why not call the Keras encoder: at small batches an exported graph's cost is mostly its kernels'
-count, not their arithmetic, and keras-hub's attention computes each of the query, key, value and
+Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
 projections are one [b*s, H] by [H, 3H] MatMul and every other projection a 2-D MatMul (a traced
 MiniLM call runs 415 ops besides constants, against the Keras encoder's 640). Measured on the
@@ -9,7 +8,8 @@ MiniLM call runs 415 ops besides constants, against the Keras encoder's 640). Me
 the Keras encoder and with this one, loaded in one process and called in alternation on 96 real
 sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 -> 13.2 ms in the last),
 BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either graph, the two were
-within noise (1.03x at batch 1, 0.93x at batch 32).
+within noise (1.03x at batch 1, 0.93x at batch 32). The arithmetic is the same, so the gain is
+the kernels not run, which shows at small batches.
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
@@ -144,6 +144,8 @@ class InferenceEncoder(keras.layers.Layer):
 
     def call(self, inputs, training=False, mask=None):
         """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
+        # `training` and `mask` are what Keras passes when it reruns a functional graph; this is
+        # inference only, and the padding comes from input_mask.
         dtype = self.compute_dtype
         word_ids = inputs["input_word_ids"]
         batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]
@@ -154,7 +156,7 @@ class InferenceEncoder(keras.layers.Layer):
         )
         x = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
         x = tf.reshape(x, [-1, self.hidden_size])
-        # A key is real where its mask is above 0.5, as Keras' masked softmax reads it.
+        # A key is real where its int32 mask is positive (Keras' masked softmax keeps mask > 0.5).
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         encoder_outputs = []
         for layer in self.transformer_layers:
