@@ -3,7 +3,7 @@
 Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
 projections are one [b*s, H] by [H, 3H] MatMul and every other projection a 2-D MatMul (a traced
-MiniLM call runs 415 ops besides constants, against the Keras encoder's 640). Measured on the
+MiniLM call runs 454 ops besides constants, against the Keras encoder's 640). Measured on the
 2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same classifier with
 the Keras encoder and with this one, loaded in one process and called in alternation on 96 real
 sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 -> 13.2 ms in the last),
@@ -24,25 +24,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf import checkpoints, modeling
 
 # The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
 _MASKED_SCORE = -1e9
 
 
 def _layer_norm(x, gamma, beta):
-    """LayerNorm over the last axis (eps 1e-12), computed in float32 as Keras computes it."""
-    x32 = tf.cast(x, tf.float32)
-    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)
-    normed = tf.nn.batch_normalization(
-        x32,
-        mean,
-        variance,
-        tf.cast(beta, tf.float32),
-        tf.cast(gamma, tf.float32),
-        modeling.LAYER_NORM_EPSILON,
+    """LayerNorm over the last axis (eps 1e-12): Keras' own op, as its layer calls it (in float32)."""
+    return keras.ops.layer_normalization(
+        x, gamma, beta, axis=-1, epsilon=modeling.LAYER_NORM_EPSILON
     )
-    return tf.cast(normed, x.dtype)
 
 
 class InferenceEncoder(keras.layers.Layer):
@@ -54,8 +46,14 @@ class InferenceEncoder(keras.layers.Layer):
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.activation = modeling.get_activation(config.hidden_act)
-        source = {variable.path: variable.numpy() for variable in encoder.weights}
-        hidden = config.hidden_size
+        # The encoder's weights by the original's names, in the original's 2-D shapes (the
+        # checkpoint converter's map, read backwards: each Keras layout is a reshape of those).
+        source = {
+            name: variable.numpy().reshape(shape)
+            for name, (variable, shape, _) in checkpoints.original_name_map(
+                encoder, config.num_hidden_layers, with_heads=False
+            ).items()
+        }
 
         def copy(name, value):
             # float32 as stored; the calls cast what runs in the compute dtype (LayerNorm does not).
@@ -69,52 +67,50 @@ class InferenceEncoder(keras.layers.Layer):
             weight.assign(value)
             return weight
 
-        def read(path, *shape):
-            return source[path].reshape(shape or source[path].shape)
-
-        self.word_embeddings = copy(
-            "word_embeddings", read(f"{modeling.WORD_EMBEDDING_LAYER}/embeddings")
-        )
+        embeddings = "bert/embeddings"
+        self.word_embeddings = copy("word_embeddings", source[f"{embeddings}/word_embeddings"])
         self.position_embeddings = copy(
-            "position_embeddings", read("position_embedding/embeddings")
+            "position_embeddings", source[f"{embeddings}/position_embeddings"]
         )
-        self.segment_embeddings = copy("segment_embeddings", read("segment_embedding/embeddings"))
+        self.segment_embeddings = copy(
+            "segment_embeddings", source[f"{embeddings}/token_type_embeddings"]
+        )
         self.embeddings_norm = [
-            copy(f"embeddings_layer_norm_{part}", read(f"embeddings_layer_norm/{part}"))
+            copy(f"embeddings_layer_norm_{part}", source[f"{embeddings}/LayerNorm/{part}"])
             for part in ("gamma", "beta")
         ]
         self.transformer_layers = []
         for i in range(config.num_hidden_layers):
-            prefix = f"transformer_layer_{i}"
-            attention = f"{prefix}/self_attention_layer"
+            layer = f"bert/encoder/layer_{i}"
+            attention = f"{layer}/attention/self"
             weights = {
                 # [H, 3H]: the query, key and value projections side by side, heads inside each.
                 "qkv_kernel": np.concatenate(
-                    [
-                        read(f"{attention}/{p}/kernel", hidden, hidden)
-                        for p in ("query", "key", "value")
-                    ],
-                    axis=1,
+                    [source[f"{attention}/{p}/kernel"] for p in ("query", "key", "value")], axis=1
                 ),
                 "qkv_bias": np.concatenate(
-                    [read(f"{attention}/{p}/bias", hidden) for p in ("query", "key", "value")]
+                    [source[f"{attention}/{p}/bias"] for p in ("query", "key", "value")]
                 ),
-                "output_kernel": read(f"{attention}/attention_output/kernel", hidden, hidden),
-                "output_bias": read(f"{attention}/attention_output/bias"),
-                "attention_norm_gamma": read(f"{prefix}/self_attention_layer_norm/gamma"),
-                "attention_norm_beta": read(f"{prefix}/self_attention_layer_norm/beta"),
-                "intermediate_kernel": read(f"{prefix}/feedforward_intermediate_dense/kernel"),
-                "intermediate_bias": read(f"{prefix}/feedforward_intermediate_dense/bias"),
-                "ffn_output_kernel": read(f"{prefix}/feedforward_output_dense/kernel"),
-                "ffn_output_bias": read(f"{prefix}/feedforward_output_dense/bias"),
-                "ffn_norm_gamma": read(f"{prefix}/feedforward_layer_norm/gamma"),
-                "ffn_norm_beta": read(f"{prefix}/feedforward_layer_norm/beta"),
+                "output_kernel": source[f"{layer}/attention/output/dense/kernel"],
+                "output_bias": source[f"{layer}/attention/output/dense/bias"],
+                "attention_norm_gamma": source[f"{layer}/attention/output/LayerNorm/gamma"],
+                "attention_norm_beta": source[f"{layer}/attention/output/LayerNorm/beta"],
+                "intermediate_kernel": source[f"{layer}/intermediate/dense/kernel"],
+                "intermediate_bias": source[f"{layer}/intermediate/dense/bias"],
+                "ffn_output_kernel": source[f"{layer}/output/dense/kernel"],
+                "ffn_output_bias": source[f"{layer}/output/dense/bias"],
+                "ffn_norm_gamma": source[f"{layer}/output/LayerNorm/gamma"],
+                "ffn_norm_beta": source[f"{layer}/output/LayerNorm/beta"],
             }
             self.transformer_layers.append(
-                {name: copy(f"{prefix}_{name}", value) for name, value in weights.items()}
+                {
+                    name: copy(f"transformer_layer_{i}_{name}", value)
+                    for name, value in weights.items()
+                }
             )
         self.pooler = [
-            copy(f"pooler_{part}", read(f"pooled_dense/{part}")) for part in ("kernel", "bias")
+            copy(f"pooler_{part}", source[f"bert/pooler/dense/{part}"])
+            for part in ("kernel", "bias")
         ]
         self.built = True
 
@@ -197,10 +193,7 @@ def with_inference_encoder(encoder, config, model=None):
     """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place."""
     fast = InferenceEncoder(encoder, config)
     if model is None:
-        inputs = {
-            name: keras.Input(shape=(None,), dtype="int32", name=name)
-            for name in modeling.ENCODER_INPUTS
-        }
+        inputs = modeling.encoder_inputs()
         return keras.Model(inputs, fast(inputs), name=encoder.name)
     return keras.models.clone_model(
         model, clone_function=lambda layer: fast if layer is encoder else layer

@@ -240,6 +240,11 @@ LAYER_NORM_EPSILON = 1e-12
 WORD_EMBEDDING_LAYER = "token_embedding"
 
 
+def encoder_inputs():
+    """The encoder's inputs as Keras inputs: input_word_ids, input_mask, input_type_ids, int32 [b, s]."""
+    return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
+
+
 def build_encoder(config):
     """The BERT encoder as a functional keras.Model (inputs and outputs are named dicts)."""
     if config.attention_probs_dropout_prob != config.hidden_dropout_prob:
@@ -295,7 +300,7 @@ def build_encoder(config):
     )
 
     # The functional graph.
-    inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
+    inputs = encoder_inputs()
     tokens = word_embeddings(inputs["input_word_ids"])
     x = keras.layers.Add(name="embeddings_add")(
         [tokens, position_embeddings(tokens), segment_embeddings(inputs["input_type_ids"])]
@@ -332,7 +337,7 @@ def build_pretraining_model(config, encoder=None):
     )
     nsp_head = keras.layers.Dense(2, kernel_initializer=_initializer(config), name="nsp_head")
 
-    inputs = {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
+    inputs = encoder_inputs()
     inputs["masked_lm_positions"] = keras.Input(
         shape=(None,), dtype="int32", name="masked_lm_positions"
     )

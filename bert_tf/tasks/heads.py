@@ -1,4 +1,4 @@
-"""What every task head shares: the encoder inputs, the output layers, and the loss plug-in base.
+"""What every task head shares: the output layers and the loss plug-in base.
 
 A task's model is the encoder plus a head, built by the task's `model.py`; its loss is a
 `HeadObjective` subclass (a `training.Objective`, what training.Trainer optimizes). Every loss is
@@ -13,14 +13,6 @@ from bert_tf import modeling, training
 EXAMPLE_INDEX = (
     "example_index"  # Added to eval/predict batches so outputs can be put back in order.
 )
-
-
-def encoder_inputs():
-    """The encoder's inputs as Keras inputs: input_word_ids, input_mask, input_type_ids, int32 [b, s]."""
-    return {
-        name: keras.Input(shape=(None,), dtype="int32", name=name)
-        for name in modeling.ENCODER_INPUTS
-    }
 
 
 def head_dense(config, units, name):

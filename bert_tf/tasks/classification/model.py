@@ -12,6 +12,7 @@ config's hidden_dropout_prob and initializer_range, which are those values in ev
 import keras
 import tensorflow as tf
 
+from bert_tf import modeling
 from bert_tf.tasks import heads
 
 
@@ -19,7 +20,7 @@ def build_model(config, spec, encoder):
     """The classifier or regressor on `encoder`: outputs {"logits"} or {"score"}."""
     # Checkpoint keys (model/_operations/N/...) follow the order in which layers are created and
     # called: append, never reorder.
-    inputs = heads.encoder_inputs()
+    inputs = modeling.encoder_inputs()
     encoded = encoder(inputs)
     units = spec.num_labels if spec.kind == "classifier" else 1
     dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")

@@ -8,13 +8,14 @@ cross-entropy over the tokens whose label is not IGNORE_LABEL, averaged over the
 import keras
 import tensorflow as tf
 
+from bert_tf import modeling
 from bert_tf.tasks import heads
 from bert_tf.tasks.ner.data import IGNORE_LABEL
 
 
 def build_model(config, spec, encoder):
     """The tagger on `encoder`: outputs {"logits"} [b, s, num_labels]."""
-    inputs = heads.encoder_inputs()  # creation and call order is part of the checkpoint keys
+    inputs = modeling.encoder_inputs()  # creation and call order is part of the checkpoint keys
     encoded = encoder(inputs)
     dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
     dense = heads.head_dense(config, spec.num_labels, "ner_head")

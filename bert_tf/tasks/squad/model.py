@@ -9,12 +9,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from bert_tf import modeling
 from bert_tf.tasks import heads
 
 
 def build_model(config, spec, encoder):
     """The span model on `encoder`: outputs {"start_logits", "end_logits"} [b, s]."""
-    inputs = heads.encoder_inputs()  # creation and call order is part of the checkpoint keys
+    inputs = modeling.encoder_inputs()  # creation and call order is part of the checkpoint keys
     encoded = encoder(inputs)
     dense = heads.head_dense(config, 2, "squad_head")
     logits = dense(encoded["sequence_output"])
