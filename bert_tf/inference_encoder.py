@@ -15,7 +15,8 @@ It is the same network: embeddings (word + position + segment) -> LayerNorm -> p
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
 tanh(dense(first token)); outputs match the Keras encoder's within float rounding (tests compare
 every output). Inference only: there is no dropout, and the weights are copies of the encoder's in
-this layout, so training goes through bert_tf.modeling's Keras encoder.
+this layout (the matmul kernels in the compute dtype), so training goes through bert_tf.modeling's
+Keras encoder.
 """
 
 import math
@@ -56,10 +57,15 @@ class InferenceEncoder(keras.layers.Layer):
         }
 
         def copy(name, value):
-            # float32 as stored; the calls cast what runs in the compute dtype (LayerNorm does not).
+            # Matmul kernels in the compute dtype, cast once here: under bfloat16 a cast of each
+            # float32 kernel on every call read and wrote the weights again, and a MiniLM export
+            # took 1.2x the time at batch 1 and 1.1x at batch 32 (same outputs; benchmarks/
+            # RESULTS.md, session 13). The rest stays float32 (embeddings are summed and
+            # LayerNorm runs in float32, as Keras does).
             weight = self.add_weight(
                 name=name,
                 shape=value.shape,
+                dtype=self.compute_dtype if name.endswith("kernel") else "float32",
                 initializer="zeros",
                 trainable=False,
                 autocast=False,
