@@ -204,6 +204,13 @@ class CompiledModel(tf.Module):
 # row run 5,408 positions, grouped 2,203 (6,144 and 2,448 in multiples of 16, as under XLA); caps
 # of 16 beat 8 (more calls) by 7% to 10% at batch 32.
 LENGTH_GROUP_ROWS = 16
+# How many length groups of a batch run at once. A batch of 32 real sentences makes 2 to 5
+# groups, each of small matmuls that leave cores idle between kernels; running them side by side
+# fills those gaps. Against one at a time, on 2 CPU cores with TensorFlow's default threads, 2 took
+# 0.80x to 0.86x the time of a MiniLM batch of 32 and 0.91x to 0.93x of a BERT-base one; 4 took
+# 0.92x to 0.95x and 0.96x to 0.99x of 2's; outputs bit-identical (benchmarks/RESULTS.md,
+# session 13). It also bounds a big batch's memory to this many groups' activations.
+GROUPS_IN_FLIGHT = 4
 
 
 def length_groups(lengths, group_rows=LENGTH_GROUP_ROWS):
@@ -228,8 +235,9 @@ def call_by_length(
     """`model`'s outputs for a batch of packed rows, computed in groups of rows of similar length.
 
     A batch padded to its longest row makes every short row pay for it. Rows are sorted by length
-    and run in groups (length_groups), each cut to its own longest row rounded up to
-    `length_multiple` (trim_to_longest); the outputs come back in the batch's order.
+    and run in groups (length_groups), GROUPS_IN_FLIGHT at a time, each cut to its own longest
+    row rounded up to `length_multiple` (trim_to_longest); the outputs come back in the batch's
+    order.
     `token_outputs` names the outputs that have a sequence axis (the mask's last axis): they are
     padded back to the batch's length with zeros. A batch of at most `group_rows` rows runs in
     one call. The model sees exactly the rows it would see in
@@ -270,7 +278,10 @@ def call_by_length(
             for name in sorted(symbolic)
         ]
         _, arrays = tf.while_loop(
-            lambda i, _: i < num_groups, run_group, (tf.constant(0), arrays), parallel_iterations=1
+            lambda i, _: i < num_groups,
+            run_group,
+            (tf.constant(0), arrays),
+            parallel_iterations=GROUPS_IN_FLIGHT,
         )
         restore = tf.math.invert_permutation(order)
         return {
