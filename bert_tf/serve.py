@@ -14,6 +14,7 @@ import dataclasses
 import signal
 import threading
 
+import tensorflow as tf
 from absl import logging
 
 from bert_tf import cli
@@ -107,6 +108,50 @@ class ServeArgs:
         "Replay VERSION/assets.extra/tf_serving_warmup_requests (and call each signature once) "
         "before a version serves.",
     )
+    tensorflow_session_parallelism: int = arg(
+        0,
+        "Threads for both of TensorFlow's pools below (TF Serving's flag); 0: TensorFlow's "
+        "choice. Either of the two below replaces it.",
+    )
+    tensorflow_intra_op_parallelism: int = arg(
+        0,
+        "Threads one op may use (TF Serving's flag); 0: TensorFlow's choice (one per core). "
+        "1 suits small models (README, Serving).",
+    )
+    tensorflow_inter_op_parallelism: int = arg(
+        0, "Ops that may run side by side (TF Serving's flag); 0: TensorFlow's choice."
+    )
+
+
+_THREAD_FLAGS = (
+    "tensorflow_session_parallelism",
+    "tensorflow_intra_op_parallelism",
+    "tensorflow_inter_op_parallelism",
+)
+
+
+def tensorflow_threads(args):
+    """(intra-op, inter-op) threads from TF Serving's three flags, by its rules; 0: TensorFlow's choice."""
+    for flag in _THREAD_FLAGS:
+        if getattr(args, flag) < 0:
+            raise UsageError(
+                f"--{flag}={getattr(args, flag)}: must be 0 (TensorFlow's choice) or more"
+            )
+    session, intra, inter = (getattr(args, flag) for flag in _THREAD_FLAGS)
+    if session and intra and inter:
+        raise UsageError(
+            "give --tensorflow_session_parallelism, or --tensorflow_intra_op_parallelism and "
+            "--tensorflow_inter_op_parallelism, not all three"
+        )
+    if intra or inter:
+        return intra, inter
+    return session, session
+
+
+def set_tensorflow_threads(intra_op, inter_op):
+    """Sizes TensorFlow's two thread pools (0: its choice); only before its first op runs."""
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
 
 
 def _server_config(args):
@@ -179,6 +224,7 @@ def _metrics(args):
 def build_server(args, on_loaded=None):
     """A ModelServer (not started) from the flags' arguments."""
     _check_ports(args)
+    tensorflow_threads(args)  # checked here; set by run(), before TensorFlow's first op
     server_config = _server_config(args)
     batching_options, max_batch_size = _batching_options(args)
     metrics, metrics_path = _metrics(args)
@@ -214,6 +260,7 @@ def build_server(args, on_loaded=None):
 
 def run(args):
     """Serves until SIGINT or SIGTERM."""
+    set_tensorflow_threads(*tensorflow_threads(args))
     urls = []  # Known once start() has bound the ports; the versions it loaded are announced after.
 
     def announce(name, version):

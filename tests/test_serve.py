@@ -1148,6 +1148,9 @@ def test_cli_serves_a_model_config_file_in_a_subprocess(tmp_path, exports):
                 "--rest_api_port=0",
                 "--port=0",
                 "--file_system_poll_wait_seconds=0.5",
+                # Set before TensorFlow's first op, or the server would fail to start.
+                "--tensorflow_intra_op_parallelism=1",
+                "--tensorflow_inter_op_parallelism=2",
             ],
             stdout=subprocess.PIPE,
             stderr=stderr_file,
@@ -1178,6 +1181,68 @@ def test_cli_serves_a_model_config_file_in_a_subprocess(tmp_path, exports):
         process.wait(timeout=60)
     stderr = stderr_path.read_text()
     assert process.returncode == 0, stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, (0, 0)),
+        ({"tensorflow_session_parallelism": 3}, (3, 3)),
+        ({"tensorflow_intra_op_parallelism": 1}, (1, 0)),
+        # As TF Serving: either per-pool flag replaces the session flag for both pools.
+        ({"tensorflow_session_parallelism": 3, "tensorflow_inter_op_parallelism": 2}, (0, 2)),
+        ({"tensorflow_intra_op_parallelism": 1, "tensorflow_inter_op_parallelism": 2}, (1, 2)),
+    ],
+)
+def test_thread_flags_follow_tf_servings_rules(given, expected):
+    assert serve.tensorflow_threads(serve.ServeArgs(**given)) == expected
+
+
+def test_thread_flags_size_tensorflows_pools_in_a_fresh_process():
+    script = textwrap.dedent(
+        """
+        import tensorflow as tf
+        from bert_tf import serve
+        serve.set_tensorflow_threads(1, 3)
+        tf.constant(1.0) + 1.0
+        print(tf.config.threading.get_intra_op_parallelism_threads(),
+              tf.config.threading.get_inter_op_parallelism_threads())
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["1", "3"]
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            ["--tensorflow_intra_op_parallelism=-1"],
+            "--tensorflow_intra_op_parallelism=-1: must be 0",
+        ),
+        (
+            [
+                "--tensorflow_session_parallelism=2",
+                "--tensorflow_intra_op_parallelism=1",
+                "--tensorflow_inter_op_parallelism=2",
+            ],
+            "not all three",
+        ),
+    ],
+)
+def test_bad_thread_flags_exit_2(tmp_path, arguments, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}", *arguments],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr
 
 
 def test_cli_usage_error_exits_2(tmp_path):
