@@ -61,6 +61,12 @@ flags.DEFINE_integer(
     2,
     "Batch-32 batches timed (by every row) when the static or keras_hub rows run.",
 )
+flags.DEFINE_integer(
+    "intra_op_threads",
+    0,
+    "TensorFlow's intra-op threads in this process, for our and keras-hub's rows (as "
+    "bert_tf.serve's --tensorflow_intra_op_parallelism); 0: TensorFlow's choice.",
+)
 flags.DEFINE_bool("quick", False, "minilm at 128 only, 32 sentences: checks the script runs.")
 flags.DEFINE_string(
     "torch_python",
@@ -221,11 +227,13 @@ def main(argv):
     )
     if FLAGS.quick:
         sizes, seq_lengths, count = ["minilm"], [128], 32
+    tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     sentences = real_sentences(count)
     print(
         f"{platform.node()}: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"TensorFlow {tf.__version__}, TF_ENABLE_ONEDNN_OPTS="
-        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}; {len(sentences)} sentences, mean "
+        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}, intra-op threads "
+        f"{FLAGS.intra_op_threads or 'TensorFlow default'}; {len(sentences)} sentences, mean "
         f"{np.mean([len(s.split()) for s in sentences]):.1f} words"
     )
     print(
