@@ -206,10 +206,11 @@ class CompiledModel(tf.Module):
 LENGTH_GROUP_ROWS = 16
 # How many length groups of a batch run at once. Each batch of 32 of the benchmark's real
 # sentences makes 4 or 5 groups, each of small matmuls that leave cores idle between kernels;
-# running them side by side fills those gaps. Against one at a time, on 2 CPU cores with TensorFlow's default threads, 2 took
-# 0.80x to 0.86x the time of a MiniLM batch of 32 and 0.91x to 0.93x of a BERT-base one; 4 took
-# 0.92x to 0.95x and 0.96x to 0.99x of 2's; outputs bit-identical (benchmarks/RESULTS.md,
-# session 13). It also bounds a big batch's memory to this many groups' activations.
+# running them side by side fills those gaps. Against one at a time, on 2 CPU cores with
+# TensorFlow's default threads, 2 took 0.80x to 0.86x the time of a MiniLM batch of 32 and 0.91x
+# to 0.93x of a BERT-base one; 4 took 0.92x to 0.95x and 0.96x to 0.99x of 2's; outputs
+# bit-identical (benchmarks/RESULTS.md, session 13). It also bounds a big batch's memory to this
+# many groups' activations.
 GROUPS_IN_FLIGHT = 4
 
 
