@@ -77,7 +77,12 @@ def paired_timings(runs, sentences, batch_size, rounds, max_batches=None, block=
     Batch 1: one call per sentence, the rows taking turns (in rotating order) on each block of
     `block` sentences; the median per row. Batches of `batch_size` (the first `max_batches` of
     them when given, for every row alike): the rows take turns on each batch; the best of
-    `rounds` passes per row. A warm-up pass runs first.
+    `rounds` passes per row. A warm-up pass runs first: every row on every sentence and every
+    batch, as a server in steady state has seen requests of every length. (The first call of a
+    TensorFlow graph at a new length pays about 1.5 ms more, for oneDNN's kernels of that shape;
+    warming only the first block left a quarter of the timed batch-1 calls at new lengths, which
+    moved a MiniLM export's median from 4.3-4.5 ms to 5.2-5.3 ms: benchmarks/RESULTS.md, session
+    13.)
     """
     names = list(runs)
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
@@ -90,7 +95,7 @@ def paired_timings(runs, sentences, batch_size, rounds, max_batches=None, block=
         shift = turn % len(names)
         return {name: [runs[name](x) for x in inputs] for name in names[shift:] + names[:shift]}
 
-    in_turn(0, [[text] for text in blocks[0]] + batches[:2])
+    in_turn(0, [[text] for text in sentences] + batches)
     singles = {name: [] for name in names}
     for turn, texts in enumerate(blocks):
         for name, seconds in in_turn(turn, [[text] for text in texts]).items():
