@@ -358,7 +358,10 @@ def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
     function, _ = module.signatures()["serving_default"]
     input_specs = {spec.name: spec for spec in function.input_signature}
     packer = module.packer
-    lengths = warmup.request_lengths(packer.seq_length, packer.dynamic_length)
+    # Exact lengths where the graph runs them (not XLA's, which pads to LENGTH_BUCKET multiples).
+    lengths = warmup.request_lengths(
+        packer.seq_length, packer.dynamic_length, exact_lengths=packer.length_multiple == 1
+    )
     # XLA compiles every new shape. A request one row over LENGTH_GROUP_ROWS runs the groups'
     # loop with a full group and a group of 1 (export_graph.call_by_length), so both compile here.
     # The other graphs run any shape at once and skip it: it is 17x the work at every length.

@@ -4,11 +4,12 @@ TF Serving reads `VERSION/assets.extra/tf_serving_warmup_requests`, a TFRecord f
 `tensorflow.serving.PredictionLog` protos (at most 1,000), and runs each request once while the
 version loads, so the first real requests pay no graph instantiation, tracing or allocation. A
 request that fails fails the load. `bert_tf.export` writes a batch-1 predict request for every
-multiple of LENGTH_BUCKET up to max_seq_length: the lengths an XLA export pads to and compiles
-(a graph export runs any length; these reach its kernels at lengths across its range). An XLA
-export also gets one request of LENGTH_GROUP_ROWS + 1 rows per length, which compiles a full
-group and a group of 1 (other group sizes compile on first use). `bert_tf.serve` replays the file
-as TF Serving does: predict, classify, regress and multi-inference logs.
+multiple of LENGTH_BUCKET up to max_seq_length: the lengths an XLA export pads to and compiles.
+A graph export, which runs each batch at its exact length, also gets one for every length from
+EXACT_LENGTHS_UP_TO down to 3. An XLA export also gets one request of LENGTH_GROUP_ROWS + 1 rows
+per length, which compiles a full group and a group of 1 (other group sizes compile on first
+use). `bert_tf.serve` replays the file as TF Serving does: predict, classify, regress and
+multi-inference logs.
 """
 
 import itertools
@@ -43,26 +44,40 @@ def filler_word(vocab_file):
     raise io_utils.UsageError(f"{vocab_file} has no plain lower-case word to build warm-up inputs")
 
 
-def request_lengths(seq_length, dynamic_length):
-    """The warm-up lengths: every LENGTH_BUCKET multiple and seq_length, or seq_length alone."""
+# A graph export is also warmed at every length up to this many tokens, the shortest last.
+# oneDNN builds its kernels for each new shape on first use, and most requests are short. On a
+# MiniLM export (one intra-op thread), first calls at 58 new lengths of 2 to 59 words took 6.45 to
+# 6.57 ms after a warm-up at every length up to 62 words (repeats: 6.17 to 6.51 ms) and 7.66 to
+# 9.36 ms after one at the multiples of 16 (repeats: 6.31 to 7.75 ms) (benchmarks/RESULTS.md,
+# session 13). The cap bounds the load time and the file.
+EXACT_LENGTHS_UP_TO = 64
+
+
+def request_lengths(seq_length, dynamic_length, exact_lengths=False):
+    """The warm-up lengths: seq_length alone without dynamic_length; else every LENGTH_BUCKET
+    multiple and seq_length, then with `exact_lengths` every length from EXACT_LENGTHS_UP_TO
+    (or seq_length) down to 3."""
     if not dynamic_length:
         return [seq_length]
-    lengths = list(range(LENGTH_BUCKET, seq_length, LENGTH_BUCKET))
-    return lengths + [seq_length]
+    lengths = list(range(LENGTH_BUCKET, seq_length, LENGTH_BUCKET)) + [seq_length]
+    if exact_lengths:
+        lengths += range(min(seq_length, EXACT_LENGTHS_UP_TO), 2, -1)
+    return lengths
 
 
 def signature_inputs(input_specs, length, word, ids):
     """One batch-1 input for every spec of a signature, about `length` tokens once packed.
 
-    Strings [b] get words (the token budget shared among the text inputs; [CLS] and [SEP]s take 3),
-    strings [b, n] two such texts, int32 [b, s] the encoder's ids, mask and type ids.
+    Strings [b] get words: one word each, and the last text input the rest of the token budget
+    ([CLS] and [SEP]s take 3), so that consecutive lengths pack to consecutive lengths; strings
+    [b, n] two such texts; int32 [b, s] the encoder's ids, mask and type ids.
     """
-    texts = [spec for spec in input_specs.values() if spec.dtype == tf.string]
-    words_each = max(1, (length - 3) // max(1, len(texts)))
-    text = " ".join([word] * words_each)
+    texts = [name for name, spec in input_specs.items() if spec.dtype == tf.string]
+    last_words = max(1, length - 3 - (len(texts) - 1))
     inputs = {}
     for name, spec in input_specs.items():
         if spec.dtype == tf.string:
+            text = " ".join([word] * (last_words if name == texts[-1] else 1))
             inputs[name] = np.array([[text, text]] if spec.shape.rank == 2 else [text], object)
         elif name == "input_word_ids":
             inputs[name] = np.array([[ids["[CLS]"]] + [ids[word]] * (length - 2) + [ids["[SEP]"]]])

@@ -5,7 +5,8 @@ and with `pad_to_max_seq_length=True` (today's static shapes, the reference); a 
 `precision="bfloat16"` and with `jit_compile=True`. The dynamic export must give the reference's
 probabilities within 1e-5 and the same labels, spans and entities, on short, mixed, megabyte-long
 and invalid-UTF-8 inputs; an empty batch gives empty outputs of the right dtypes; the warm-up file
-has requests at every multiple of 16 (the lengths an XLA export pads to).
+has requests at every multiple of 16 (the lengths an XLA export pads to) and, for a graph export,
+at every short length.
 """
 
 import shutil
@@ -16,7 +17,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from bert_tf import export, modeling, warmup
-from bert_tf.export_graph import LENGTH_GROUP_ROWS, TextPacker, call_by_length
+from bert_tf.export_graph import LENGTH_GROUP_ROWS, TextPacker, call_by_length, text_spec
 from bert_tf.model_dir import ModelDir
 from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import LENGTH_BUCKET, models
@@ -298,10 +299,12 @@ def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
 @pytest.mark.parametrize("kind", list(SPECS) + ["encoder"])
 def test_warmup_file_has_requests_of_every_bucket_length_that_the_export_answers(exports, kind):
     loaded, paths = exports
-    # (length, rows). An XLA export also compiles a full group and a group of 1 per length.
+    # (length, rows). An XLA export also compiles a full group and a group of 1 per length; a
+    # graph export runs exact lengths, so it is also warmed at every one up to 64, shortest last.
     lengths = list(range(LENGTH_BUCKET, SEQ_LENGTH, LENGTH_BUCKET)) + [SEQ_LENGTH]
+    assert warmup.EXACT_LENGTHS_UP_TO == 64
     expected = {
-        "dynamic": [(n, 1) for n in lengths],
+        "dynamic": [(n, 1) for n in lengths + list(range(64, 2, -1))],
         "static": [(SEQ_LENGTH, 1)],
         "xla": [(n, 1) for n in lengths] + [(n, LENGTH_GROUP_ROWS + 1) for n in lengths],
     }
@@ -325,6 +328,23 @@ def test_warmup_file_has_requests_of_every_bucket_length_that_the_export_answers
             assert word_ids == [(rows, n) for n, rows in shapes]
 
 
+@pytest.mark.parametrize("names", [("text",), ("text_a", "text_b")])
+def test_warmup_texts_pack_to_every_length_in_their_range(tmp_path, real_vocab, names):
+    (tmp_path / "vocab.txt").write_bytes(open(real_vocab, "rb").read())
+    packer = TextPacker(str(tmp_path), CONFIG, SEQ_LENGTH)
+    specs = {name: text_spec(name) for name in names}
+    word = warmup.filler_word(real_vocab)
+    packed = set()
+    for length in range(3, warmup.EXACT_LENGTHS_UP_TO + 1):
+        inputs = warmup.signature_inputs(specs, length, word, ids={})
+        texts = [tf.constant(inputs[name]) for name in names]
+        packed.add(packer.pack(texts)["input_word_ids"].shape[1])
+    # One text packs [CLS] words [SEP], a pair [CLS] word [SEP] words [SEP]: no length is skipped
+    # (splitting the words evenly skipped every other length of a pair).
+    shortest, longest = (3, 63) if len(names) == 1 else (5, 64)
+    assert packed == set(range(shortest, longest + 1))
+
+
 def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, monkeypatch):
     _, paths = exports
     calls, real = [], servable_module.call_signature
@@ -336,7 +356,7 @@ def test_serve_replays_the_warmup_requests_before_serving(exports, tmp_path, mon
     monkeypatch.setattr(servable_module, "call_signature", recording)
     servable_module.Servable("clf", 1, paths["classifier"]["dynamic"])
     replayed = [shapes for name, shapes in calls if name == "serving_default"]
-    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5
+    assert len(replayed) == len(warmup.read_requests(paths["classifier"]["dynamic"])) == 5 + 62
     # A signature the warm-up file left out still gets its dummy call.
     assert [name for name, _ in calls if name != "serving_default"] == ["classification"]
 
