@@ -2,14 +2,20 @@
 
 Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
-projections are one [b*s, H] by [H, 3H] MatMul and every other projection a 2-D MatMul (a traced
-MiniLM call runs 454 ops besides constants, against the Keras encoder's 640). Measured on the
-2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same classifier with
-the Keras encoder and with this one, loaded in one process and called in alternation on 96 real
-sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 -> 13.2 ms in the last),
-BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either graph, the two were
-within noise (1.03x at batch 1, 0.93x at batch 32). The arithmetic is the same, so the gain is
-the kernels not run, which shows at small batches.
+projections are one [b*s, H] by [H, 3H] MatMul (per shard, below) and every other projection a
+2-D MatMul (a traced MiniLM call ran 454 ops besides constants, against the Keras encoder's 640).
+Measured on the 2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same
+classifier with the Keras encoder and with this one, loaded in one process and called in
+alternation on 96 real sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 ->
+13.2 ms in the last), BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either
+graph, the two were within noise (1.03x at batch 1, 0.93x at batch 32). The arithmetic is the
+same, so the gain is the kernels not run, which shows at small batches.
+
+Each layer is also split by heads into SHARDS parts, each with its heads' query, key and value
+columns, its rows of the attention output kernel, and its share of the feedforward's columns and
+of the second kernel's rows; the parts' outputs are summed before each LayerNorm. A small
+batch's matmuls are bound by reading their weights, and the parts, independent ops, run on
+separate cores.
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
@@ -29,6 +35,16 @@ from bert_tf import checkpoints, modeling
 
 # The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
 _MASKED_SCORE = -1e9
+# How many parts each layer's heads and feedforward columns are split into (tensor parallelism, as
+# Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts' ops on its inter-op
+# threads side by side, so a small batch's skinny matmuls, bound by reading the weights, read them
+# on two cores at once. Exports of the same classifiers with 2 parts and with 1, called in
+# alternation on 2 CPU cores with one intra-op thread (benchmarks/RESULTS.md, session 14): a
+# MiniLM's batch-1 call took 0.77x to 0.84x the time, BERT-base's 0.67x to 0.75x; batch 32 0.85x
+# to 1.00x and 0.87x to 0.89x. With TensorFlow's default threads, whose intra-op pool then
+# competes with the parts, batch 1 did not change and MiniLM's batch 32 took 1.04x to 1.19x.
+# Under XLA the parts changed nothing.
+SHARDS = 2
 
 
 def _layer_norm(x, gamma, beta):
@@ -41,7 +57,7 @@ def _layer_norm(x, gamma, beta):
 class InferenceEncoder(keras.layers.Layer):
     """A Keras encoder's network (its inputs and outputs) in 2-D matmuls, for inference."""
 
-    def __init__(self, encoder, config, **kwargs):
+    def __init__(self, encoder, config, shards=SHARDS, **kwargs):
         kwargs.setdefault("name", "inference_encoder")
         super().__init__(**kwargs)
         self.hidden_size = config.hidden_size
@@ -85,29 +101,51 @@ class InferenceEncoder(keras.layers.Layer):
             copy(f"embeddings_layer_norm_{part}", source[f"{embeddings}/LayerNorm/{part}"])
             for part in ("gamma", "beta")
         ]
+        # Each layer's heads, and its feedforward columns, split in `shards` parts: the parts of a
+        # layer depend on nothing but its input, so the graph runs them side by side.
+        self.shards = min(shards, self.num_heads)
+        head_size = self.hidden_size // self.num_heads
         self.transformer_layers = []
         for i in range(config.num_hidden_layers):
             layer = f"bert/encoder/layer_{i}"
             attention = f"{layer}/attention/self"
+            projections = [source[f"{attention}/{p}/kernel"] for p in ("query", "key", "value")]
+            projection_biases = [source[f"{attention}/{p}/bias"] for p in ("query", "key", "value")]
+            output_kernel = source[f"{layer}/attention/output/dense/kernel"]
+            intermediate_kernel = source[f"{layer}/intermediate/dense/kernel"]
+            intermediate_bias = source[f"{layer}/intermediate/dense/bias"]
+            ffn_output_kernel = source[f"{layer}/output/dense/kernel"]
             weights = {
-                # [H, 3H]: the query, key and value projections side by side, heads inside each.
-                "qkv_kernel": np.concatenate(
-                    [source[f"{attention}/{p}/kernel"] for p in ("query", "key", "value")], axis=1
-                ),
-                "qkv_bias": np.concatenate(
-                    [source[f"{attention}/{p}/bias"] for p in ("query", "key", "value")]
-                ),
-                "output_kernel": source[f"{layer}/attention/output/dense/kernel"],
                 "output_bias": source[f"{layer}/attention/output/dense/bias"],
                 "attention_norm_gamma": source[f"{layer}/attention/output/LayerNorm/gamma"],
                 "attention_norm_beta": source[f"{layer}/attention/output/LayerNorm/beta"],
-                "intermediate_kernel": source[f"{layer}/intermediate/dense/kernel"],
-                "intermediate_bias": source[f"{layer}/intermediate/dense/bias"],
-                "ffn_output_kernel": source[f"{layer}/output/dense/kernel"],
                 "ffn_output_bias": source[f"{layer}/output/dense/bias"],
                 "ffn_norm_gamma": source[f"{layer}/output/LayerNorm/gamma"],
                 "ffn_norm_beta": source[f"{layer}/output/LayerNorm/beta"],
             }
+            parts = zip(
+                np.array_split(np.arange(self.num_heads), self.shards),
+                np.array_split(np.arange(intermediate_kernel.shape[1]), self.shards),
+            )
+            for shard, (heads, columns) in enumerate(parts):
+                # This shard's heads' columns of the query, key and value projections.
+                head_columns = np.arange(heads[0] * head_size, (heads[-1] + 1) * head_size)
+                weights.update(
+                    {
+                        # [H, 3 * its heads' width]: its query, key and value projections side by
+                        # side, heads inside each.
+                        f"shard_{shard}_qkv_kernel": np.concatenate(
+                            [kernel[:, head_columns] for kernel in projections], axis=1
+                        ),
+                        f"shard_{shard}_qkv_bias": np.concatenate(
+                            [bias[head_columns] for bias in projection_biases]
+                        ),
+                        f"shard_{shard}_output_kernel": output_kernel[head_columns],
+                        f"shard_{shard}_intermediate_kernel": intermediate_kernel[:, columns],
+                        f"shard_{shard}_intermediate_bias": intermediate_bias[columns],
+                        f"shard_{shard}_ffn_output_kernel": ffn_output_kernel[columns],
+                    }
+                )
             self.transformer_layers.append(
                 {
                     name: copy(f"transformer_layer_{i}_{name}", value)
@@ -125,13 +163,16 @@ class InferenceEncoder(keras.layers.Layer):
         dtype = self.compute_dtype
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
-    def _attention(self, x, layer, keys, batch, length):
-        """Self-attention of x [b*s, H] over `keys` (bool [b, 1, 1, s]): the context, [b*s, H]."""
+    def _attention(self, x, layer, shard, keys, batch, length):
+        """Self-attention of x [b*s, H] by one shard's heads over `keys` (bool [b, 1, 1, s]): the
+        context, [b*s, the heads' width]."""
         head_size = self.hidden_size // self.num_heads
-        qkv = self._dense(x, layer["qkv_kernel"], layer["qkv_bias"])
+        kernel = layer[f"shard_{shard}_qkv_kernel"]
+        width = kernel.shape[1] // 3  # this shard's heads times head_size
+        qkv = self._dense(x, kernel, layer[f"shard_{shard}_qkv_bias"])
         # [3, b, heads, s, head_size]
         qkv = tf.transpose(
-            tf.reshape(qkv, [batch, length, 3, self.num_heads, head_size]), [2, 0, 3, 1, 4]
+            tf.reshape(qkv, [batch, length, 3, width // head_size, head_size]), [2, 0, 3, 1, 4]
         )
         query, key, value = tf.unstack(qkv)
         # Keras scales the query before the product when it has attention dropout (every released
@@ -142,7 +183,52 @@ class InferenceEncoder(keras.layers.Layer):
         # Zeroed after the softmax too, as Keras does: a row without real keys attends to nothing.
         probabilities = tf.where(keys, tf.nn.softmax(scores), tf.zeros([], products.dtype))
         context = tf.matmul(probabilities, value)  # [b, heads, s, head_size]
-        return tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, self.hidden_size])
+        return tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, width])
+
+    def _project(self, x, kernel, bias=None):
+        """x @ kernel (+ bias), in the compute dtype."""
+        if bias is not None:
+            return self._dense(x, kernel, bias)
+        return tf.matmul(x, tf.cast(kernel, self.compute_dtype))
+
+    def _add_and_norm(self, x, partials, gamma, beta):
+        """LayerNorm(x + the shards' partial outputs), summed in float32 (as LayerNorm computes)."""
+        total = tf.add_n([tf.cast(t, "float32") for t in [*partials, x]])
+        return tf.cast(_layer_norm(total, gamma, beta), self.compute_dtype)
+
+    def _transformer_layer(self, x, layer, keys, batch, length):
+        """One post-LN transformer layer on x [b*s, H], shard by shard.
+
+        Each shard's heads project their context onto the output with their rows of the output
+        kernel, and its feedforward columns feed their rows of the second kernel: the shards'
+        products add up to the whole layer's. The first shard's products carry the biases.
+        """
+        attended = [
+            self._project(
+                self._attention(x, layer, shard, keys, batch, length),
+                layer[f"shard_{shard}_output_kernel"],
+                layer["output_bias"] if shard == 0 else None,
+            )
+            for shard in range(self.shards)
+        ]
+        x = self._add_and_norm(
+            x, attended, layer["attention_norm_gamma"], layer["attention_norm_beta"]
+        )
+        transformed = [
+            self._project(
+                self.activation(
+                    self._dense(
+                        x,
+                        layer[f"shard_{shard}_intermediate_kernel"],
+                        layer[f"shard_{shard}_intermediate_bias"],
+                    )
+                ),
+                layer[f"shard_{shard}_ffn_output_kernel"],
+                layer["ffn_output_bias"] if shard == 0 else None,
+            )
+            for shard in range(self.shards)
+        ]
+        return self._add_and_norm(x, transformed, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
 
     def call(self, inputs, training=False, mask=None):
         """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
@@ -162,16 +248,7 @@ class InferenceEncoder(keras.layers.Layer):
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         encoder_outputs = []
         for layer in self.transformer_layers:
-            attended = self._attention(x, layer, keys, batch, length)
-            attended = self._dense(attended, layer["output_kernel"], layer["output_bias"])
-            x = _layer_norm(
-                attended + x, layer["attention_norm_gamma"], layer["attention_norm_beta"]
-            )
-            hidden = self.activation(
-                self._dense(x, layer["intermediate_kernel"], layer["intermediate_bias"])
-            )
-            hidden = self._dense(hidden, layer["ffn_output_kernel"], layer["ffn_output_bias"])
-            x = _layer_norm(hidden + x, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
+            x = self._transformer_layer(x, layer, keys, batch, length)
             encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
         sequence_output = encoder_outputs[-1]
         pooled_output = tf.tanh(self._dense(sequence_output[:, 0], *self.pooler))
@@ -195,9 +272,9 @@ class InferenceEncoder(keras.layers.Layer):
         }
 
 
-def with_inference_encoder(encoder, config, model=None):
+def with_inference_encoder(encoder, config, model=None, shards=SHARDS):
     """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place."""
-    fast = InferenceEncoder(encoder, config)
+    fast = InferenceEncoder(encoder, config, shards)
     if model is None:
         inputs = modeling.encoder_inputs()
         return keras.Model(inputs, fast(inputs), name=encoder.name)

@@ -110,7 +110,8 @@ def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras():
     # Keras head's own weights, stay float32.
     fast_layer = fast.get_layer("inference_encoder")
     kernels = {v.path for v in fast_layer.weights if v.path.endswith("kernel")}
-    assert len(kernels) == 4 * config.num_hidden_layers + 1
+    assert fast_layer.shards == 2
+    assert len(kernels) == 4 * fast_layer.shards * config.num_hidden_layers + 1
     assert all(v.dtype == ("bfloat16" if v.path in kernels else "float32") for v in fast.weights)
     inputs = tiny_inputs(batch=8, seq=12, seed=6)
     encoded = in_graph(fast_encoder, inputs)
@@ -132,20 +133,59 @@ def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras():
     assert logits_error <= 2 * keras_logits_error
 
 
-def test_the_query_key_value_kernels_are_copied_side_by_side():
+def test_each_shard_holds_its_heads_and_feedforward_columns():
     tf.keras.utils.set_random_seed(7)
     encoder = modeling.build_encoder(CONFIG)
-    fast = InferenceEncoder(encoder, CONFIG)
-    weights = {v.path: v for v in encoder.weights}
-    hidden = CONFIG.hidden_size
-    qkv = fast.transformer_layers[1]["qkv_kernel"].numpy()
-    assert qkv.shape == (hidden, 3 * hidden)
-    key = weights["transformer_layer_1/self_attention_layer/key/kernel"].numpy()
-    np.testing.assert_array_equal(qkv[:, hidden : 2 * hidden], key.reshape(hidden, hidden))
+    fast = InferenceEncoder(encoder, CONFIG, shards=2)
+    weights = {v.path: v.numpy() for v in encoder.weights}
+    hidden, intermediate = CONFIG.hidden_size, CONFIG.intermediate_size
+    prefix = "transformer_layer_1/self_attention_layer"
+    query, key, value = (
+        weights[f"{prefix}/{name}/kernel"].reshape(hidden, hidden)
+        for name in ("query", "key", "value")
+    )
+    output = weights[f"{prefix}/attention_output/kernel"].reshape(hidden, hidden)
+    layer = fast.transformer_layers[1]
+    # 3 heads of 8: the first shard has heads 0 and 1 (columns 0 to 15), the second head 2; the
+    # feedforward's 40 columns split 20 and 20.
+    for shard, columns, ffn_columns in (
+        (0, slice(0, 16), slice(0, 20)),
+        (1, slice(16, 24), slice(20, 40)),
+    ):
+        qkv = layer[f"shard_{shard}_qkv_kernel"].numpy()
+        np.testing.assert_array_equal(
+            qkv, np.concatenate([query[:, columns], key[:, columns], value[:, columns]], axis=1)
+        )
+        np.testing.assert_array_equal(
+            layer[f"shard_{shard}_output_kernel"].numpy(), output[columns]
+        )
+        np.testing.assert_array_equal(
+            layer[f"shard_{shard}_intermediate_kernel"].numpy(),
+            weights["transformer_layer_1/feedforward_intermediate_dense/kernel"][:, ffn_columns],
+        )
+        assert layer[f"shard_{shard}_ffn_output_kernel"].shape == (
+            ffn_columns.stop - ffn_columns.start,
+            hidden,
+        )
+    assert intermediate == 40
     assert not any(v.trainable for v in fast.weights)
     # Copies: changing the Keras encoder afterwards does not change the inference encoder.
-    weights["transformer_layer_1/self_attention_layer/key/kernel"].assign(key + 1.0)
-    np.testing.assert_array_equal(fast.transformer_layers[1]["qkv_kernel"].numpy(), qkv)
+    before = layer["shard_1_qkv_kernel"].numpy()
+    key_variable = {v.path: v for v in encoder.weights}[f"{prefix}/key/kernel"]
+    key_variable.assign(key_variable + 1.0)
+    np.testing.assert_array_equal(layer["shard_1_qkv_kernel"].numpy(), before)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 5])
+def test_any_number_of_shards_computes_the_same_network(shards):
+    """One part, uneven parts (2 heads and 1), one head each, and more parts than heads (3)."""
+    tf.keras.utils.set_random_seed(8)
+    encoder = modeling.build_encoder(CONFIG)
+    inputs = tiny_inputs(batch=3, seq=7, seed=9)
+    fast = with_inference_encoder(encoder, CONFIG, shards=shards)
+    assert fast.get_layer("inference_encoder").shards == min(shards, 3)
+    got = as_float32(in_graph(fast, inputs))
+    assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
 
 
 def test_an_empty_batch_gives_empty_outputs():
