@@ -194,3 +194,47 @@ def test_an_empty_batch_gives_empty_outputs():
     outputs = in_graph(with_inference_encoder(encoder, CONFIG), empty)
     assert outputs["sequence_output"].shape == (0, 5, CONFIG.hidden_size)
     assert outputs["pooled_output"].shape == (0, CONFIG.hidden_size)
+
+
+def _ancestors(op):
+    """Every op `op` depends on, through data and control inputs."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+def test_the_shards_of_a_layer_do_not_wait_for_each_other():
+    """What lets TensorFlow run the shards side by side: no op of one needs an op of the other."""
+    encoder = modeling.build_encoder(CONFIG)
+    fast = InferenceEncoder(encoder, CONFIG, shards=2)
+    spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
+    graph = tf.function(lambda x: fast(x)).get_concrete_function(spec).graph
+    placeholders = {id(external): internal for external, internal in graph.captures}
+    layer = fast.transformer_layers[1]
+
+    def readers(shard, weights):
+        """The ops that use layer 1's `weights` of `shard` (its matmuls and bias adds)."""
+        reads = [
+            consumer
+            for name in weights
+            for consumer in placeholders[id(layer[f"shard_{shard}_{name}"].handle)].consumers()
+        ]
+        return {op for read in reads for output in read.outputs for op in output.consumers()}
+
+    # The shards meet at each LayerNorm: inside the attention, and inside the feedforward, the
+    # ops of one shard need none of the other's.
+    for weights in (
+        ["qkv_kernel", "qkv_bias", "output_kernel"],
+        ["intermediate_kernel", "intermediate_bias", "ffn_output_kernel"],
+    ):
+        first, second = readers(0, weights), readers(1, weights)
+        assert len(first) == len(second) == 3 and "MatMul" in {op.type for op in first}
+        for op in first:
+            assert not _ancestors(op) & second, op.name
+        for op in second:
+            assert not _ancestors(op) & first, op.name
