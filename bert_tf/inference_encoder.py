@@ -2,7 +2,7 @@
 
 Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
-projections are one [b*s, H] by [H, 3H] MatMul (per shard, below) and every other projection a
+projections are one [b*s, H] by [H, 3H] MatMul (split by shard, below) and every other projection a
 2-D MatMul (a traced MiniLM call ran 454 ops besides constants, against the Keras encoder's 640).
 Measured on the 2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same
 classifier with the Keras encoder and with this one, loaded in one process and called in
@@ -14,8 +14,8 @@ same, so the gain is the kernels not run, which shows at small batches.
 Each layer is also split by heads into SHARDS parts, each with its heads' query, key and value
 columns, its rows of the attention output kernel, and its share of the feedforward's columns and
 of the second kernel's rows; the parts' outputs are summed before each LayerNorm. A small
-batch's matmuls are bound by reading their weights, and the parts, independent ops, run on
-separate cores.
+batch's matmuls are bound by reading their weights, and the parts, independent ops, can run side
+by side on TensorFlow's inter-op threads.
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
@@ -40,7 +40,7 @@ _MASKED_SCORE = -1e9
 # threads side by side, so a small batch's skinny matmuls, bound by reading the weights, read them
 # on two cores at once. Exports of the same classifiers with 2 parts and with 1, called in
 # alternation on 2 CPU cores with one intra-op thread (benchmarks/RESULTS.md, session 14): a
-# MiniLM's batch-1 call took 0.77x to 0.84x the time, BERT-base's 0.67x to 0.75x; batch 32 0.85x
+# MiniLM's batch-1 call took 0.77x to 0.95x the time, BERT-base's 0.67x to 0.75x; batch 32 0.85x
 # to 1.00x and 0.87x to 0.89x. With TensorFlow's default threads, whose intra-op pool then
 # competes with the parts, batch 1 did not change and MiniLM's batch 32 took 1.04x to 1.19x.
 # Under XLA the parts changed little (0.99x to 1.07x at batch 1).
@@ -103,7 +103,11 @@ class InferenceEncoder(keras.layers.Layer):
         ]
         # Each layer's heads, and its feedforward columns, split in `shards` parts: the parts of a
         # layer depend on nothing but its input, so the graph runs them side by side.
-        self.shards = min(shards, self.num_heads)
+        if shards < 1:
+            raise ValueError(f"shards must be at least 1, got {shards}")
+        # No part without a head or a feedforward column: oneDNN aborts the process on a
+        # zero-width matmul.
+        self.shards = min(shards, self.num_heads, config.intermediate_size)
         head_size = self.hidden_size // self.num_heads
         self.transformer_layers = []
         for i in range(config.num_hidden_layers):
@@ -164,8 +168,10 @@ class InferenceEncoder(keras.layers.Layer):
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
     def _attention(self, x, layer, shard, keys, batch, length):
-        """Self-attention of x [b*s, H] by one shard's heads over `keys` (bool [b, 1, 1, s]): the
-        context, [b*s, the heads' width]."""
+        """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1, s]), its context.
+
+        The context is [b*s, the shard's heads times head_size].
+        """
         head_size = self.hidden_size // self.num_heads
         kernel = layer[f"shard_{shard}_qkv_kernel"]
         width = kernel.shape[1] // 3  # this shard's heads times head_size
@@ -201,7 +207,8 @@ class InferenceEncoder(keras.layers.Layer):
 
         Each shard's heads project their context onto the output with their rows of the output
         kernel, and its feedforward columns feed their rows of the second kernel: the shards'
-        products add up to the whole layer's. The first shard's products carry the biases.
+        products add up to the whole layer's. The first shard's products carry the attention
+        output and feedforward output biases; the other biases are split with their columns.
         """
         attended = [
             self._project(
@@ -274,6 +281,7 @@ class InferenceEncoder(keras.layers.Layer):
 
 def with_inference_encoder(encoder, config, model=None, shards=SHARDS):
     """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place."""
+    # `shards`: how many parts each layer is split into (SHARDS, above).
     fast = InferenceEncoder(encoder, config, shards)
     if model is None:
         inputs = modeling.encoder_inputs()

@@ -188,6 +188,26 @@ def test_any_number_of_shards_computes_the_same_network(shards):
     assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
 
 
+@pytest.mark.parametrize("heads, intermediate, parts", [(3, 2, 2), (1, 40, 1)])
+def test_no_part_is_left_without_a_head_or_a_feedforward_column(heads, intermediate, parts):
+    """Fewer feedforward columns, or heads, than shards asked for: as many parts as there are."""
+    tf.keras.utils.set_random_seed(10)
+    config = tiny_config(
+        hidden_size=24,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        initializer_range=0.5,
+    )
+    encoder = modeling.build_encoder(config)
+    fast = with_inference_encoder(encoder, config, shards=3)
+    assert fast.get_layer("inference_encoder").shards == parts
+    inputs = tiny_inputs(batch=2, seq=5, seed=11)
+    got = as_float32(in_graph(fast, inputs))
+    assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
+    with pytest.raises(ValueError, match="shards must be at least 1, got 0"):
+        InferenceEncoder(encoder, config, shards=0)
+
+
 def test_an_empty_batch_gives_empty_outputs():
     encoder = modeling.build_encoder(CONFIG)
     empty = {name: np.zeros([0, 5], np.int32) for name in modeling.ENCODER_INPUTS}
