@@ -7,9 +7,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR := build/demo
 DEMO_REQUEST := {"instances": ["the film was delightful and the music felt lovely .", "the ending seemed awful to me ."]}
+DEMO_FILL_MASK := the [MASK] of the module is returned .
+DEMO_PAIR := "return the value of the attribute ." "the default is none ."
+DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$(DEMO_FILL_MASK)"], "top_k": 3}}
+DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/quiet.py); --verbosity=1 brings TensorFlow's notices back.
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test browser lint format bench clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,7 +49,7 @@ demo: $(STAMP)
 	  --max_seq_length=128 --max_predictions_per_seq=20 --num_train_steps=300 \
 	  --num_warmup_steps=30 --steps_per_loop=50 --save_checkpoints_steps=100 \
 	  --max_eval_steps=20 --learning_rate=2e-4
-	$(PY) -c "from bert_tf import quiet; quiet.install(); from bert_tf.tasks.classification.data import write_demo_glue_dir; write_demo_glue_dir('$(DEMO_DIR)/glue')"
+	$(PY) -m bert_tf.demo_data --glue_dir=$(DEMO_DIR)/glue --swag_dir=$(DEMO_DIR)/swag
 	$(PY) -m bert_tf.run_classifier --task_name=sst2 --data_dir=$(DEMO_DIR)/glue \
 	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/classifier \
 	  --do_train --do_eval --do_predict --max_seq_length=24 --train_batch_size=32 \
@@ -53,20 +57,26 @@ demo: $(STAMP)
 	cat $(DEMO_DIR)/classifier/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/classifier --export_dir=$(DEMO_DIR)/export/demo_sst2
 	@# Multiple choice (SWAG's CSV layout): fine-tune, evaluate, export (context + endings in).
-	$(PY) -c "from bert_tf import quiet; quiet.install(); from bert_tf.tasks.multiple_choice.data import write_demo_swag_dir; write_demo_swag_dir('$(DEMO_DIR)/swag')"
 	$(PY) -m bert_tf.run_multiple_choice --task_name=swag --data_dir=$(DEMO_DIR)/swag \
 	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/swag_model \
 	  --do_train --do_eval --do_predict --max_seq_length=32 --train_batch_size=32 \
 	  --learning_rate=1e-3 --num_train_epochs=10
 	cat $(DEMO_DIR)/swag_model/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/swag_model --export_dir=$(DEMO_DIR)/export/demo_swag
-	@# Serve the export over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
-	$(PY) -m bert_tf.serve --model_base_path=$(DEMO_DIR)/export/demo_sst2 --model_name=demo_sst2 \
+	@# Ask the pretrained model what it was trained on: fill a mask, score a sentence pair.
+	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --top_k=3 "$(DEMO_FILL_MASK)"
+	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --next_sentence $(DEMO_PAIR)
+	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/pretrained --export_dir=$(DEMO_DIR)/export/demo_bert
+	@# Serve both exports over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
+	printf 'model_config_list {\n  config { name: "demo_sst2" base_path: "%s" model_platform: "tensorflow" }\n  config { name: "demo_bert" base_path: "%s" model_platform: "tensorflow" }\n}\n' \
+	  "$(abspath $(DEMO_DIR))/export/demo_sst2" "$(abspath $(DEMO_DIR))/export/demo_bert" > $(DEMO_DIR)/models.config
+	$(PY) -m bert_tf.serve --model_config_file=$(DEMO_DIR)/models.config \
 	  --rest_api_port=0 --port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
 	  for i in $$(seq 300); do \
 	    url=$$(grep -o 'serving demo_sst2 version [0-9]* at http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log \
 	      | grep -o 'http://.*'); \
-	    [ -n "$$url" ] && break; kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
+	    [ -n "$$url" ] && grep -q 'serving demo_bert version' $(DEMO_DIR)/serve.log && break; \
+	    kill -0 $$pid || { cat $(DEMO_DIR)/serve.log; exit 1; }; sleep 1; \
 	  done; \
 	  [ -n "$$url" ] || { echo "the server did not report serving in 300 s"; cat $(DEMO_DIR)/serve.log; exit 1; }; \
 	  grpc=$$(grep -o 'gRPC API at [0-9.:]*' $(DEMO_DIR)/serve.log | head -n 1 | cut -d' ' -f4); \
@@ -75,10 +85,24 @@ demo: $(STAMP)
 	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_sst2:predict" -d @$(DEMO_DIR)/request.json; echo; \
 	  echo "python -m bert_tf.serving.client --server=$$grpc --model_name=demo_sst2 TEXT... (gRPC)"; \
 	  $(PY) -m bert_tf.serving.client --server=$$grpc --model_name=demo_sst2 \
-	    "the film was delightful and the music felt lovely ." "the ending seemed awful to me ."
+	    "the film was delightful and the music felt lovely ." "the ending seemed awful to me ."; \
+	  printf '%s\n' '$(DEMO_FILL_MASK_REQUEST)' > $(DEMO_DIR)/fill_mask.json; cat $(DEMO_DIR)/fill_mask.json; \
+	  echo "curl -X POST $$url/v1/models/demo_bert:predict -d @$(DEMO_DIR)/fill_mask.json"; \
+	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_bert:predict" -d @$(DEMO_DIR)/fill_mask.json; echo; \
+	  printf '%s\n' '$(DEMO_PAIR_REQUEST)' > $(DEMO_DIR)/next_sentence.json; cat $(DEMO_DIR)/next_sentence.json; \
+	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_bert:predict" -d @$(DEMO_DIR)/next_sentence.json; echo
+	@echo "See what BERT sees: $(PY) -m bert_tf.playground --model_dir=$(DEMO_DIR)/pretrained --corpus=$(DEMO_DIR)/corpus.txt  then open http://127.0.0.1:8080/ (Records view: $(DEMO_DIR)/tfrecords/pretrain-00000-of-00002.tfrecord)"
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# The playground's browser tests (tests/test_playground.py) drive Debian's Chromium through its
+# driver; CI runs as root on Debian. Without root the tests fail, saying how to install them.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else echo "the browser tests need: sudo apt-get install -y chromium chromium-driver"; fi
 
 # ruff: the formatter's check and the linter (pyproject.toml says which rules).
 lint: $(STAMP)

@@ -22,7 +22,7 @@ Rows, each a fresh process timed from start to exit (imports, data conversion, t
 and saving the fine-tuned model included):
   - ours: run_classifier with length-grouped batches cut to their longest row (the default);
   - ours --jit_compile: the same, XLA-compiled (batches cut to a multiple of 16);
-  - ours --pad_to_max_seq_length: every batch padded to 128 (the behaviour before dynamic shapes);
+  - ours --pad_to_max_seq_length: every batch padded to 128 (static shapes, as on a TPU);
   - HF PyTorch eager: BertForSequenceClassification, batches padded to their longest row
     (DataCollatorWithPadding), a plain training loop, torch.set_num_threads(--threads).
 TensorFlow gets the same threads through TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS (and
@@ -343,7 +343,7 @@ def run_xla_row(args, model_dir, data_dir, work):
 
 
 def run_padded_row(args, model_dir, data_dir, work):
-    """The --pad_to_max_seq_length row (the behaviour before dynamic shapes)."""
+    """The --pad_to_max_seq_length row (every batch padded to max_seq_length)."""
     return run_ours(args, model_dir, data_dir, work, pad=True)
 
 

@@ -4,7 +4,8 @@ The model is the MiniLM classifier bench_inference.py builds (all-MiniLM-L6-v2's
 a random head); both versions are called on packed real sentences inside one tf.function each
 (the part of an export that quantization changes), at batch 1 and batch 32, alternating rounds.
 Also reported: how often the int8 model's label agrees with float32's, and the largest
-probability difference. `bert_tf.export` offers int8 only if it is faster here (issue 12).
+probability difference. `bert_tf.export` offers int8 only where it is faster (see RESULTS.md,
+"Precision: int8 and bfloat16").
 --rounds (bench_inference's flag, imported) sets the alternating rounds.
 
     .venv/bin/python benchmarks/bench_int8.py
@@ -24,6 +25,8 @@ from absl import app, flags, logging  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_inference  # noqa: E402
 
+from bert_tf.tasks import models
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("calls", 10, "Timed calls per round.")
 
@@ -31,15 +34,15 @@ flags.DEFINE_integer("calls", 10, "Timed calls per round.")
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from bert_tf.export_graph import TextPacker
     from bert_tf.model_dir import ModelDir
+    from bert_tf.tasks.export_graph import TextPacker
 
     sentences = bench_inference.real_sentences(256)
     with tempfile.TemporaryDirectory() as work:
         model_dir, config = bench_inference.classifier_model_dir("minilm", work)
         directory = ModelDir(model_dir)
-        float32_model = directory.load_task_model()[0]
-        int8_model = directory.load_task_model()[0]
+        float32_model = models.load_task_model(directory)[0]
+        int8_model = models.load_task_model(directory)[0]
         int8_model.quantize("int8")
         packer = TextPacker(model_dir, config, 128)
     batches = {

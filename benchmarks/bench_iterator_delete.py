@@ -1,5 +1,5 @@
 """How long deleting a finished tf.data iterator takes, with tf.data's autotuner on (TF's default)
-and off (ours: `input_pipeline.without_autotune`), on the eval dataset of a fine-tuning job.
+and off (ours: `tf_data.without_autotune`), on the eval dataset of a fine-tuning job.
 
 Each round builds `tasks.features_dataset` over --rows eval rows (batches of 32 cut to their
 longest row, as fine-tuning's eval and predict batches are), runs a fixed matmul workload after

@@ -27,14 +27,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_inference  # noqa: E402
 import latency  # noqa: E402
 
+from bert_tf.tasks import models
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("multiples", ["16", "8", "1"], "Length multiples compared; the first is 1.00x.")
 
 
 def model_positions(batch, length_multiple):
     """How many positions the model runs for one packed batch, in call_by_length's groups."""
-    from bert_tf.export_graph import LENGTH_GROUP_ROWS, length_groups
     from bert_tf.tasks import bucketed_length, example_lengths
+    from bert_tf.tasks.export_graph import LENGTH_GROUP_ROWS, length_groups
 
     mask = batch["input_mask"]
     if mask.shape[0] <= LENGTH_GROUP_ROWS:  # one call on the packed batch
@@ -51,8 +53,8 @@ def model_positions(batch, length_multiple):
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from bert_tf.export_graph import TextPacker, call_by_length
     from bert_tf.model_dir import ModelDir
+    from bert_tf.tasks.export_graph import TextPacker, call_by_length
 
     multiples = [int(m) for m in FLAGS.multiples]
     sentences = bench_inference.real_sentences(FLAGS.sentences)
@@ -69,7 +71,7 @@ def main(argv):
         packed_by_multiple = {}
         with tempfile.TemporaryDirectory() as work:
             model_dir, config = bench_inference.classifier_model_dir(size, work)
-            model = ModelDir(model_dir).load_task_model()[0]
+            model = models.load_task_model(ModelDir(model_dir))[0]
             for m in multiples:
                 # Packed ahead, so that only the model's call is timed.
                 packer = TextPacker(model_dir, config, 128, length_multiple=m)

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bert_tf import input_pipeline, modeling, optimization, training  # noqa: E402
-from bert_tf.run_pretraining import PretrainingObjective  # noqa: E402
+from bert_tf.masked_lm import PretrainingObjective  # noqa: E402
 
 VOCAB_SIZE = 30522
 PREDICTIONS = 20

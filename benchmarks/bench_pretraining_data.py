@@ -10,7 +10,7 @@ cap). Its source is not part of this repository: place google-research/bert's
 `create_pretraining_data.py` and `tokenization.py` in benchmarks/out/original/ (git-ignored). This
 script then writes a small runner beside them that maps TF1's `tf.flags`, `tf.gfile`,
 `tf.logging`, `tf.python_io` and `tf.app` onto `tensorflow.compat.v1`. Without those files the
-peer's figure is the one recorded earlier on this machine (0.13 MB/s, marked "recorded").
+peer's figure is a recorded one (0.13 MB/s, marked "recorded").
 
 Peak memory is sampled every 0.2 s over the whole process tree: "RSS" sums each process's RSS (so the
 TensorFlow libraries that the processes share are counted once per process), "PSS" shares them out
@@ -266,7 +266,7 @@ def main():
     load_before = os.getloadavg()
 
     rows = []
-    original_rate, original_note = RECORDED_ORIGINAL_MB_PER_SECOND, "recorded earlier, not run"
+    original_rate, original_note = RECORDED_ORIGINAL_MB_PER_SECOND, "recorded, not run"
     corpus_path = build_corpus(args.out_dir, min(sizes))
     mb = os.path.getsize(corpus_path) / 1e6
     if args.beam:

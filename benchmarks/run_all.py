@@ -1,8 +1,9 @@
 """Runs every benchmarks/bench_*.py in turn (`make bench`) and prints their tables.
 
-Each script measures against a peer in the same run; copy the tables into RESULTS.md with the
-machine and the command. Pass --quick to run the scripts that have a short variant in it (see
-QUICK_ARGS); the others run as usual. The scripts' own flags differ, so no other flag is forwarded.
+Each script measures against a peer in the same run; a new run's table replaces its area's table
+in RESULTS.md, with the peer, the machine, the date and the command. Pass --quick to run the
+scripts that have a short variant in it (see QUICK_ARGS); the others run as usual. The scripts'
+own flags differ, so no other flag is forwarded.
 """
 
 import glob

@@ -15,6 +15,10 @@ CLI:
       --vocab_size=8000 --do_lower_case=true
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import collections
 import contextlib
 import dataclasses

@@ -12,8 +12,19 @@ original name, which Keras variable (by `variable.path`, e.g.
   transpose_b=True); the Keras Dense kernel is [H, 2].
 - Hugging Face Linear weights are [out, in]: transposed into the original's [in, out] kernels.
 
+A checkpoint holds the pretraining heads it holds: both (Google's with `cls/`, Hugging Face's
+BertForPreTraining), the MLM head only (`cls/predictions/`: Hugging Face's BertForMaskedLM), or none
+(an encoder-only source such as a Hugging Face BertModel). `heads_in` tells them apart by name, the
+name map covers the heads asked for, and the model directory records which ones it got
+(bert_tf.model_dir: `ModelDir.pretraining_heads()`).
+
 Validation runs before any weight is assigned and reports every missing, extra and mis-shaped
 variable at once, so a config that does not match its checkpoint never half-loads.
+
+The same map runs backwards, for export (bert_tf.hf_export, bert_tf.keras_hub_export):
+`original_weights` reads a model's variables under the original names, and `huggingface_name` gives
+transformers' name of each, checked against `huggingface_to_original_name`. A fine-tuned model's
+head is mapped too (`task_kind`), under the names Hugging Face's task classes give it.
 """
 
 import dataclasses
@@ -27,7 +38,7 @@ import tensorflow as tf
 from absl import logging
 
 from bert_tf import modeling
-from bert_tf.model_dir import ModelDir
+from bert_tf.model_dir import ALL_HEADS, MLM_HEAD, NSP_HEAD, ModelDir, as_heads, describe_heads
 
 # Optimizer slots and counters in checkpoints written by the original run_pretraining.py.
 _IGNORED_GOOGLE_NAME = re.compile(r"(^|/)(adam_m|adam_v|global_step)$")
@@ -66,6 +77,14 @@ _LAYOUTS = {
     "merge_heads_kernel": (lambda s: (s[0] * s[1], s[2]), lambda a, s: a.reshape(s)),
     # [2, H] -> [H, 2]
     "transpose": (lambda s: (s[1], s[0]), lambda a, s: a.T),
+}
+# The way back, Keras layout -> original (the reverse of each convert above): (array, original shape).
+_TO_ORIGINAL = {
+    "same": lambda a, s: a,
+    "split_heads_kernel": lambda a, s: a.reshape(s),
+    "split_heads_bias": lambda a, s: a.reshape(s),
+    "merge_heads_kernel": lambda a, s: a.reshape(s),
+    "transpose": lambda a, s: a.T,
 }
 
 
@@ -138,30 +157,99 @@ def _encoder_entries(num_layers):
     return entries
 
 
-_HEAD_ENTRIES = [
-    ("cls/predictions/transform/dense/kernel", "mlm_head/intermediate_dense/kernel", "same"),
-    ("cls/predictions/transform/dense/bias", "mlm_head/intermediate_dense/bias", "same"),
-    ("cls/predictions/transform/LayerNorm/gamma", "mlm_head/intermediate_layer_norm/gamma", "same"),
-    ("cls/predictions/transform/LayerNorm/beta", "mlm_head/intermediate_layer_norm/beta", "same"),
-    ("cls/predictions/output_bias", "mlm_head/output_bias", "same"),
-    ("cls/seq_relationship/output_weights", "nsp_head/kernel", "transpose"),
-    ("cls/seq_relationship/output_bias", "nsp_head/bias", "same"),
-]
+# Each head's variables; the MLM head's output projection is the word embeddings (tied).
+_HEAD_ENTRIES = {
+    MLM_HEAD: [
+        ("cls/predictions/transform/dense/kernel", "mlm_head/intermediate_dense/kernel", "same"),
+        ("cls/predictions/transform/dense/bias", "mlm_head/intermediate_dense/bias", "same"),
+        (
+            "cls/predictions/transform/LayerNorm/gamma",
+            "mlm_head/intermediate_layer_norm/gamma",
+            "same",
+        ),
+        (
+            "cls/predictions/transform/LayerNorm/beta",
+            "mlm_head/intermediate_layer_norm/beta",
+            "same",
+        ),
+        ("cls/predictions/output_bias", "mlm_head/output_bias", "same"),
+    ],
+    NSP_HEAD: [
+        ("cls/seq_relationship/output_weights", "nsp_head/kernel", "transpose"),
+        ("cls/seq_relationship/output_bias", "nsp_head/bias", "same"),
+    ],
+}
+# The original name scope of each head.
+_HEAD_SCOPES = {MLM_HEAD: "cls/predictions/", NSP_HEAD: "cls/seq_relationship/"}
 
 
-def original_name_map(model, num_layers, with_heads):
-    """{original name: (keras variable, original shape, convert fn)} for `model`'s variables.
+def _heads(with_heads):
+    """`with_heads` (True: both heads, False/None: none, or a collection of head names) as a frozenset."""
+    if with_heads is True:
+        return ALL_HEADS
+    return as_heads(with_heads or ())
 
-    `model` is the encoder, or the pretraining model when `with_heads`. Every Keras variable must be
-    covered exactly once; anything else is a bug in this map, reported as such.
-    """
+
+# A fine-tuned model's head (bert_tf/tasks/<task>/model.py: one Dense layer on pooled_output or
+# sequence_output) -> (its Keras layer, its scope). The original scripts released no fine-tuned
+# checkpoints, so the scope is what huggingface_to_original_name reads Hugging Face's head as:
+# `classifier.weight` [labels, H] is `classifier/kernel` [H, labels], the Keras Dense layout, and
+# BertForQuestionAnswering's `qa_outputs.weight` [2, H] is `qa_outputs/kernel` [H, 2].
+_TASK_HEADS = {
+    "classifier": ("classifier_head", "classifier"),
+    "regressor": ("regressor_head", "classifier"),
+    "ner": ("ner_head", "classifier"),
+    "multiple_choice": ("choice_head", "classifier"),
+    "squad": ("squad_head", "qa_outputs"),
+}
+TASK_HEAD_KINDS = tuple(_TASK_HEADS)
+
+
+def _task_head_entries(task_kind):
+    """(name, keras variable path, layout) of the head of a task model of kind `task_kind`."""
+    if task_kind not in _TASK_HEADS:
+        raise ValueError(
+            f"no name map for a {task_kind!r} head; known: {', '.join(TASK_HEAD_KINDS)}"
+        )
+    layer, scope = _TASK_HEADS[task_kind]
+    return [(f"{scope}/{leaf}", f"{layer}/{leaf}", "same") for leaf in ("kernel", "bias")]
+
+
+def _mapped_entries(model, num_layers, with_heads, task_kind=None):
+    """[(original name, keras variable, layout)] for `model`'s variables (see original_name_map)."""
     variables = {v.path: v for v in model.weights}
-    entries = _encoder_entries(num_layers) + (_HEAD_ENTRIES if with_heads else [])
-    name_map = {}
+    heads = _heads(with_heads)
+    entries = _encoder_entries(num_layers)
+    if task_kind is not None:
+        entries = entries + _task_head_entries(task_kind)
+    left_out = set()
+    for head, head_entries in _HEAD_ENTRIES.items():
+        if head in heads:
+            entries = entries + head_entries
+        else:
+            left_out |= {path for _, path, _ in head_entries}
+    mapped = []
     for original, path, layout in entries:
         if path not in variables:
             raise RuntimeError(f"name map bug: model has no variable {path} (for {original})")
-        variable = variables[path]
+        mapped.append((original, variables[path], layout))
+    unmapped = set(variables) - {path for _, path, _ in entries} - left_out
+    if unmapped:
+        raise RuntimeError(f"name map bug: no original name for {sorted(unmapped)}")
+    return mapped
+
+
+def original_name_map(model, num_layers, with_heads, task_kind=None):
+    """{original name: (keras variable, original shape, convert fn)} for `model`'s variables.
+
+    `model` is the encoder, or the pretraining model when `with_heads` (True for both heads, or the
+    heads to map, e.g. {"mlm"}): a head left out keeps its Keras variables, unmapped. With
+    `task_kind` (a task.json kind), `model` is that fine-tuned model and its head is mapped too. Every
+    other Keras variable must be covered exactly once; anything else is a bug in this map, reported
+    as such.
+    """
+    name_map = {}
+    for original, variable, layout in _mapped_entries(model, num_layers, with_heads, task_kind):
         original_shape, convert = _LAYOUTS[layout]
         keras_shape = tuple(variable.shape)
         name_map[original] = (
@@ -169,19 +257,29 @@ def original_name_map(model, num_layers, with_heads):
             original_shape(keras_shape),
             lambda a, s=keras_shape, f=convert: f(a, s),
         )
-    unmapped = set(variables) - {path for _, path, _ in entries}
-    if unmapped:
-        raise RuntimeError(f"name map bug: no original name for {sorted(unmapped)}")
     return name_map
 
 
-def assign_original_weights(source, shapes, read, model, num_layers, with_heads):
+def original_weights(model, num_layers, with_heads, task_kind=None):
+    """{original name: numpy array in the original's layout} of `model`'s variables: the name map
+    read backwards (what assign_original_weights assigns, given these arrays, is `model` again,
+    bit for bit; the layouts are reshapes and transposes only). Arguments as original_name_map's."""
+    weights = {}
+    for original, variable, layout in _mapped_entries(model, num_layers, with_heads, task_kind):
+        original_shape = _LAYOUTS[layout][0](tuple(variable.shape))
+        weights[original] = np.ascontiguousarray(
+            _TO_ORIGINAL[layout](np.asarray(variable.numpy()), original_shape)
+        )
+    return weights
+
+
+def assign_original_weights(source, shapes, read, model, num_layers, with_heads, task_kind=None):
     """Validates `shapes` ({original name: shape}) against `model`, then assigns every weight.
 
     `read(name)` returns the array for an original name; it is called only after validation
     succeeds, one variable at a time, so a large checkpoint is never held twice in memory.
     """
-    name_map = original_name_map(model, num_layers, with_heads)
+    name_map = original_name_map(model, num_layers, with_heads, task_kind)
     missing = [(name, want) for name, (_, want, _) in name_map.items() if name not in shapes]
     extra = [(name, shape) for name, shape in sorted(shapes.items()) if name not in name_map]
     mismatched = [
@@ -196,9 +294,14 @@ def assign_original_weights(source, shapes, read, model, num_layers, with_heads)
     logging.info("loaded %d variables from %s", len(name_map), source)
 
 
-def has_heads(names):
-    """Whether a set of original names carries pretraining heads (any `cls/` variable)."""
-    return any(name.startswith("cls/") for name in names)
+def heads_in(names):
+    """The pretraining heads a set of original names has weights of: a frozenset, subset of
+    {"mlm", "nsp"} (any `cls/predictions/` variable: MLM; any `cls/seq_relationship/` one: NSP)."""
+    return frozenset(
+        head
+        for head, scope in _HEAD_SCOPES.items()
+        if any(name.startswith(scope) for name in names)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,14 +387,19 @@ def huggingface_config(hf_config, do_lower_case, source="config.json"):
 def huggingface_to_original_name(name):
     """(original name, transpose) for a Hugging Face BERT weight name; original None = ignore it.
 
-    Unknown names come back unchanged so that validation lists them as extra variables.
+    Unknown names come back unchanged so that validation lists them as extra variables. The MLM
+    decoder's weight and bias are other names of the word embeddings and of cls.predictions.bias
+    (Hugging Face ties them), so they map to those; read_huggingface_weights checks that two Hugging
+    Face weights under one original name are equal, which refuses an untied decoder.
     """
     if name.startswith("bert."):
         name = name[len("bert.") :]
-    if name == "embeddings.position_ids" or name.startswith("cls.predictions.decoder."):
-        # position_ids is a constant buffer; the decoder is tied to the word embeddings and its bias
-        # is the same tensor as cls.predictions.bias (checked in read_huggingface_weights).
-        return None, False
+    if name in ("embeddings.position_ids", "embeddings.token_type_ids"):
+        return None, False  # constant buffers, not weights
+    if name == "cls.predictions.decoder.weight":  # [vocab, hidden], the embeddings' layout
+        return "bert/embeddings/word_embeddings", False
+    if name == "cls.predictions.decoder.bias":
+        return "cls/predictions/output_bias", False
     parts = name.split(".")
     if len(parts) < 2:
         return name, False
@@ -317,6 +425,83 @@ def huggingface_to_original_name(name):
     if leaf == "weight":
         return "/".join(path + ["kernel"]), True
     return "/".join(path + [leaf]), False
+
+
+_LAYER = re.compile(r"layer_\d+")  # an original name's encoder layer (layer_3)
+
+
+def huggingface_name(original, prefix="bert."):
+    """(Hugging Face name, transpose) of an original name: huggingface_to_original_name backwards.
+
+    `prefix` is "bert." for transformers' BertFor* classes, "" for a bare BertModel. Each name is
+    checked against huggingface_to_original_name, which also decides the transpose, so the two
+    directions are one map and cannot drift apart: a name that does not come back is a bug.
+    """
+    if original == "cls/predictions/output_bias":
+        name = "cls.predictions.bias"
+    elif original.startswith("cls/seq_relationship/"):
+        leaf = original.rsplit("/", 1)[1]
+        name = "cls.seq_relationship." + {"output_weights": "weight", "output_bias": "bias"}.get(
+            leaf, leaf
+        )
+    else:
+        path, scope = original.split("/"), ""
+        if path[0] == "bert":
+            path, scope = path[1:], prefix
+        if path[-1].endswith("_embeddings"):
+            path = path + ["weight"]
+        else:
+            leaf = {"gamma": "weight", "beta": "bias", "kernel": "weight"}.get(path[-1], path[-1])
+            path = path[:-1] + [leaf]
+        # encoder/layer_3 -> encoder.layer.3
+        path = [p for part in path for p in (part.split("_") if _LAYER.fullmatch(part) else [part])]
+        name = scope + ".".join(path)
+    back, transpose = huggingface_to_original_name(name)
+    if back != original:
+        raise RuntimeError(f"name map bug: {original} -> {name} -> {back}")
+    return name, transpose
+
+
+def huggingface_activation(hidden_act):
+    """Hugging Face's hidden_act for the function our `hidden_act` names (huggingface_config's map
+    backwards): our "gelu", the tanh approximation, is its "gelu_new"; our "gelu_exact", the erf form,
+    is its "gelu"; relu, tanh, linear, swish and silu keep their names."""
+    activation = modeling.get_activation(hidden_act)
+    hf_name = {modeling.gelu_tanh: "gelu_new", modeling.gelu_exact: "gelu"}.get(
+        activation, hidden_act.lower()
+    )
+    if modeling.get_activation(_HF_ACTIVATIONS.get(hf_name, hf_name)) is not activation:
+        raise RuntimeError(f"activation map bug: {hidden_act!r} -> {hf_name!r}")
+    return hf_name
+
+
+# The fields of the original bert_config.json (and so of Hugging Face's and keras-hub's BERT).
+ORIGINAL_CONFIG_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+)
+# With the casing and the file's version: a BertConfig field added later sets something else.
+_PORTABLE_FIELDS = frozenset(ORIGINAL_CONFIG_FIELDS) | {"do_lower_case", "config_version"}
+
+
+def unportable_settings(config):
+    """The settings of `config` beyond the original BERT's ("name=value"; its fields that are not
+    the original's, where they differ from their defaults): what no other BERT library would keep."""
+    return [
+        f"{field.name}={getattr(config, field.name)!r}"
+        for field in dataclasses.fields(config)
+        if field.name not in _PORTABLE_FIELDS
+        and (field.default is dataclasses.MISSING or getattr(config, field.name) != field.default)
+    ]
 
 
 class _TorchStorage:
@@ -408,24 +593,54 @@ def read_huggingface_weights(hf_dir):
         hf_weights = load_file(path)
     else:
         hf_weights = read_pytorch_bin(path)
-    weights = {}
-    for hf_name, array in hf_weights.items():
+    weights, hf_names = {}, {}
+    # Sorted, so the decoder's names (cls.predictions.decoder.*) come after those they are tied to.
+    for hf_name in sorted(hf_weights, key=lambda n: (".decoder." in n, n)):
         original, transpose = huggingface_to_original_name(hf_name)
         if original is None:
             continue
+        array = hf_weights[hf_name].T if transpose else hf_weights[hf_name]
         if original in weights:
-            raise ValueError(
-                f"{path}: two weights map to {original} (is the `bert.` prefix mixed?)"
-            )
-        weights[original] = array.T if transpose else array
-    decoder = hf_weights.get("cls.predictions.decoder.weight")
-    embeddings = weights.get("bert/embeddings/word_embeddings")
-    if decoder is not None and embeddings is not None and not np.array_equal(decoder, embeddings):
-        raise ValueError(
-            f"{path}: cls.predictions.decoder.weight is not tied to the word embeddings; "
-            "BERT ties them and this model cannot hold a separate decoder"
-        )
+            first = hf_names[original]
+            if array.shape == weights[original].shape and np.array_equal(array, weights[original]):
+                continue  # the same tensor under two names (tied)
+            if hf_name.endswith("decoder.weight"):
+                problem = (
+                    f"{hf_name} is not tied to the word embeddings ({first}); BERT ties them "
+                    "and this model's MLM head cannot hold a separate decoder"
+                )
+            elif hf_name.endswith("decoder.bias"):
+                problem = (
+                    f"{hf_name} is not tied to (differs from) {first}; the MLM head has one "
+                    "output bias"
+                )
+            else:
+                problem = (
+                    f"{first} and {hf_name} both map to {original} but differ "
+                    "(is the `bert.` prefix mixed?)"
+                )
+            raise ValueError(f"{path}: {problem}")
+        weights[original], hf_names[original] = array, hf_name
     return weights, path
+
+
+# Hugging Face's BertForMaskedLM (and a BertModel built with add_pooling_layer=False) has no pooler.
+_POOLER_NAMES = ("bert/pooler/dense/kernel", "bert/pooler/dense/bias")
+
+
+def _fresh_pooler(config, source):
+    """The pooler a checkpoint without one gets: the original's initialization (truncated normal
+    kernel with stddev initializer_range, zero bias), seeded, so a conversion is reproducible."""
+    logging.warning(
+        "%s has no pooler (bert.pooler.dense): pooled_output comes from a freshly initialized "
+        "pooler, as in Hugging Face's models built from such a checkpoint; fine-tune before using it",
+        source,
+    )
+    h = config.hidden_size
+    kernel = tf.random.stateless_truncated_normal(
+        [h, h], seed=[0, 0], stddev=config.initializer_range
+    )
+    return {_POOLER_NAMES[0]: kernel.numpy(), _POOLER_NAMES[1]: np.zeros([h], np.float32)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -442,12 +657,26 @@ def _lower_case_setting(values):
 
 
 def convert(
-    format, checkpoint, output_dir, bert_config_file=None, vocab_file=None, do_lower_case=None
+    format,
+    checkpoint,
+    output_dir,
+    bert_config_file=None,
+    vocab_file=None,
+    do_lower_case=None,
+    task_model=None,
 ):
     """Converts a Google or Hugging Face BERT checkpoint into a model directory; returns its ckpt path.
 
     Defaults: bert_config.json / config.json and vocab.txt beside the checkpoint. do_lower_case
     comes from the argument, else the config (or HF tokenizer_config.json); it is never guessed.
+    The pretraining heads the checkpoint has (heads_in) are kept, and only those: the directory's
+    `ModelDir.pretraining_heads()` says which. A Hugging Face checkpoint without a pooler (a
+    BertForMaskedLM) gets a freshly initialized one, with a warning.
+
+    `task_model(hf_config, config, source)`, for a Hugging Face source, returns (TaskSpec, task
+    model, encoder) when config.json describes a fine-tuned model it can rebuild (bert_tf.hf_export
+    passes one that knows its own exports), else None; the directory then holds that task model and
+    its task.json, and the head's weights are mapped like the rest.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -484,23 +713,35 @@ def convert(
             )
         config = huggingface_config(hf_config, do_lower_case, source=bert_config_file)
         weights, source = read_huggingface_weights(checkpoint)
+        if not any(name in weights for name in _POOLER_NAMES):
+            weights.update(_fresh_pooler(config, source))
         shapes = {name: array.shape for name, array in weights.items()}
         read = weights.__getitem__
     vocab_file = vocab_file or os.path.join(source_dir, "vocab.txt")
     if not tf.io.gfile.exists(vocab_file):
         raise FileNotFoundError(f"vocab file {vocab_file} does not exist (pass --vocab_file)")
 
-    with_heads = has_heads(shapes)
-    if with_heads:
+    task = None
+    if format == "huggingface" and task_model is not None:
+        task = task_model(hf_config, config, bert_config_file)
+    if task is not None:
+        spec, model, encoder = task
+        assign_original_weights(
+            source, shapes, read, model, config.num_hidden_layers, (), task_kind=spec.kind
+        )
+        path = ModelDir(output_dir).write(config, vocab_file, encoder, spec=spec, model=model)
+        logging.info("wrote %s: a fine-tuned %s model", path, spec.kind)
+        return path
+
+    heads = heads_in(shapes)
+    if heads:
         model, encoder = modeling.build_pretraining_model(config)
     else:
         encoder = modeling.build_encoder(config)
         model = None
-    assign_original_weights(
-        source, shapes, read, model or encoder, config.num_hidden_layers, with_heads
+    assign_original_weights(source, shapes, read, model or encoder, config.num_hidden_layers, heads)
+    path = ModelDir(output_dir).write(
+        config, vocab_file, encoder, pretraining_model=model, heads=heads
     )
-    path = ModelDir(output_dir).write(config, vocab_file, encoder, pretraining_model=model)
-    logging.info(
-        "wrote %s (%s)", path, "encoder + pretraining heads" if with_heads else "encoder only"
-    )
+    logging.info("wrote %s: the encoder and %s", path, describe_heads(heads))
     return path

@@ -1,16 +1,44 @@
-"""CLI: convert Google's original or Hugging Face BERT weights into a bert_tf model directory.
+"""CLI: convert Google's original or Hugging Face BERT weights into a bert_tf model directory, and a
+model directory out to Hugging Face or keras-hub.
 
     python -m bert_tf.convert_checkpoint --format=google \
       --checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt --do_lower_case=true --output_dir=models/base
     python -m bert_tf.convert_checkpoint --format=huggingface --checkpoint=path/to/hf_dir \
       --output_dir=models/minilm
+
+The pretraining heads the source has are kept, and only those: both from Google's bert_model.ckpt or a
+Hugging Face BertForPreTraining, the MLM head from a BertForMaskedLM, none from a BertModel. The run
+prints which; later, `bert_tf.model_dir.ModelDir(DIR).pretraining_heads()` says so from the directory.
+A Hugging Face directory that --to=huggingface wrote for a fine-tuned model comes back as that model.
+
+The other way, any model directory (pretrained or fine-tuned):
+
+    python -m bert_tf.convert_checkpoint --to=huggingface --model_dir=models/mrpc --output_dir=hf/mrpc
+    python -m bert_tf.convert_checkpoint --to=keras_hub --model_dir=models/sst2 --output_dir=presets/sst2
+
+bert_tf.hf_export and bert_tf.keras_hub_export say what each writes and what each refuses. The
+output directory must be empty or new (or pass --overwrite), and appears only once complete.
 """
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
 
 import dataclasses
 
-from bert_tf import checkpoints, cli, tokenization
+from absl import flags
+
+from bert_tf import checkpoints, cli, hf_export, keras_hub_export, tokenization
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
+from bert_tf.model_dir import ModelDir, describe_heads
+from bert_tf.tasks import models
+
+# --to's choices: bert_tf.hf_export and bert_tf.keras_hub_export write them.
+EXPORT_TARGETS = ("huggingface", "keras_hub")
+# The flags of each direction, refused in the other.
+IMPORT_FLAGS = ("format", "checkpoint", "bert_config_file", "vocab_file", "do_lower_case")
+EXPORT_FLAGS = ("to", "model_dir", "overwrite", "allow_gelu_change")
 
 
 @dataclasses.dataclass
@@ -42,7 +70,27 @@ class ConvertArgs:
         "Face tokenizer_config.json) records it; it is stored in the model directory. It must "
         "match the name of Google's released checkpoints (false for cased_L-12_H-768_A-12).",
     )
-    output_dir: str = arg(None, "The model directory to write.")
+    output_dir: str = arg(
+        None,
+        "The model directory to write; with --to, the Hugging Face directory or keras-hub preset.",
+    )
+    to: str = arg(
+        None,
+        "Export instead of import: 'huggingface' writes --model_dir as a Hugging Face BERT "
+        "directory (config.json, model.safetensors, tokenizer files), 'keras_hub' as a keras-hub "
+        "preset (BertBackbone, BertTokenizer, BertTextClassifier for a classifier).",
+        choices=EXPORT_TARGETS,
+    )
+    model_dir: str = arg(None, "With --to: the model directory to export.")
+    overwrite: bool = arg(
+        False, "With --to: replace a --output_dir that is not empty (else it is refused)."
+    )
+    allow_gelu_change: bool = arg(
+        False,
+        "With --to=keras_hub: export a model trained with the GELU form keras-hub's BertBackbone "
+        "does not apply (it applies the tanh approximation); the output difference measured is "
+        "printed.",
+    )
 
 
 def run(args):
@@ -64,20 +112,88 @@ def run(args):
             bert_config_file=args.bert_config_file,
             vocab_file=args.vocab_file,
             do_lower_case=args.do_lower_case,
+            task_model=hf_export.task_model,
         )
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from e
-    print(f"wrote model directory {args.output_dir} (checkpoint {path})")
+    spec = models.read_task_spec(ModelDir(args.output_dir))
+    if spec is not None:
+        print(
+            f"wrote model directory {args.output_dir} (checkpoint {path}): a fine-tuned {spec.kind}"
+        )
+        return path
+    heads = ModelDir(args.output_dir).pretraining_heads(path)
+    print(
+        f"wrote model directory {args.output_dir} (checkpoint {path}): the encoder and "
+        f"{describe_heads(heads)}"
+    )
     return path
+
+
+def run_export(args, flags_text=""):
+    """Exports --model_dir (a `ConvertArgs` with `to`) to --output_dir; bad inputs are UsageErrors.
+
+    `flags_text` (the resolved flags) is written into the output as convert_checkpoint.flags.
+    """
+    extra_files = {"convert_checkpoint.flags": flags_text} if flags_text else None
+    if args.to == "huggingface":
+        result = hf_export.export(
+            args.model_dir, args.output_dir, overwrite=args.overwrite, extra_files=extra_files
+        )
+        print(
+            f"wrote {result.architecture} to {result.output_dir} ({result.num_weights} weights): "
+            f"{result.description}"
+        )
+        return result
+    result = keras_hub_export.export(
+        args.model_dir,
+        args.output_dir,
+        overwrite=args.overwrite,
+        allow_gelu_change=args.allow_gelu_change,
+        extra_files=extra_files,
+    )
+    print(f"wrote keras-hub preset {result.output_dir}: loads as {', '.join(result.classes)}")
+    if result.gelu_changed:
+        print(
+            "GELU form changed to keras-hub's: outputs differ from this model's by up to "
+            f"{result.max_difference:.3g} (the largest |difference| of sequence_output, "
+            "pooled_output and any logits, on a few random inputs)"
+        )
+    else:
+        print(f"keras-hub's outputs are within {result.max_difference:.3g} of this model's")
+    if result.left_out:
+        print(f"not in the preset: {result.left_out}")
+    return result
+
+
+def _given(name):
+    """Whether flag --name was given on the command line."""
+    return flags.FLAGS[name].present
+
+
+def main(argv):
+    """Imports (--format) or, with --to, exports; the flags of one direction are refused in the other."""
+    if not _given("to"):
+        stray = [f"--{name}" for name in EXPORT_FLAGS if _given(name)]
+        if stray:
+            raise UsageError(f"{', '.join(stray)}: only with --to (exporting a model directory)")
+        return cli.job_main(
+            ConvertArgs, run, "convert_checkpoint", required=("format", "checkpoint", "output_dir")
+        )(argv)
+    if len(argv) > 1:
+        raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    stray = [f"--{name}" for name in IMPORT_FLAGS if _given(name)]
+    if stray:
+        raise UsageError(f"{', '.join(stray)}: only when importing (without --to)")
+    args = cli.args_from_flags(ConvertArgs)
+    for name in ("model_dir", "output_dir"):
+        if not getattr(args, name):
+            raise UsageError(f"--{name} is required")
+    if args.allow_gelu_change and args.to != "keras_hub":
+        raise UsageError("--allow_gelu_change: only with --to=keras_hub")
+    run_export(args, flags.FLAGS.flags_into_string())
 
 
 if __name__ == "__main__":
     cli.define_flags(ConvertArgs)
-    cli.run(
-        cli.job_main(
-            ConvertArgs,
-            run,
-            "convert_checkpoint",
-            required=("format", "checkpoint", "output_dir"),
-        )
-    )
+    cli.run(main)

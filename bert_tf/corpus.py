@@ -14,6 +14,10 @@ CLI:
   python -m bert_tf.corpus --output_file=build/demo/corpus.txt [--max_mb=N] [--packages=numpy,keras]
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import ast
 import contextlib
 import dataclasses

@@ -20,19 +20,23 @@ The flags are the original script's, plus --output_dir/--num_shards/--output_pre
     create_pretraining_data.flags (reusable with --flagfile) are written beside the output, and the
     first records are logged readably, as the original does. Bad flags or input exit with code 2.
 
-This module only reads the flags into a `pretraining.PretrainingDataArgs` and calls
-`pretraining.run`; bert_tf/pretraining/ does the work (see its docstring).
+This module only reads the flags into a `job.PretrainingDataArgs` and calls
+`job.run`; bert_tf/pretraining/ does the work (see its docstring).
 """
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
 
 from absl import flags
 
-from bert_tf import cli, pretraining
-from bert_tf.pretraining import files
+from bert_tf import cli
+from bert_tf.pretraining import files, job
 
 JOB_NAME = "create_pretraining_data"
 FLAGS = flags.FLAGS
 # The flags are the args dataclass's fields: names, defaults and help declared once there.
-cli.define_flags(pretraining.PretrainingDataArgs)
+cli.define_flags(job.PretrainingDataArgs)
 
 
 def pipeline_args(argv, runner, num_workers_given, num_workers):
@@ -58,10 +62,10 @@ def flagfile_lines(beam_args):
 
 def main(argv):
     """Runs the job on the flags; the resolved flags go beside the output once it is this run's."""
-    args = cli.args_from_flags(pretraining.PretrainingDataArgs)
+    args = cli.args_from_flags(job.PretrainingDataArgs)
     beam_args = pipeline_args(argv, args.runner, FLAGS["num_workers"].present, args.num_workers)
     # The flags file goes beside the outputs only once the location is this run's (see run()).
-    pretraining.run(
+    job.run(
         args,
         log_flags=lambda output_dir: cli.log_flags(
             output_dir, JOB_NAME, flagfile_lines(argv[1:]), write_text=files.write_text

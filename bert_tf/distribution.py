@@ -94,6 +94,21 @@ def get_strategy(name, tpu="", num_cpu_replicas=0):
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+def make_strategy(name, tpu="", num_cpu_replicas=0, batch_sizes=None):
+    """The strategy `name` (see get_strategy), logged; each global batch size of `batch_sizes`
+    ({flag name: size}) must split evenly over its replicas.
+
+    Call it before any other TensorFlow op: splitting the CPU into logical devices must come first.
+    """
+    strategy = get_strategy(name, tpu=tpu, num_cpu_replicas=num_cpu_replicas)
+    replicas = strategy.num_replicas_in_sync
+    logging.info("strategy %s with %d replicas", type(strategy).__name__, replicas)
+    for flag, size in (batch_sizes or {}).items():
+        if size % replicas:
+            raise UsageError(f"--{flag}={size} is not divisible by the {replicas} replicas")
+    return strategy
+
+
 def is_chief(strategy):
     """Whether this task writes checkpoints, summaries and results (worker 0, or the only task)."""
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -8,52 +8,23 @@ defaults to one more than the highest numeric version already there. The version
 a hidden temporary directory beside it (`.N.tmp-*`, which TF Serving and bert_tf.serve ignore: its
 name is not a number) and renamed to N only when complete, so no server ever sees half a version.
 
-What is exported follows MODEL_DIR/task.json (see bert_tf.tasks.models), built by the task's
-serving module (bert_tf/tasks/<task>/serving.py, found through bert_tf.tasks.registry); they take
-`tf.string [batch]` (UTF-8) and return named tensors:
-
-- classifier: `serving_default` (tensorflow/serving/predict) takes `text`, or `text_a` and
-  `text_b` for pair tasks, and returns `probabilities` float32 [b, labels], `label_id` int32 [b]
-  and `label` string [b]. `classification` (tensorflow/serving/classify, for TF Serving's
-  :classify) takes `inputs`, serialized tf.Examples with the same text features as bytes, and
-  returns `classes` string [b, labels] and `scores` float32 [b, labels].
-- regressor: `serving_default` returns `score` float32 [b]; `regression`
-  (tensorflow/serving/regress) takes `inputs` (tf.Examples) and returns `outputs` float32 [b].
-- squad: `serving_default` takes `question` and `context` and returns `answer` string [b],
-  `start` and `end` int32 [b] (character offsets of the answer in the context: context[start:end]
-  in Python; -1 when there is no answer) and `score` float32 [b] (start logit + end logit of the
-  answer; for "no answer" the null score). As run_squad.py: the question is cut to
-  max_query_length tokens, and the context is split into windows every doc_stride tokens
-  (task.json) inside the graph; the best span over all windows wins (at most 30 tokens,
-  start <= end, inside the context, each start token scored only in its max-context window),
-  searched exhaustively rather than among the 20 best starts and ends. A v2 model answers ""
-  when the null score beats the best span; an empty context has no answer. Windows go through
-  the model 32 at a time, so a megabyte-long context costs time, not memory.
-- ner: `serving_default` takes `text` and returns the entities, padded to the batch's largest
-  count: `entity_text` and `entity_type` string [b, e] (padding ""), `start` and `end` int32 [b, e]
-  (character offsets, text[start:end]; padding -1) and `num_entities` int32 [b]. As in training
-  (bert_tf.tasks.ner), each whitespace-separated word takes the label predicted for its first
-  token, only the first words whose tokens all fit in max_seq_length - 2 are tagged, and
-  entities are read as conlleval reads BIO: B-X starts one, I-X continues one of type X (or
-  starts one after O or another type), any other label is outside.
-- multiple_choice: `serving_default` takes `context` string [b] and `endings` string [b, n]
-  (any n >= 2) and returns `probabilities` float32 [b, n] and `choice` int32 [b]; choice i is
-  packed `[CLS] context [SEP] ending_i [SEP]`, as run_multiple_choice packs it.
-- no task.json (a pretrained model directory): the TF Hub text convention, two SavedModels in
-  one version, so they always match:
-  - EXPORT_DIR/N/ is the encoder. `__call__` maps a dict of input_word_ids, input_mask and
-    input_type_ids (int32 [b, s]) to sequence_output [b, s, h], pooled_output [b, h], default
-    (= pooled_output) and encoder_outputs (a list of [b, s, h], one per layer). Its
-    `serving_default` signature takes the three inputs by name and returns the same, with
-    encoder_outputs stacked batch-first, [b, layers, s, h] (TF Serving's row format needs every
-    output batch-first).
-  - EXPORT_DIR/N/preprocess/ is the preprocessor. `__call__` and `serving_default` map `text` to
-    the three inputs, padded to the batch's longest row (at most --max_seq_length,
-    default 128, at most max_position_embeddings; exactly it with --pad_to_max_seq_length);
-    `tokenize(text)` gives the ids as a RaggedTensor int32 [b, (tokens)];
-    `bert_pack_inputs(segments, seq_length)` packs a list of one or two such tensors (a row whose
-    second segment is empty is packed as a single sentence, see below).
-  Both have `vocab_file` (the asset) and `do_lower_case` (a bool tf.Variable).
+What is exported follows MODEL_DIR/task.json (bert_tf.tasks.models): a fine-tuned model gets its
+task's serving module (bert_tf/tasks/<task>/serving.py, named in bert_tf.tasks.registry, whose
+docstring lists its signatures), which takes `tf.string [batch]` (UTF-8) and returns named tensors.
+A pretrained model directory (no task.json) follows the TF Hub text convention, two SavedModels in
+one version, so they always match:
+- EXPORT_DIR/N/ is the encoder. `__call__` maps a dict of input_word_ids, input_mask and
+  input_type_ids (int32 [b, s]) to sequence_output [b, s, h], pooled_output [b, h], default
+  (= pooled_output) and encoder_outputs (a list of [b, s, h], one per layer). Its
+  `serving_default` signature takes the three inputs by name and returns the same, with
+  encoder_outputs stacked batch-first, [b, layers, s, h] (TF Serving's row format needs every
+  output batch-first).
+- EXPORT_DIR/N/preprocess/ is the preprocessor. `__call__` and `serving_default` map `text` to the
+  three inputs, padded to the batch's longest row (at most --max_seq_length, default 128, at most
+  max_position_embeddings; exactly it with --pad_to_max_seq_length); `tokenize(text)` gives the
+  ids as a RaggedTensor int32 [b, (tokens)]; `bert_pack_inputs(segments, seq_length)` packs a list
+  of one or two such tensors (a row whose second segment is empty is packed as a single sentence).
+Both have `vocab_file` (the asset) and `do_lower_case` (a bool tf.Variable).
 
 Every call pads its batch to its own longest packed input (rounded up to LENGTH_BUCKET, 16, with
 `--jit_compile`, so that XLA compiles few shapes), at most max_seq_length, which stays the
@@ -68,11 +39,13 @@ Every export carries assets/vocab.txt and assets/bert_config.json (with do_lower
 exports assets/task.json, and every version assets.extra/tf_serving_warmup_requests (bert_tf.warmup).
 Inputs are tokenized by GraphTokenizer (FullTokenizer's ids) and packed
 as in training: `[CLS] a [SEP] (b [SEP])`, truncated by the original rule to max_seq_length (the
-model directory's, or --max_seq_length), so an empty string and a megabyte-long one both work. A
-text_b with no tokens (such as "" or "\u200b") gives `[CLS] a [SEP]`, as the original's
-convert_single_example (`if tokens_b:`) and bert_tf.tasks.classification pack it.
+model directory's, or --max_seq_length), so an empty string and a megabyte-long one both work.
 The graphs use only TensorFlow core and tensorflow_text ops.
 """
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
 
 import contextlib
 import dataclasses
@@ -83,12 +56,13 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import cli, export_graph, io_utils, modeling, warmup
+from bert_tf import cli, io_utils, masked_lm, masked_lm_serving, modeling, warmup
 from bert_tf.cli import arg
 from bert_tf.inference_encoder import with_inference_encoder
-from bert_tf.model_dir import ModelDir
+from bert_tf.model_dir import MLM_HEAD, ModelDir
 from bert_tf.model_versions import list_versions
-from bert_tf.tasks import length_multiple, pack_inputs, registry
+from bert_tf.tasks import export_graph, length_multiple, models, pack_inputs, registry
+from bert_tf.tokenizer_rules import load_vocab
 
 ENCODER_KIND = "encoder"
 PREPROCESS_SUBDIR = "preprocess"
@@ -152,10 +126,12 @@ class ExportArgs:
 class EncoderModule(export_graph.ServingModule):
     """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output, encoder_outputs, default."""
 
-    def __init__(self, encoder, assets, packer):
+    def __init__(self, encoder, assets, packer, heads=None):
         super().__init__(assets)
         self.encoder = encoder
         self.packer = packer  # the preprocessor's, whose lengths the warm-up requests follow
+        # The pretraining heads' signatures (masked_lm_serving.HeadsModule), where the model has heads.
+        self.heads = heads
         self.vocab_file = assets.vocab_file
         self.do_lower_case = assets.do_lower_case
         inputs_spec = {
@@ -192,6 +168,13 @@ class EncoderModule(export_graph.ServingModule):
         )
         outputs["encoder_outputs"] = tf.stack(outputs["encoder_outputs"], axis=1)
         return outputs
+
+    def signatures(self):
+        """signature key -> (tf.function with an input signature, method name)."""
+        result = super().signatures()
+        if self.heads is not None:
+            result.update(self.heads.signatures())
+        return result
 
 
 class PreprocessModule(export_graph.ServingModule):
@@ -254,7 +237,7 @@ def build_serving_modules(
     """The module(s) to save for MODEL_DIR: {subdirectory ("" = the version dir) -> module}, and the kind."""
     directory = ModelDir(model_dir)
     config = directory.load_config()
-    spec = directory.read_task_spec()
+    spec = models.read_task_spec(directory)
     if max_seq_length is not None:
         seq_length = max_seq_length
     elif spec is None:
@@ -283,16 +266,45 @@ def build_serving_modules(
     compiled = export_graph.CompiledModel if jit_compile else lambda model: model
     with dtype_policy(PRECISION_POLICIES[precision]):
         if spec is None:
+            heads = pretraining_heads(directory, config, seq_length, pad_to_max_seq_length)
             encoder = directory.load_encoder()
             encoder = compiled(with_inference_encoder(encoder, config))
             return {
-                "": EncoderModule(encoder, assets, packer),
+                "": EncoderModule(encoder, assets, packer, heads),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
-        model, encoder, _, spec = directory.load_task_model()
+        model, encoder, _, spec = models.load_task_model(directory)
         model = with_inference_encoder(encoder, config, model)
-    serving_module = registry.get(spec.kind).serving_module
+    serving_module = registry.serving_module(spec.kind)
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
+
+
+def pretraining_heads(directory, config, seq_length, pad_to_max_seq_length):
+    """The fill_mask / next_sentence signatures of a pretrained model directory with heads, or None
+    (logged) when it has none."""
+    heads = directory.pretraining_heads()
+    if not heads:
+        logging.warning(
+            "%s has no pretraining heads: the export has the encoder, and no fill-mask or "
+            "next-sentence signatures",
+            directory.path,
+        )
+        return None
+    missing = {"[MASK]"} - set(load_vocab(directory.vocab_file))
+    if MLM_HEAD in heads and missing:
+        raise io_utils.UsageError(f"{directory.vocab_file} has no [MASK] token for fill-mask")
+    model, encoder = directory.load_pretraining_model(require=heads)
+    packer = export_graph.TextPacker(
+        directory.path,
+        config,
+        seq_length,
+        dynamic_length=not pad_to_max_seq_length,
+        special_tokens=masked_lm.TEXT_SPECIAL_TOKENS,
+    )
+    model = with_inference_encoder(encoder, config, model)
+    return masked_lm_serving.HeadsModule(
+        model, heads, packer, directory.vocab_file, config.vocab_size
+    )
 
 
 @contextlib.contextmanager
@@ -316,6 +328,7 @@ def save_module(module, path):
     # The functions are traced inside save: a trace made outside it is not reused there (the
     # save context is part of the trace cache key), so tracing first would trace twice.
     signatures = module.signatures()
+    module.serving_variables = tf_variables_of(module)
     tf.saved_model.save(module, path, signatures={key: fn for key, (fn, _) in signatures.items()})
     methods = {
         key: method
@@ -324,6 +337,24 @@ def save_module(module, path):
     }
     if methods:
         set_method_names(path, methods)
+
+
+def tf_variables_of(module):
+    """The tf.Variables behind every Keras variable that `module` reaches, each once.
+
+    A session-based loader (TF Serving's, `saved_model_cli run`) restores only variables the
+    SavedModel tracks as tf.Variables; Keras 3 layers keep theirs inside Keras variables, which
+    such a loader leaves uninitialized ("Could not find variable ..."). Tracked on the module as a
+    list, they are restored as keras.export.ExportArchive's exports are.
+    """
+    found = {}
+    for trackable in tf.train.TrackableView(module).descendants():
+        variables = [trackable] if isinstance(trackable, keras.Variable) else []
+        if isinstance(trackable, keras.layers.Layer):
+            variables = trackable.variables  # also those a layer creates but does not track
+        for variable in variables:
+            found.setdefault(id(variable), variable.value)
+    return list(found.values())
 
 
 def set_method_names(path, methods):
@@ -354,9 +385,8 @@ def set_method_names(path, methods):
 
 
 def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
-    """Writes TF Serving's warm-up file for `module`'s serving_default (warmup.request_lengths)."""
-    function, _ = module.signatures()["serving_default"]
-    input_specs = {spec.name: spec for spec in function.input_signature}
+    """Writes TF Serving's warm-up file: requests to `module`'s serving_default at the
+    warmup.request_lengths, then (batch 1, the same lengths) to its other predict signatures."""
     packer = module.packer
     # Exact lengths where the graph runs them (not XLA's, which pads to LENGTH_BUCKET multiples).
     lengths = warmup.request_lengths(
@@ -366,14 +396,22 @@ def write_warmup_requests(version_dir, module, model_dir, jit_compile=False):
     # loop with a full group and a group of 1 (export_graph.call_by_length), so both compile here.
     # The other graphs run any shape at once and skip it: it is 17x the work at every length.
     batch_sizes = (1, export_graph.LENGTH_GROUP_ROWS + 1) if jit_compile else (1,)
-    warmup.write_requests(
-        version_dir,
-        "serving_default",
-        input_specs,
-        lengths,
-        ModelDir(model_dir).vocab_file,
-        batch_sizes,
-    )
+    vocab_file = ModelDir(model_dir).vocab_file
+    records = []
+    for key, (function, method) in module.signatures().items():
+        if method != tf.saved_model.PREDICT_METHOD_NAME:
+            continue
+        input_specs = {spec.name: spec for spec in function.input_signature}
+        records += warmup.predict_logs(
+            key,
+            input_specs,
+            lengths,
+            vocab_file,
+            batch_sizes if key == "serving_default" else (1,),
+            masked_lm.MASK_TOKEN if key == "fill_mask" else None,
+        )
+    # serving_default's come first, should warmup.MAX_RECORDS cut the file short.
+    warmup.write_records(version_dir, records)
 
 
 def numeric_versions(export_dir):

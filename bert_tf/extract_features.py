@@ -13,6 +13,10 @@ truncated by the original rule), values rounded to 6 decimals. Layer -1 is the l
 layer, -2 the one before.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
 import json
 
@@ -20,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import cli, finetuning, initial_weights, io_utils, modeling, tasks
+from bert_tf import cli, initial_weights, io_utils, modeling, tasks
 from bert_tf.cli import arg
+from bert_tf.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
@@ -30,10 +35,10 @@ class ExtractArgs:
 
     input_file: str = arg(None, "One text per line, or `text_a ||| text_b`.")
     output_file: str = arg(None, "Where the JSON lines go.")
-    init_checkpoint: str = cli.inherit(finetuning.FinetuneArgs, "init_checkpoint")
-    bert_config_file: str = cli.inherit(finetuning.FinetuneArgs, "bert_config_file")
-    vocab_file: str = cli.inherit(finetuning.FinetuneArgs, "vocab_file")
-    do_lower_case: bool = cli.inherit(finetuning.FinetuneArgs, "do_lower_case")
+    init_checkpoint: str = cli.inherit(FinetuneArgs, "init_checkpoint")
+    bert_config_file: str = cli.inherit(FinetuneArgs, "bert_config_file")
+    vocab_file: str = cli.inherit(FinetuneArgs, "vocab_file")
+    do_lower_case: bool = cli.inherit(FinetuneArgs, "do_lower_case")
     layers: str = arg("-1,-2,-3,-4", "The layers to output, comma-separated (-1 is the last).")
     max_seq_length: int = arg(
         128,
@@ -59,18 +64,6 @@ def parse_layers(text, num_layers):
                 f"--layers: {layer} is out of range for a model with {num_layers} layers"
             )
     return layers
-
-
-def read_inputs(path):
-    """[(text_a, text_b or None)] for each line of `path` (blank lines included, as the original)."""
-    tasks.require_file(path, "--input_file")
-    inputs = []
-    for _, line in tasks.decoded_lines(path):
-        line = line.strip()
-        # The original's rule: a pair is split at the LAST " ||| ", spaces included.
-        text_a, separator, text_b = line.rpartition(" ||| ")
-        inputs.append((text_a, text_b) if separator else (line, None))
-    return inputs
 
 
 def pack(inputs, tokenizer, max_seq_length):
@@ -123,7 +116,7 @@ def run(args):
         raise io_utils.UsageError(
             f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {args.max_seq_length}"
         )
-    inputs = read_inputs(args.input_file)
+    inputs = tasks.read_text_pairs(args.input_file, "--input_file")
     encoder, source = load_encoder(args)
     layers = parse_layers(args.layers, source.config.num_hidden_layers)
     features, tokens = pack(inputs, source.tokenizer(), args.max_seq_length)

@@ -1,14 +1,18 @@
 """The fine-tuning driver every task shares: run_classifier, run_squad, run_ner, run_multiple_choice.
 
-A fine-tuning CLI reads its data into features (bert_tf.tasks.*), then:
+A fine-tuning CLI reads its data into features (bert_tf.tasks.<task>.data), then hands the flow to
+`run`, configured by a plain FinetuneConfig:
 
-    strategy = finetuning.make_strategy(args)                 # first: it may split the CPU
-    source = finetuning.resolve_model_source(args)            # config, vocab, initial weights
-    tuner = finetuning.Finetuner(args, strategy, source, spec, num_train_steps)
-    tuner.start(make_train_dataset)                           # resume from output_dir, or init weights
-    tuner.train()                                             # training.Trainer: progress, TensorBoard, ckpts
-    outputs = tuner.predict(features, batch_size)             # model outputs in example order
-    tuner.write_eval_results(results)                         # eval_results.txt + eval/ summaries
+    strategy = distribution.make_strategy(...)                # first: it may split the CPU
+    source = initial_weights.resolve(...)                     # config, vocab, initial weights
+    result = finetuning.run(config, strategy, source, spec, TrainData(features, num_examples),
+                            evaluate_and_predict)             # the CLI's metrics and output files
+
+`run` writes the training records, builds their input pipeline from the task's record schema (its
+registry entry), resumes from OUTPUT_DIR or loads the initial weights, trains (training.Trainer:
+progress, TensorBoard, checkpoints), then calls `evaluate_and_predict(finetuner)`, which predicts
+with `Finetuner.predict` (outputs in example order) and returns the eval results (written to
+eval_results.txt and eval/ summaries) and the files it wrote.
 
 OUTPUT_DIR becomes a fine-tuned model directory (bert_config.json, vocab.txt, task.json and ckpt-N
 with the root objects `encoder` and `model`, plus optimizer and step), which bert_tf.export reads
@@ -24,147 +28,53 @@ but one core's share on a TPU, where the cores' gradients are then summed, each 
 import dataclasses
 import os
 
-import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import distribution, initial_weights, io_utils, optimization, tasks, training
-from bert_tf.cli import arg
+from bert_tf import io_utils, tasks, training
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import heads, models, registry
+from bert_tf.training_job import JobConfig, TrainingJob
 
 EXAMPLE_INDEX = heads.EXAMPLE_INDEX
 
 
-# ----------------------------------------------------------------------------------------------
-# Arguments, the model source and the strategy
-# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class FinetuneConfig:
+    """Everything the fine-tuning driver needs, as plain values (the CLIs fill it from their flags)."""
+
+    output_dir: str
+    do_train: bool = False
+    do_eval: bool = False
+    do_predict: bool = False
+    train_batch_size: int = 32
+    eval_batch_size: int = 8
+    predict_batch_size: int = 8
+    learning_rate: float = 5e-5
+    num_train_epochs: float = 3.0
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.01
+    mixed_precision: str = "none"
+    seed: int = 12345
+    # What batch lengths are rounded up to (see `length_bucket`); None: padded to the records' length.
+    length_bucket: int = 1
+    # The loop's cadence, clipping and compilation; its num_train_steps is set from the data.
+    loop: training.LoopConfig = dataclasses.field(
+        default_factory=lambda: training.LoopConfig(num_train_steps=0)
+    )
 
 
 @dataclasses.dataclass
-class FinetuneArgs(training.LoopArgs):
-    """What every fine-tuning run needs; each CLI's own args dataclass extends it (fields -> flags)."""
+class TrainData:
+    """The training set as the driver writes it into train.tf_record."""
 
-    output_dir: str = arg(
-        "",
-        "The output directory: the fine-tuned model directory (checkpoints, "
-        "bert_config.json, vocab.txt, task.json), eval results, predictions and "
-        "TensorBoard logs. Rerunning resumes from it.",
-    )
-    init_checkpoint: str = arg(
-        "",
-        "The weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.",
-    )
-    bert_config_file: str = arg(
-        "", "The bert_config.json of an original checkpoint (a model directory carries its own)."
-    )
-    vocab_file: str = arg(
-        "", "The vocab.txt of an original checkpoint (a model directory carries its own)."
-    )
-    # None: the model directory's config decides (True for an original checkpoint).
-    do_lower_case: bool = arg(
-        None,
-        "Whether to lower-case the input; with an original checkpoint only (a model "
-        "directory's config records it). Default: true.",
-    )
-    do_train: bool = arg(False, "Whether to run training.")
-    do_eval: bool = arg(False, "Whether to run evaluation on the dev set.")
-    do_predict: bool = arg(False, "Whether to run prediction on the test set.")
-    max_seq_length: int = arg(
-        128,
-        "The maximum total input sequence length after WordPiece tokenization; longer "
-        "sequences are truncated, shorter ones padded.",
-    )
-    train_batch_size: int = arg(32, "Global batch size for training.")
-    eval_batch_size: int = arg(8, "Global batch size for evaluation.")
-    predict_batch_size: int = arg(8, "Global batch size for prediction.")
-    learning_rate: float = arg(5e-5, "The initial learning rate for Adam.")
-    num_train_epochs: float = arg(3.0, "Total number of training epochs to perform.")
-    warmup_proportion: float = arg(
-        0.1,
-        "Proportion of training to perform linear learning rate warmup for. E.g., "
-        "0.1 = 10% of training.",
-    )
-    pad_to_max_seq_length: bool = arg(
-        False,
-        "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
-        "--strategy=tpu). Otherwise each batch is cut to its longest example (with "
-        f"--jit_compile, rounded up to a multiple of {tasks.LENGTH_BUCKET} tokens), and training "
-        "batches group examples of similar length.",
-    )
+    features: dict  # record feature name -> array [n, ...] (tasks.write_records' input)
+    num_examples: int  # what epochs count: examples (SQuAD: questions, not their windows)
 
 
-def validate_args(args):
-    """Usage errors common to every fine-tuning run (no TensorFlow needed)."""
-    if not (args.do_train or args.do_eval or args.do_predict):
-        raise io_utils.UsageError(
-            "at least one of --do_train, --do_eval and --do_predict must be set"
-        )
-    if not args.output_dir:
-        raise io_utils.UsageError("--output_dir is required")
-    args.validate()
-    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
-        if getattr(args, name) <= 0:
-            raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
-    if args.do_train and args.num_train_epochs <= 0:
-        raise io_utils.UsageError(
-            f"--num_train_epochs must be positive, got {args.num_train_epochs}"
-        )
-    if not 0.0 <= args.warmup_proportion < 1.0:
-        raise io_utils.UsageError(
-            f"--warmup_proportion must be in [0, 1), got {args.warmup_proportion}"
-        )
-    if args.max_seq_length < 3:
-        raise io_utils.UsageError(
-            f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {args.max_seq_length}"
-        )
-
-
-def make_strategy(args):
-    """The --strategy; call it before any other TensorFlow op (splitting the CPU must come first)."""
-    strategy = distribution.get_strategy(
-        args.strategy, tpu=args.tpu, num_cpu_replicas=args.num_cpu_replicas
-    )
-    logging.info(
-        "strategy %s with %d replicas", type(strategy).__name__, strategy.num_replicas_in_sync
-    )
-    for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
-        if getattr(args, name) % strategy.num_replicas_in_sync:
-            raise io_utils.UsageError(
-                f"--{name}={getattr(args, name)} is not divisible by the "
-                f"{strategy.num_replicas_in_sync} replicas"
-            )
-    return strategy
-
-
-def resolve_model_source(args):
-    """The config, vocab and initial weights of a fine-tuning run (initial_weights.resolve of its flags).
-
-    --init_checkpoint is a model directory (pretrained or fine-tuned) or an original checkpoint; a
-    resumed --output_dir must hold the same config.
-    """
-    return initial_weights.resolve(
-        args.init_checkpoint,
-        args.bert_config_file,
-        args.vocab_file,
-        args.do_lower_case,
-        output_dir=args.output_dir,
-        max_seq_length=args.max_seq_length,
-    )
-
-
-def finetuned_labels(kind, source, output_dir):
-    """The labels of a `kind` model fine-tuned before: --output_dir's (a rerun), else --init_checkpoint's; or None."""
-    for spec in (ModelDir(output_dir).read_task_spec(), source.init_spec):
-        if spec is not None and spec.kind == kind:
-            return list(spec.labels)
-    return None
-
-
-def length_bucket(args):
-    """The `length_bucket` of the task datasets: None for static shapes, else the multiple that
-    batch lengths are rounded up to.
+def length_bucket(pad_to_max_seq_length, strategy_name, jit_compile):
+    """What the task datasets round batch lengths up to: None for static shapes, else a multiple.
 
     TPUs compile a program per input shape and want one, so --strategy=tpu always pads to
     --max_seq_length, as --pad_to_max_seq_length does everywhere. XLA (--jit_compile) compiles a
@@ -172,14 +82,23 @@ def length_bucket(args):
     TensorFlow's graph kernels take any shape at no extra cost: there a batch is cut to exactly
     its longest row, which on short sentences trains about 20% faster than multiples of 16.
     """
-    if args.pad_to_max_seq_length or args.strategy == "tpu":
+    if pad_to_max_seq_length or strategy_name == "tpu":
         return None
-    return tasks.length_multiple(args.jit_compile)
+    return tasks.length_multiple(jit_compile)
 
 
 def num_train_steps(num_examples, train_batch_size, num_train_epochs):
     """The original's count: int(examples / batch size * epochs), at least 1."""
     return max(1, int(num_examples / train_batch_size * num_train_epochs))
+
+
+def finetuned_labels(kind, source, output_dir):
+    """The labels of a `kind` model fine-tuned before: OUTPUT_DIR's (a rerun), else the initial
+    model directory's; or None."""
+    for spec in (models.read_task_spec(ModelDir(output_dir)), source.init_spec):
+        if spec is not None and spec.kind == kind:
+            return list(spec.labels)
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,110 +136,98 @@ def _pad_positions(values, seq_length, fill):
     return np.pad(values, widths, constant_values=fill)
 
 
-class Finetuner:
+class Finetuner(TrainingJob):
     """Builds the task model under the strategy, trains it with training.Trainer, and predicts."""
 
-    def __init__(self, args, strategy, source, spec, train_steps=0):
-        self.args = args
-        self.strategy = strategy
+    def __init__(self, config, strategy, source, spec, train_steps=0):
+        self.config = config
         self.source = source
         self.spec = spec
         self.num_train_steps = int(train_steps)
-        keras.mixed_precision.set_global_policy(
-            training.MIXED_PRECISION_POLICIES[args.mixed_precision]
-        )
-        keras.utils.set_random_seed(args.seed)
-        warmup_steps = int(self.num_train_steps * args.warmup_proportion)
-        with strategy.scope():
-            self.model, self.encoder = models.build_task_model(source.config, spec)
-            self.optimizer = optimization.create_optimizer(
-                "adamw",
-                args.learning_rate,
-                max(self.num_train_steps, 1),
-                warmup_steps,
-                args.weight_decay,
-            )
-        self.objective = registry.get(spec.kind).objective(self.model)
         # The iterator's shuffle buffer would go into every checkpoint, and so into the exported
         # model directory; a resumed run reshuffles with a seed shifted by the step instead.
-        loop = args.loop_config(self.num_train_steps, checkpoint_iterator=False)
-        self.trainer = training.Trainer(
-            strategy,
-            self.objective,
-            self.optimizer,
-            {"encoder": self.encoder, "model": self.model},
-            args.output_dir,
-            loop,
-            args.train_batch_size,
+        loop = dataclasses.replace(
+            config.loop, num_train_steps=self.num_train_steps, checkpoint_iterator=False
         )
-        self.is_chief = self.trainer.is_chief
-        self._train_iterator = None
+        job = JobConfig(
+            output_dir=config.output_dir,
+            train_batch_size=config.train_batch_size,
+            learning_rate=config.learning_rate,
+            num_warmup_steps=int(self.num_train_steps * config.warmup_proportion),
+            loop=loop,
+            weight_decay=config.weight_decay,
+            mixed_precision=config.mixed_precision,
+            seed=config.seed,
+        )
+        super().__init__(strategy, job, self._build)
         self._predict_fns = {}
 
+    def _build(self):
+        """The task model on a fresh encoder, and its objective (under the strategy's scope)."""
+        self.model, self.encoder = models.build_task_model(self.source.config, self.spec)
+        objective = registry.get(self.spec.kind).objective(self.model)
+        return objective, {"encoder": self.encoder, "model": self.model}
+
     def _check_output_dir_task(self):
-        """A resumed --output_dir must have been fine-tuned for the same head."""
-        previous = ModelDir(self.args.output_dir).read_task_spec()
+        """A resumed OUTPUT_DIR must have been fine-tuned for the same head."""
+        output_dir = self.config.output_dir
+        previous = models.read_task_spec(ModelDir(output_dir))
         if (
             previous is not None
-            and training.checkpoint_step(self.args.output_dir)
+            and training.checkpoint_step(output_dir)
             and not previous.same_head(self.spec)
         ):
             raise io_utils.UsageError(
-                f"--output_dir={self.args.output_dir} holds a {previous.kind} model with labels {previous.labels}, "
+                f"--output_dir={output_dir} holds a {previous.kind} model with labels {previous.labels}, "
                 f"not a {self.spec.kind} with labels {self.spec.labels}; use a new --output_dir"
             )
 
     def start(self, make_train_dataset=None):
-        """Resumes from --output_dir, or loads --init_checkpoint; writes the model directory files.
+        """Resumes from OUTPUT_DIR, or loads the initial weights; writes the model directory files.
 
         `make_train_dataset(batch_size, seed, input_context)` builds one input pipeline of
-        per-replica training batches (needed with --do_train).
+        per-replica training batches (needed to train).
         """
         self._check_output_dir_task()
-        if self.args.do_train:
-            start_step = training.checkpoint_step(self.args.output_dir)
-            # Without a checkpointed iterator a resumed run reshuffles rather than replaying the first batches.
-            seed = self.args.seed + start_step
-            global_batch = self.args.train_batch_size
+        make_iterator = None
+        if self.config.do_train:
+            global_batch = self.config.train_batch_size
 
-            def dataset_fn(input_context):
-                return make_train_dataset(
-                    input_context.get_per_replica_batch_size(global_batch), seed, input_context
-                )
+            def make_iterator(seed):
+                def dataset_fn(input_context):
+                    return make_train_dataset(
+                        input_context.get_per_replica_batch_size(global_batch), seed, input_context
+                    )
 
-            self._train_iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
-        resumed = self.trainer.restore_or_initialize(self._train_iterator)
-        if not resumed:
-            with self.strategy.scope():
-                loaded = self.source.load_weights(
-                    self.encoder, task_model=self.model, spec=self.spec
-                )
-            if not loaded:
-                logging.warning("no --init_checkpoint: the encoder starts from random weights")
-        if self.is_chief and (self.args.do_train or resumed):
+                return iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+
+        resumed = super().start(make_iterator, self._initialize)
+        if self.is_chief and (self.config.do_train or resumed):
             self.write_model_dir_files()
         return resumed
 
+    def _initialize(self):
+        """Loads the initial weights (the encoder, and a fine-tuned head of the same kind)."""
+        loaded = self.source.load_weights(self.encoder, task_model=self.model, spec=self.spec)
+        if not loaded:
+            logging.warning("no --init_checkpoint: the encoder starts from random weights")
+
     def write_model_dir_files(self):
         """bert_config.json, vocab.txt and task.json beside the checkpoints: OUTPUT_DIR is a model directory."""
-        ModelDir(self.args.output_dir).write_files(
+        ModelDir(self.config.output_dir).write_files(
             self.source.config, self.source.vocab_file, self.spec
         )
 
-    @property
-    def step(self):
-        """The global step (the checkpoint's after a resume)."""
-        return int(self.trainer.step.numpy())
-
     def train(self, log_fn=print):
-        """Trains to num_train_steps (resuming where the output_dir left off); returns the last metrics."""
-        if self._train_iterator is None:
-            raise RuntimeError("start() with a training dataset must come before train()")
+        """Trains to num_train_steps (resuming where OUTPUT_DIR left off); returns the last metrics."""
+        if self.finished:
+            return super().train(log_fn=log_fn)  # says that there is nothing to train
         log_fn(
             f"training {self.spec.kind} for {self.num_train_steps} steps "
-            f"(global batch {self.args.train_batch_size}, {self.strategy.num_replicas_in_sync} replicas)"
+            f"(global batch {self.config.train_batch_size}, "
+            f"{self.strategy.num_replicas_in_sync} replicas)"
         )
-        return self.trainer.train(self._train_iterator, log_fn=log_fn)
+        return super().train(log_fn=log_fn)
 
     def _predict_fn(self, has_labels):
         """The tf.function running one distributed prediction step (traced once per has_labels)."""
@@ -345,7 +252,7 @@ class Finetuner:
         Rows are padded to whole global batches (static shapes for TPUs; every replica gets rows),
         run through the model under the strategy, and put back in order by their index. With
         `has_labels`, each row also gets its summed loss and weight (example_loss, example_weight).
-        Batches are cut to their longest row (see `length_bucket`) and run one trace of the step
+        Batches are cut to their longest row (FinetuneConfig.length_bucket) and run one trace of the step
         for every length; per-token outputs come back padded to the features' length with the
         objective's `token_outputs` fill values.
         """
@@ -357,7 +264,7 @@ class Finetuner:
             batch_size,
             is_training=False,
             drop_remainder=True,
-            length_bucket=length_bucket(self.args),
+            length_bucket=self.config.length_bucket,
         )
         predict_step = self._predict_fn(has_labels)
         if isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -393,14 +300,14 @@ class Finetuner:
         """Writes `key = value` lines (the original's eval_results.txt) and eval/ TensorBoard scalars."""
         if not self.is_chief:
             return None
-        path = os.path.join(self.args.output_dir, file_name)
+        path = os.path.join(self.config.output_dir, file_name)
         training.write_eval_results(path, results)
         scalars = {
             k: float(v)
             for k, v in results.items()
             if isinstance(v, (int, float, np.floating, np.integer)) and k != "global_step"
         }
-        training.write_summaries(os.path.join(self.args.output_dir, "eval"), self.step, scalars)
+        training.write_summaries(os.path.join(self.config.output_dir, "eval"), self.step, scalars)
         return path
 
 
@@ -426,3 +333,51 @@ def print_results(title, results, log_fn=print):
     log_fn(f"***** {title} *****")
     for key in sorted(results):
         log_fn(f"  {key} = {results[key]}")
+
+
+def run(
+    config,
+    strategy,
+    source,
+    spec,
+    train=None,
+    evaluate_and_predict=None,
+    eval_title="Eval results",
+    log_fn=print,
+):
+    """Fine-tunes `spec`'s model as `config` says, then evaluates and predicts; returns a RunResult.
+
+    `train` (a TrainData) is needed with config.do_train. `evaluate_and_predict(finetuner)` returns
+    (eval results, files written): non-empty results get the global step, go to eval_results.txt
+    and are printed under `eval_title`.
+    """
+    train_steps, make_train_dataset = 0, None
+    if config.do_train:
+        records = os.path.join(config.output_dir, "train.tf_record")
+        tasks.write_records(records, train.features)
+        train_steps = num_train_steps(
+            train.num_examples, config.train_batch_size, config.num_train_epochs
+        )
+        input_shape = np.shape(train.features["input_ids"])[1:]
+        record_spec = registry.get(spec.kind).feature_spec(input_shape)
+
+        def make_train_dataset(batch_size, seed, input_context):
+            return tasks.records_dataset(
+                records,
+                record_spec,
+                batch_size,
+                is_training=True,
+                seed=seed,
+                input_context=input_context,
+                length_bucket=config.length_bucket,
+            )
+
+    tuner = Finetuner(config, strategy, source, spec, train_steps)
+    tuner.start(make_train_dataset)
+    train_metrics = tuner.train(log_fn) if config.do_train else {}
+    eval_results, output_files = evaluate_and_predict(tuner) if evaluate_and_predict else ({}, [])
+    if eval_results:
+        eval_results["global_step"] = tuner.step
+        tuner.write_eval_results(eval_results)
+        print_results(eval_title, eval_results, log_fn)
+    return RunResult(tuner.step, train_metrics, eval_results, list(output_files), tuner)

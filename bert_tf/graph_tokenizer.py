@@ -19,17 +19,19 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_tf import io_utils
-from bert_tf.tokenization import (
+from bert_tf.tokenizer_rules import (
     CJK_RANGES,
     MAX_INPUT_CHARS_PER_WORD,
     NUM_CODE_POINTS,
     SPECIAL_TOKENS,
     UNK_TOKEN,
+    check_special_tokens,
     is_cjk,
     is_control,
     is_punctuation,
     is_whitespace,
     load_vocab,
+    longest_first,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -216,9 +218,13 @@ class GraphTokenizer(tf.Module):
     `tokenize(tf.string [batch])` returns a tf.RaggedTensor int32 [batch, (tokens)]. It uses only
     TensorFlow core ops and tensorflow_text's FastWordpieceTokenizer, so SavedModels that contain
     it run in stock TF Serving (2.20+ bundles the tensorflow_text ops).
+
+    `special_tokens`, as FullTokenizer's (default none, the original's rules): literals such as
+    "[MASK]" that become one token wherever they appear in the text; each must be in the
+    vocabulary. With it on, the graph also holds tensorflow_text's RegexSplitWithOffsets.
     """
 
-    def __init__(self, vocab_file, do_lower_case=True, name=None):
+    def __init__(self, vocab_file, do_lower_case=True, name=None, *, special_tokens=()):
         super().__init__(name=name)
         vocab = load_vocab(vocab_file)
         self.vocab_file = vocab_file
@@ -227,6 +233,10 @@ class GraphTokenizer(tf.Module):
         self.vocab_asset = tf.saved_model.Asset(vocab_file)
         self.unk_id = vocab[UNK_TOKEN]
         self.special_ids = {t: vocab[t] for t in SPECIAL_TOKENS if t in vocab}
+        self.special_tokens = check_special_tokens(special_tokens, vocab, vocab_file)
+        # The literals, escaped for RE2 and tried longest first, as FullTokenizer's re.split does.
+        self._special_pattern = "|".join(map(_re2_literal, longest_first(self.special_tokens)))
+        self._special_token_ids = tuple((t, vocab[t]) for t in self.special_tokens)
         tables = code_point_tables()
         self._layout = tables["layout"]
         self._props = tf.constant(tables["props"])
@@ -263,7 +273,7 @@ class GraphTokenizer(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize(self, texts):
         """Tokenizes a batch of UTF-8 strings into a RaggedTensor of int32 ids [batch, (tokens)]."""
-        return self._plain_or(texts, with_offsets=False)[0]
+        return self._tokenize(texts, with_offsets=False)[0]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize_with_offsets(self, texts):
@@ -271,15 +281,69 @@ class GraphTokenizer(tf.Module):
 
         Returns (ids int32, starts int64, ends int64), RaggedTensors [batch, (tokens)]. A piece of a
         normalized word maps back to the source characters it came from; a word that became [UNK]
-        spans the whole word. Dropped characters inside a span stay inside it.
+        spans the whole word. Dropped characters inside a span stay inside it. A special token's
+        literal spans itself.
         """
-        return self._plain_or(texts, with_offsets=True)
+        return self._tokenize(texts, with_offsets=True)
+
+    def _tokenize(self, texts, with_offsets):
+        """_plain_or, or with special tokens on, _plain_or between their literals."""
+        if not self.special_tokens:
+            return self._plain_or(texts, with_offsets)  # the graph without the option
+        return self._around_special_tokens(texts, self._plain_or, _literal_ids, with_offsets)
+
+    def _around_special_tokens(self, texts, tokenize, tokenize_literals, with_offsets):
+        """Splits `texts` at the special tokens' literals and joins the parts' results in order.
+
+        `tokenize(parts, with_offsets)` tokenizes the text between literals, each part as a text of
+        its own; `tokenize_literals(literals, ids, with_offsets)` gives the literals' results. Both
+        return tuples of RaggedTensors [parts, (tokens)], offsets (with_offsets) into each part.
+        """
+        pattern = self._special_pattern
+        # RegexSplitWithOffsets reads each string up to its first NUL byte. NUL and U+0001 are one
+        # byte each and both dropped by cleaning, and no literal holds either, so U+0001 stands
+        # in for NUL with the same tokens and offsets.
+        texts = tf.strings.regex_replace(texts, "\\x00", "\x01")
+        # The literals are valid UTF-8, so no match starts or ends inside a character, and
+        # decoding each part on its own equals decoding the text (an invalid sequence never takes
+        # in an ASCII byte). Empty parts are left out; they have no tokens.
+        parts, part_starts, _ = tf_text.regex_split_with_offsets(texts, pattern, pattern)
+        flat = parts.flat_values
+        # A part equal to a literal is one: any occurrence of a literal was split off.
+        ids = tf.fill(tf.shape(flat), -1)
+        for token, token_id in self._special_token_ids:
+            ids = tf.where(tf.equal(flat, token), token_id, ids)
+        is_literal = ids >= 0
+        other_rows = tf.where(~is_literal)[:, 0]
+        literal_rows = tf.where(is_literal)[:, 0]
+        results = _in_input_order(
+            tokenize(tf.gather(flat, other_rows), with_offsets),
+            tokenize_literals(
+                tf.gather(flat, literal_rows), tf.gather(ids, literal_rows), with_offsets
+            ),
+            other_rows,
+            literal_rows,
+        )
+        if with_offsets:
+            # Offsets into a part become offsets into its text.
+            ids, starts, ends = results
+            results = (ids,) + tuple(
+                r.with_flat_values(
+                    r.flat_values + tf.gather(part_starts.flat_values, r.value_rowids())
+                )
+                for r in (starts, ends)
+            )
+        return tuple(
+            tf.RaggedTensor.from_row_splits(r, parts.row_splits, validate=False).merge_dims(1, 2)
+            for r in results
+        )
 
     def _plain_or(self, texts, with_offsets):
         """Tokenizes plain-ASCII strings on the fast path and the others segment by segment."""
         plain = _is_plain(texts)
         # A batch of plain rows skips the other pipeline and the reordering: their hundreds of ops
-        # cost about 1 ms a call even on no rows, as much as the plain path (2 CPU cores).
+        # cost as much as the plain path even on no rows (benchmarks/RESULTS.md, "Inference: what
+        # each export choice buys").
         return tf.cond(
             tf.reduce_all(plain),
             lambda: self._plain(texts, with_offsets),
@@ -300,12 +364,7 @@ class GraphTokenizer(tf.Module):
         other_rows = tf.where(~plain)[:, 0]
         plain_results = self._plain(tf.gather(texts, plain_rows), with_offsets)
         other_results = tokenize_other(tf.gather(texts, other_rows), with_offsets)
-        # Put the rows back in their input order.
-        order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
-        return tuple(
-            tf.gather(tf.concat([p, o], axis=0), order)
-            for p, o in zip(plain_results, other_results)
-        )
+        return _in_input_order(plain_results, other_results, plain_rows, other_rows)
 
     def _tokenize_by_segment(self, texts, with_offsets):
         """Tokenizes each space-separated segment on its own, so plain segments stay on the fast path.
@@ -348,9 +407,19 @@ class GraphTokenizer(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def split_words(self, texts):
-        """Returns the normalized words, the input of WordPiece, as a RaggedTensor [batch, (words)]."""
-        words, word_rows, _ = self._words(texts, with_offsets=False)
-        return tf.RaggedTensor.from_value_rowids(words, word_rows, nrows=tf.size(texts, tf.int64))
+        """Returns the normalized words, the input of WordPiece, as a RaggedTensor [batch, (words)].
+
+        With special tokens on, each literal is a word of its own, as in BasicTokenizer.
+        """
+
+        def split(texts, with_offsets):
+            words, word_rows, _ = self._words(texts, with_offsets=False)
+            nrows = tf.size(texts, tf.int64)
+            return (tf.RaggedTensor.from_value_rowids(words, word_rows, nrows=nrows),)
+
+        if not self.special_tokens:
+            return split(texts, with_offsets=False)[0]
+        return self._around_special_tokens(texts, split, _literal_words, with_offsets=False)[0]
 
     def _table_rows(self, chars):
         """Maps code points to rows of the lookup tables (see code_point_tables)."""
@@ -531,6 +600,37 @@ class GraphTokenizer(tf.Module):
             )
 
         return tf.cond(tf.size(sigma_positions) > 0, replace, lambda: chars)
+
+
+def _re2_literal(text):
+    """`text` as an RE2 pattern that matches it literally."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)
+
+
+def _literal_ids(literals, ids, with_offsets):
+    """A special token's literal as a one-token result: its id, spanning the whole literal."""
+    one_each = tf.range(tf.size(ids, tf.int64) + 1)
+    results = (tf.RaggedTensor.from_row_splits(ids, one_each, validate=False),)
+    if with_offsets:
+        lengths = tf.cast(tf.strings.length(literals), tf.int64)
+        results += (
+            tf.RaggedTensor.from_row_splits(tf.zeros_like(lengths), one_each, validate=False),
+            tf.RaggedTensor.from_row_splits(lengths, one_each, validate=False),
+        )
+    return results
+
+
+def _literal_words(literals, ids, with_offsets):
+    """A special token's literal as split_words gives it: one word, itself."""
+    del ids, with_offsets
+    one_each = tf.range(tf.size(literals, tf.int64) + 1)
+    return (tf.RaggedTensor.from_row_splits(literals, one_each, validate=False),)
+
+
+def _in_input_order(first, second, first_rows, second_rows):
+    """Joins two tuples of per-row results, for rows `first_rows` and `second_rows`, in row order."""
+    order = tf.math.invert_permutation(tf.concat([first_rows, second_rows], axis=0))
+    return tuple(tf.gather(tf.concat([a, b], axis=0), order) for a, b in zip(first, second))
 
 
 def _is_plain(texts):

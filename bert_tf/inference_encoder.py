@@ -3,13 +3,10 @@
 Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
 projections are one [b*s, H] by [H, 3H] MatMul (split by shard, below) and every other projection a
-2-D MatMul (a traced MiniLM call ran 454 ops besides constants, against the Keras encoder's 640).
-Measured on the 2-core AVX2 machine of benchmarks/RESULTS.md (session 12), exports of the same
-classifier with the Keras encoder and with this one, loaded in one process and called in
-alternation on 96 real sentences: MiniLM at batch 1 took 0.81x to 0.82x the time (3 runs; 16.1 ->
-13.2 ms in the last), BERT-base 0.92x; at batch 32, 0.95x to 1.00x. Under XLA, which fuses either
-graph, the two were within noise (1.03x at batch 1, 0.93x at batch 32). The arithmetic is the
-same, so the gain is the kernels not run, which shows at small batches.
+2-D MatMul (a MiniLM call in one part traces 454 ops besides constants, the Keras encoder's 640).
+The arithmetic is the same, so the gain is the kernels not run, which shows at small batches: a
+MiniLM export's batch-1 call takes about 0.8x the time (benchmarks/RESULTS.md, "Inference: what
+each export choice buys"); under XLA, which fuses either graph, the two are within noise.
 
 Each layer is also split by heads into SHARDS parts, each with its heads' query, key and value
 columns, its rows of the attention output kernel, and its share of the feedforward's columns and
@@ -38,12 +35,9 @@ _MASKED_SCORE = -1e9
 # How many parts each layer's heads and feedforward columns are split into (tensor parallelism, as
 # Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts' ops on its inter-op
 # threads side by side, so a small batch's skinny matmuls, bound by reading the weights, read them
-# on two cores at once. Exports of the same classifiers with 2 parts and with 1, called in
-# alternation on 2 CPU cores with one intra-op thread (benchmarks/RESULTS.md, session 14): a
-# MiniLM's batch-1 call took 0.77x to 0.95x the time, BERT-base's 0.67x to 0.75x; batch 32 0.85x
-# to 1.00x and 0.87x to 0.89x. With TensorFlow's default threads, whose intra-op pool then
-# competes with the parts, batch 1 did not change and MiniLM's batch 32 took 1.04x to 1.19x.
-# Under XLA the parts changed little (0.99x to 1.07x at batch 1).
+# on two cores at once. It pays with one intra-op thread (BERT-base's batch-1 call in 0.67x to
+# 0.75x the time on 2 cores); TensorFlow's default intra-op pool competes with the parts. Figures:
+# benchmarks/RESULTS.md, "Inference: what each export choice buys".
 SHARDS = 2
 
 
@@ -73,11 +67,10 @@ class InferenceEncoder(keras.layers.Layer):
         }
 
         def copy(name, value):
-            # Matmul kernels in the compute dtype, cast once here: under bfloat16 a cast of each
-            # float32 kernel on every call read and wrote the weights again, and a MiniLM export
-            # took 1.2x the time at batch 1 and 1.1x at batch 32 (same outputs; benchmarks/
-            # RESULTS.md, session 13). The rest stays float32 (embeddings are summed and
-            # LayerNorm runs in float32, as Keras does).
+            # Matmul kernels in the compute dtype, cast once here: a cast of each float32 kernel
+            # on every call would read and write the weights again (benchmarks/RESULTS.md,
+            # "Inference: what each export choice buys"). The rest stays float32 (embeddings are
+            # summed and LayerNorm runs in float32, as Keras does).
             weight = self.add_weight(
                 name=name,
                 shape=value.shape,

@@ -1,8 +1,11 @@
-"""The one resolver of what a job starts from: its config, its vocab and its initial weights.
+"""What a job starts from: its config, its vocab and its initial weights.
 
 run_pretraining, the fine-tuning CLIs and extract_features all call `resolve` with their
 --init_checkpoint, --bert_config_file, --vocab_file and --do_lower_case, and get a ModelSource;
 once the job has built its models, `ModelSource.load_weights` loads the weights into them.
+`resolve` hands each kind of source to its own resolver (`_from_model_dir`,
+`_from_google_checkpoint`, `_from_flags` for random weights; a Hugging Face directory is refused
+with the conversion command), then checks that the result fits (`_check_fits`).
 
 --init_checkpoint is one of:
 - nothing: the weights start random.
@@ -15,7 +18,7 @@ once the job has built its models, `ModelSource.load_weights` loads the weights 
   (default true), and it must not contradict the name of a Google release
   (tokenization.validate_case_matches_checkpoint).
 Hugging Face weights are converted into a model directory first (python -m bert_tf.convert_checkpoint
---format=huggingface); no job reads them directly.
+--format=huggingface); a Hugging Face directory given as --init_checkpoint is refused, saying so.
 
 Without a model directory as --init_checkpoint the config is --bert_config_file, else --model_size
 (pretraining), else that of the model directory --output_dir already holds (a rerun resuming it).
@@ -28,7 +31,17 @@ import tensorflow as tf
 from absl import logging
 
 from bert_tf import checkpoints, io_utils, modeling, tokenization
-from bert_tf.model_dir import ModelDir, checkpoint_root_children, is_object_checkpoint
+from bert_tf.model_dir import (
+    ALL_HEADS,
+    ModelDir,
+    checkpoint_root_children,
+    describe_heads,
+    is_object_checkpoint,
+    pretraining_heads_to_restore,
+)
+from bert_tf.tasks import models
+
+HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
 
 
 def _load_vocab(vocab_file):
@@ -87,12 +100,10 @@ class ModelSource:
         roots = checkpoint_root_children(prefix)
         objects = {"encoder": encoder}
         if pretraining_model is not None:
-            if "pretraining_model" in roots:
-                objects["pretraining_model"] = pretraining_model
-            else:
-                logging.warning(
-                    "%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix
-                )
+            # The heads the directory has (both, the MLM head only, or none); it warns about the others.
+            heads_object, _ = pretraining_heads_to_restore(prefix, pretraining_model)
+            if heads_object is not None:
+                objects["pretraining_model"] = heads_object
         if task_model is not None and self.init_spec is not None:
             if not self.init_spec.same_head(spec):
                 logging.warning(
@@ -119,9 +130,9 @@ class ModelSource:
         """Assigns an original checkpoint's weights (see load_weights)."""
         prefix = self.init_prefix
         shapes, reader = checkpoints.read_google_checkpoint_shapes(prefix)
-        with_heads = pretraining_model is not None and checkpoints.has_heads(shapes)
-        if pretraining_model is not None and not with_heads:
-            logging.warning("%s has no cls/ variables: MLM and NSP heads start fresh", prefix)
+        with_heads = checkpoints.heads_in(shapes) if pretraining_model is not None else frozenset()
+        if pretraining_model is not None and with_heads != ALL_HEADS:
+            logging.warning("%s has %s: the others start fresh", prefix, describe_heads(with_heads))
         if not with_heads:
             # The encoder alone: pretraining heads (cls/) and any old task head are dropped.
             shapes = {name: shape for name, shape in shapes.items() if name.startswith("bert/")}
@@ -139,14 +150,6 @@ class ModelSource:
         return ["encoder", "pretraining_model"] if with_heads else ["encoder"]
 
 
-def _find_original_checkpoint(init):
-    """(the prefix of the original checkpoint at `init`, None), or ("", the error saying why there is none)."""
-    try:
-        return checkpoints.resolve_google_checkpoint(init), None
-    except FileNotFoundError as e:
-        return "", e
-
-
 def resolve(
     init_checkpoint="",
     bert_config_file="",
@@ -162,68 +165,138 @@ def resolve(
     `model_size` is None for jobs without a --model_size flag. `output_dir` is the job's own
     model directory (a rerun resumes it); `max_seq_length` must fit max_position_embeddings.
     """
-    init = init_checkpoint
-    init_dir, resume_dir = ModelDir(init), ModelDir(output_dir)
-    init_is_model_dir = init_dir.exists()
-    google_prefix, not_found = "", None
-    if init and not init_is_model_dir:
-        google_prefix, not_found = _find_original_checkpoint(init)
-        # A directory with a bert_config.json whose checkpoint is missing or is one of ours is a
-        # model directory that lacks files: name them. (Google's directory holds a bert_config.json
-        # too, beside a TF1 name-based checkpoint.)
-        if (
-            tf.io.gfile.isdir(init)
-            and tf.io.gfile.exists(init_dir.config_file)
-            and (not google_prefix or is_object_checkpoint(google_prefix))
-        ):
-            init_dir.check()
-
-    casing = {} if do_lower_case is None else {"do_lower_case": bool(do_lower_case)}
-    init_spec = None
-    if init_is_model_dir:
-        config = init_dir.load_config()
-        _check_casing(do_lower_case, config, init)
-        for flag, value in (("--bert_config_file", bert_config_file), ("--model_size", model_size)):
-            if value:
-                logging.warning("%s is ignored: %s carries its own bert_config.json", flag, init)
-        vocab_file = vocab_file or init_dir.vocab_file
-        init_spec = init_dir.read_task_spec()
-    elif bert_config_file:
-        try:
-            # Google's bert_config.json has no do_lower_case: the flag supplies it.
-            config = modeling.BertConfig.from_json_file(bert_config_file, **casing)
-        except (FileNotFoundError, ValueError) as e:
-            raise io_utils.UsageError(f"--bert_config_file: {e}") from e
-    elif model_size:
-        if not vocab_file:
-            raise io_utils.UsageError("--model_size needs --vocab_file (its size sets vocab_size)")
-        config = modeling.BertConfig.from_size(model_size, len(_load_vocab(vocab_file)), **casing)
-    elif resume_dir.exists():
-        config = resume_dir.load_config()
-        _check_casing(do_lower_case, config, output_dir)
-        vocab_file = vocab_file or resume_dir.vocab_file
+    init_dir = ModelDir(init_checkpoint)
+    flags = (bert_config_file, vocab_file, do_lower_case, model_size)
+    if init_dir.exists():
+        source = _from_model_dir(init_dir, *flags)
+    elif init_checkpoint:
+        source = _from_google_checkpoint(init_checkpoint, *flags, output_dir)
     else:
-        sources = "--bert_config_file" + (" or --model_size" if model_size is not None else "")
-        raise io_utils.UsageError(
-            f"give {sources}, or a model directory as --init_checkpoint"
-            + (f" ({init} is not one)" if init else "")
-        )
+        source = _from_flags(*flags, output_dir)
+    _check_fits(source, max_seq_length, output_dir)
+    return source
 
-    if init and not init_is_model_dir:
-        if not_found is not None:
-            raise io_utils.UsageError(
-                f"--init_checkpoint: {not_found} (expected a model directory or an original checkpoint)"
-            ) from not_found
-        # The prefix, not the flag: a directory such as cased_L-12_H-768_A-12/ is checked too.
-        tokenization.validate_case_matches_checkpoint(config.do_lower_case, google_prefix)
+
+def _from_model_dir(init_dir, bert_config_file, vocab_file, do_lower_case, model_size):
+    """A model directory as --init_checkpoint: its config (casing included), vocab and task.json."""
+    config = init_dir.load_config()
+    _check_casing(do_lower_case, config, init_dir.path)
+    for flag, value in (("--bert_config_file", bert_config_file), ("--model_size", model_size)):
+        if value:
+            logging.warning(
+                "%s is ignored: %s carries its own bert_config.json", flag, init_dir.path
+            )
+    return ModelSource(
+        config=config,
+        vocab_file=vocab_file or init_dir.vocab_file,
+        init_checkpoint=init_dir.path,
+        init_prefix=init_dir.latest_checkpoint(),
+        init_is_model_dir=True,
+        init_spec=models.read_task_spec(init_dir),
+    )
+
+
+def _from_google_checkpoint(
+    init, bert_config_file, vocab_file, do_lower_case, model_size, output_dir
+):
+    """An original checkpoint as --init_checkpoint: its weights, with the config the flags give."""
+    prefix, not_found = _find_google_checkpoint(init)
+    config, vocab_file = _config_from_flags(
+        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init
+    )
+    if not_found is not None:
+        raise io_utils.UsageError(
+            f"--init_checkpoint: {not_found} (expected a model directory or an original checkpoint)"
+        ) from not_found
+    # The prefix, not the flag: a directory such as cased_L-12_H-768_A-12/ is checked too.
+    tokenization.validate_case_matches_checkpoint(config.do_lower_case, prefix)
+    return ModelSource(
+        config=config,
+        vocab_file=_required_vocab(vocab_file),
+        init_checkpoint=init,
+        init_prefix=prefix,
+    )
+
+
+def _from_flags(bert_config_file, vocab_file, do_lower_case, model_size, output_dir):
+    """Random initial weights, with the config --bert_config_file, --model_size or a resumed
+    OUTPUT_DIR gives."""
+    config, vocab_file = _config_from_flags(
+        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init=""
+    )
+    return ModelSource(config=config, vocab_file=_required_vocab(vocab_file))
+
+
+def _required_vocab(vocab_file):
+    """`vocab_file`, which only a model directory as --init_checkpoint may leave out."""
     if not vocab_file:
         raise io_utils.UsageError(
             "--vocab_file is required unless --init_checkpoint is a model directory"
         )
-    vocab_size = len(_load_vocab(vocab_file))
+    return vocab_file
+
+
+def _find_google_checkpoint(init):
+    """(the prefix of the original checkpoint at `init`, None), or ("", the error saying why there is none).
+
+    A directory that holds a bert_config.json beside a missing checkpoint or one of ours is a model
+    directory that lacks files: the error names them. (Google's directory holds a bert_config.json
+    too, beside a TF1 name-based checkpoint.) A Hugging Face directory is named as one.
+    """
+    init_dir = ModelDir(init)
+    try:
+        prefix = checkpoints.resolve_google_checkpoint(init)
+    except FileNotFoundError as e:
+        prefix, not_found = "", e
+    else:
+        not_found = None
+    if tf.io.gfile.isdir(init):
+        if tf.io.gfile.exists(init_dir.config_file) and (
+            not prefix or is_object_checkpoint(prefix)
+        ):
+            init_dir.check()
+        if not prefix and tf.io.gfile.exists(f"{init}/{HF_CONFIG_FILE}"):
+            raise io_utils.UsageError(
+                f"--init_checkpoint={init} is a Hugging Face model: convert it into a model "
+                f"directory first (python -m bert_tf.convert_checkpoint --format=huggingface "
+                f"--checkpoint={init} --output_dir=DIR), then give DIR"
+            )
+    return prefix, not_found
+
+
+def _config_from_flags(bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init):
+    """(config, vocab file) from --bert_config_file, else --model_size, else a resumed OUTPUT_DIR."""
+    casing = {} if do_lower_case is None else {"do_lower_case": bool(do_lower_case)}
+    if bert_config_file:
+        try:
+            # Google's bert_config.json has no do_lower_case: the flag supplies it.
+            return modeling.BertConfig.from_json_file(bert_config_file, **casing), vocab_file
+        except (FileNotFoundError, ValueError) as e:
+            raise io_utils.UsageError(f"--bert_config_file: {e}") from e
+    if model_size:
+        if not vocab_file:
+            raise io_utils.UsageError("--model_size needs --vocab_file (its size sets vocab_size)")
+        vocab_size = len(_load_vocab(vocab_file))
+        return modeling.BertConfig.from_size(model_size, vocab_size, **casing), vocab_file
+    resume_dir = ModelDir(output_dir)
+    if resume_dir.exists():
+        config = resume_dir.load_config()
+        _check_casing(do_lower_case, config, output_dir)
+        return config, vocab_file or resume_dir.vocab_file
+    sources = "--bert_config_file" + (" or --model_size" if model_size is not None else "")
+    raise io_utils.UsageError(
+        f"give {sources}, or a model directory as --init_checkpoint"
+        + (f" ({init} is not one)" if init else "")
+    )
+
+
+def _check_fits(source, max_seq_length, output_dir):
+    """The vocab fits the config, max_seq_length its positions, and a resumed OUTPUT_DIR holds the same config."""
+    config = source.config
+    vocab_size = len(_load_vocab(source.vocab_file))
     if vocab_size > config.vocab_size:
         raise io_utils.UsageError(
-            f"--vocab_file: {vocab_file} has {vocab_size} tokens but the config's "
+            f"--vocab_file: {source.vocab_file} has {vocab_size} tokens but the config's "
             f"vocab_size is {config.vocab_size}"
         )
     if max_seq_length is not None and max_seq_length > config.max_position_embeddings:
@@ -231,6 +304,7 @@ def resolve(
             f"--max_seq_length={max_seq_length} exceeds the model's "
             f"max_position_embeddings={config.max_position_embeddings}"
         )
+    resume_dir = ModelDir(output_dir)
     if resume_dir.exists():
         previous = resume_dir.read_config()
         if previous != config:
@@ -242,11 +316,3 @@ def resolve(
                 f"--output_dir={output_dir} holds a run with a different model config "
                 f"(field: (in output_dir, requested) = {differences}); use a new --output_dir"
             )
-    return ModelSource(
-        config=config,
-        vocab_file=vocab_file,
-        init_checkpoint=init,
-        init_prefix=init_dir.latest_checkpoint() if init_is_model_dir else google_prefix,
-        init_is_model_dir=init_is_model_dir,
-        init_spec=init_spec,
-    )

@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import logging
 from google.protobuf import message
 
-from bert_tf import io_utils, tokenization
+from bert_tf import io_utils, tf_data, tokenization
 from bert_tf.pretraining import schema
 
 SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
@@ -37,24 +37,6 @@ SHUFFLE_BUFFER_RECORDS = 10000
 MAX_PARALLEL_FILES = 8
 # Opening a file on gs:// takes tens of milliseconds: the checks of many files overlap.
 CHECK_THREADS = 8
-
-
-def without_autotune(dataset, deterministic=None):
-    """`dataset` with tf.data's autotuning off (and `deterministic` set where given).
-
-    With autotuning on, TF 2.21 made the deletion of an iterator wait for the autotuner's
-    background thread, for longer the longer the iterator had run: a finished eval pass of 16
-    batches waited 0 or 4 to 5 s at random, and a process exiting with an iterator alive ran up
-    to 18 s longer (benchmarks/RESULTS.md, session 9). Our pipelines parse (and re-mask) batches
-    at a small fraction of a model step's cost, so they take AUTOTUNE's fixed defaults instead
-    (parallelism min(16, cores)); fine-tuning's steady training speed was unchanged within noise
-    on a 2-vCPU machine, and no deletion waits.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    if deterministic is not None:
-        options.deterministic = deterministic
-    return dataset.with_options(options)
 
 
 class RecordFormatError(io_utils.UsageError):
@@ -333,7 +315,7 @@ def pretraining_dataset(
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=deterministic,
         )
-    return without_autotune(dataset, deterministic).prefetch(tf.data.AUTOTUNE)
+    return tf_data.without_autotune(dataset, deterministic).prefetch(tf.data.AUTOTUNE)
 
 
 def distributed_pretraining_dataset(

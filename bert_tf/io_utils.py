@@ -6,6 +6,7 @@ import glob
 import gzip
 import json
 import os
+import shutil
 import tempfile
 
 # TensorFlow is imported only for remote paths (gs://...), which need tf.io.gfile: local work (and
@@ -68,6 +69,41 @@ def atomic_path(path):
     except BaseException:
         if exists(tmp):
             remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path, overwrite=False):
+    """Yields a new empty directory beside `path` (`path.tmp-XXXX`), renamed onto `path` only when the
+    block succeeds; removed when it fails. A kill leaves at most a `.tmp-` directory, never a
+    half-written one under `path`. Local paths only.
+
+    An existing `path` that is not empty is a UsageError unless `overwrite`; then it is moved aside
+    (`path.old-XXXX`) and removed once the new one is in place.
+    """
+    if is_remote(path):
+        raise UsageError(f"{path}: the output must be a local directory")
+    path = os.path.abspath(path)
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise UsageError(f"{path} exists and is not a directory")
+        if os.listdir(path) and not overwrite:
+            raise UsageError(f"{path} is not empty: pass --overwrite to replace it")
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    try:
+        yield tmp
+        if os.path.lexists(path):
+            old = tempfile.mkdtemp(prefix=name + ".old-", dir=parent)
+            os.replace(path, old)  # onto the empty directory mkdtemp made
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -4,7 +4,8 @@ A model directory is enough on its own to rebuild the model:
 
     bert_config.json   the BertConfig (with do_lower_case and config_version)
     vocab.txt
-    task.json          a fine-tuned model's TaskSpec (bert_tf.tasks.models); none for a pretrained encoder
+    task.json          a fine-tuned model's TaskSpec (read and written by bert_tf.tasks.models); none
+                       for a pretrained encoder
     checkpoint         tf.train.CheckpointManager's state file, naming the newest ckpt-N
     ckpt-N.index, ckpt-N.data-*   a TF2 object checkpoint
 
@@ -12,9 +13,25 @@ The checkpoint's root objects are `encoder` (always), `pretraining_model` (the M
 pretraining or a converted checkpoint that had them), `model` (a fine-tuned task model wrapping the
 same encoder), and, in a directory a training job wrote, `optimizer` and `step`.
 
+Which pretraining heads a directory has is read from its checkpoint alone: `ModelDir.pretraining_heads()`
+returns a subset of {"mlm", "nsp"} (MLM_HEAD, NSP_HEAD). A head is there when the checkpoint holds its
+weights; no flag in bert_config.json or elsewhere says so, so no existing file changes meaning:
+- both heads: `pretraining_model` is the whole model of modeling.build_pretraining_model, as a
+  pretraining run or a converted checkpoint with both heads (Google's, Hugging Face's
+  BertForPreTraining) always wrote it;
+- the MLM head only (e.g. converted from a Hugging Face BertForMaskedLM, which has no NSP head):
+  `pretraining_model` holds the MLM head's weights under the very keys the whole model gives them,
+  and no NSP weights at all (`pretraining_checkpoint_object`). A random NSP head is never written;
+- no heads (an encoder-only source such as a Hugging Face BertModel): no `pretraining_model`.
+Restoring a pretraining model restores the heads the checkpoint has; a head it lacks keeps its fresh
+initialization, with a warning naming it, and `load_pretraining_model(require=...)` refuses a
+directory that lacks a head the caller needs (fill-mask needs "mlm", next-sentence "nsp").
+
     model_dir = ModelDir("build/pretrain")
     encoder = model_dir.load_encoder()          # or bert_tf.model_dir.load_encoder(path)
-    model, encoder, config, spec = ModelDir("models/mrpc").load_task_model()
+
+This module knows files and checkpoints only; a fine-tuned model is rebuilt where tasks live
+(`bert_tf.tasks.models.load_task_model(ModelDir("models/mrpc"))`).
 
 Loading never depends on how the directory was written: the file names and the checkpoint keys are
 those bert_tf has always used (the keys follow the order in which bert_tf.modeling creates layers).
@@ -60,15 +77,166 @@ def checkpoint_root_children(prefix):
     Read from the object graph, not from variable names: a variable is stored under its SHORTEST
     path, which in a training checkpoint goes through `optimizer/` rather than `encoder/`.
     """
-    graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    reader = tf.train.load_checkpoint(prefix)
-    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
-    return {child.local_name for child in graph.nodes[0].children}
+    return {child.local_name for child in _object_graph(prefix).nodes[0].children}
 
 
 def is_object_checkpoint(prefix):
     """Whether `prefix` is a TF2 object checkpoint (ours), not a TF1 name-based one (Google's)."""
     return tf.train.load_checkpoint(prefix).has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+# ----------------------------------------------------------------------------------------------
+# The pretraining heads
+# ----------------------------------------------------------------------------------------------
+
+MLM_HEAD, NSP_HEAD = "mlm", "nsp"
+# Each head's layer in modeling.build_pretraining_model.
+HEAD_LAYERS = {MLM_HEAD: "mlm_head", NSP_HEAD: "nsp_head"}
+ALL_HEADS = frozenset(HEAD_LAYERS)
+_HEAD_DESCRIPTIONS = {MLM_HEAD: "MLM (masked-LM) head", NSP_HEAD: "NSP (next-sentence) head"}
+# Where a checkpoint keeps each head: the child names from the `pretraining_model` root object to the
+# head's layer. keras.Model keeps its layers in `_operations`, in the order build_pretraining_model
+# creates them (three encoder inputs, the encoder, masked_lm_positions, mlm_head, nsp_head, ...).
+# Like every checkpoint key this is on-disk format; _check_head_paths checks that a model has it.
+_HEAD_PATHS = {MLM_HEAD: ("_operations", "5"), NSP_HEAD: ("_operations", "6")}
+
+
+def as_heads(heads):
+    """`heads` (head names) as a frozenset; a name not in ALL_HEADS is a ValueError."""
+    heads = frozenset(heads)
+    unknown = heads - ALL_HEADS
+    if unknown:
+        raise ValueError(
+            f"unknown pretraining head(s) {sorted(unknown)}; known: {sorted(ALL_HEADS)}"
+        )
+    return heads
+
+
+def describe_heads(heads):
+    """`heads` in words, for logs: e.g. "the MLM (masked-LM) head only", "no pretraining heads"."""
+    heads = as_heads(heads)
+    if not heads:
+        return "no pretraining heads"
+    if heads == ALL_HEADS:
+        return "the MLM and NSP pretraining heads"
+    return f"the {' and '.join(_HEAD_DESCRIPTIONS[h] for h in sorted(heads))} only"
+
+
+def _check_head_paths(pretraining_model):
+    """Raises unless `pretraining_model` keeps each head's layer at its _HEAD_PATHS path."""
+    for head, path in _HEAD_PATHS.items():
+        node = pretraining_model
+        for name in path:
+            node = tf.train.TrackableView.children(node).get(name)
+            if node is None:
+                break
+        if node is not pretraining_model.get_layer(HEAD_LAYERS[head]):
+            raise RuntimeError(
+                f"bert_tf bug: the pretraining model does not keep its {HEAD_LAYERS[head]} at "
+                f"{'/'.join(path)}, where checkpoints keep it (did build_pretraining_model or Keras change?)"
+            )
+
+
+def pretraining_checkpoint_object(pretraining_model, heads):
+    """What a checkpoint's `pretraining_model` root object is when it holds `heads` of `pretraining_model`.
+
+    Both heads: the model itself. Some: a trackable that holds only those heads' layers, each at the
+    path the whole model gives it (_HEAD_PATHS), so their weights are saved and restored under the
+    same keys as in a checkpoint of the whole model, and the missing head's weights are neither
+    written nor expected. None: None (the checkpoint has no `pretraining_model`).
+    """
+    heads = as_heads(heads)
+    if not heads:
+        return None
+    _check_head_paths(pretraining_model)
+    if heads == ALL_HEADS:
+        return pretraining_model
+    tree = {}
+    for head in heads:
+        *parents, leaf = _HEAD_PATHS[head]
+        node = tree
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = pretraining_model.get_layer(HEAD_LAYERS[head])
+    root = tf.Module()
+    for name, child in tree.items():
+        setattr(root, name, child)  # a dict becomes a trackable dict whose keys are child names
+    return root
+
+
+def _object_graph(prefix):
+    """The trackable object graph of the TF2 object checkpoint `prefix`."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(
+        tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
+    return graph
+
+
+def _holds_variables(graph, node_id):
+    """Whether the object `node_id` of `graph`, or any object below it, is a saved variable."""
+    stack, seen = [node_id], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if any(a.name == "VARIABLE_VALUE" for a in graph.nodes[node].attributes):
+            return True
+        stack.extend(child.node_id for child in graph.nodes[node].children)
+    return False
+
+
+def checkpoint_pretraining_heads(prefix):
+    """The pretraining heads whose weights checkpoint `prefix` holds: a frozenset, subset of ALL_HEADS.
+
+    Read from the object graph, as checkpoint_root_children is (a training checkpoint keys a head's
+    variables under `optimizer/`, yet its object graph still has them under `pretraining_model/`).
+    """
+    graph = _object_graph(prefix)
+
+    def child(node_id, name):
+        return next(
+            (c.node_id for c in graph.nodes[node_id].children if c.local_name == name), None
+        )
+
+    root = child(0, "pretraining_model")
+    heads = set()
+    for head, path in _HEAD_PATHS.items():
+        node = root
+        for name in path:
+            node = None if node is None else child(node, name)
+        if node is not None and _holds_variables(graph, node):
+            heads.add(head)
+    return frozenset(heads)
+
+
+def pretraining_heads_to_restore(prefix, pretraining_model, require=()):
+    """(the object to restore as the checkpoint's `pretraining_model`, or None; the heads it holds).
+
+    The heads `prefix` lacks keep their fresh initialization, with a warning naming them; a lacking
+    head named in `require` is a ModelDirError instead.
+    """
+    heads = checkpoint_pretraining_heads(prefix)
+    missing = ALL_HEADS - heads
+    needed = as_heads(require) & missing
+    if needed:
+        raise ModelDirError(
+            f"{prefix} has {describe_heads(heads)}: it has no "
+            f"{' and no '.join(_HEAD_DESCRIPTIONS[h] for h in sorted(needed))}, which this needs"
+        )
+    if not heads:
+        logging.warning(
+            "%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix
+        )
+    elif missing:
+        logging.warning(
+            "%s has %s; its %s is freshly initialized and its outputs mean nothing",
+            prefix,
+            describe_heads(heads),
+            " and ".join(_HEAD_DESCRIPTIONS[h] for h in sorted(missing)),
+        )
+    return pretraining_checkpoint_object(pretraining_model, heads), heads
 
 
 def _has_all_data_shards(prefix):
@@ -149,6 +317,11 @@ class ModelDir:
         """The root objects of checkpoint `prefix` (default: the newest), e.g. {"encoder", "model"}."""
         return checkpoint_root_children(prefix or self.check())
 
+    def pretraining_heads(self, prefix=None):
+        """The pretraining heads checkpoint `prefix` (default: the newest) has weights of: a frozenset,
+        subset of {"mlm", "nsp"} (MLM_HEAD, NSP_HEAD); empty for an encoder-only or fine-tuned directory."""
+        return checkpoint_pretraining_heads(prefix or self.check())
+
     def check(self):
         """Raises ModelDirError naming every missing file; returns the newest checkpoint's prefix."""
         if not self.path or not tf.io.gfile.isdir(self.path):
@@ -174,7 +347,7 @@ class ModelDir:
         return latest
 
     # ------------------------------------------------------------------------------------------
-    # The config and the task spec
+    # The config
     # ------------------------------------------------------------------------------------------
 
     def read_config(self):
@@ -207,15 +380,6 @@ class ModelDir:
         self.check()
         return self.read_config()
 
-    def read_task_spec(self):
-        """The TaskSpec of task.json, or None when there is none (a pretrained encoder's directory)."""
-        # Imported here: the tasks package loads tensorflow_text, which pretraining never needs.
-        from bert_tf.tasks import models
-
-        if not self.path or not tf.io.gfile.exists(self.task_file):
-            return None
-        return models.TaskSpec.from_json_file(self.task_file)
-
     # ------------------------------------------------------------------------------------------
     # Restoring
     # ------------------------------------------------------------------------------------------
@@ -246,21 +410,20 @@ class ModelDir:
             ) from None
         return prefix
 
-    def restore_pretraining_weights(self, encoder, pretraining_model, prefix=None):
-        """Restores the encoder, and the MLM/NSP heads where the checkpoint has them; returns whether it did.
+    def restore_pretraining_weights(self, encoder, pretraining_model, prefix=None, require=()):
+        """Restores the encoder, and the MLM/NSP heads the checkpoint has; returns those heads (a frozenset).
 
-        A checkpoint converted from an encoder-only source (e.g. a Hugging Face BertModel) has no heads:
-        they keep their fresh initialization, and a warning says so.
+        A head the checkpoint lacks (both, for one converted from an encoder-only source such as a
+        Hugging Face BertModel; NSP, for one from a BertForMaskedLM) keeps its fresh initialization, and
+        a warning names it; a lacking head named in `require` is a ModelDirError instead.
         """
         prefix = prefix or self.check()
-        if "pretraining_model" in checkpoint_root_children(prefix):
-            self.restore(prefix, encoder=encoder, pretraining_model=pretraining_model)
-            return True
-        logging.warning(
-            "%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix
-        )
-        self.restore(prefix, encoder=encoder)
-        return False
+        heads_object, heads = pretraining_heads_to_restore(prefix, pretraining_model, require)
+        if heads_object is None:
+            self.restore(prefix, encoder=encoder)
+        else:
+            self.restore(prefix, encoder=encoder, pretraining_model=heads_object)
+        return heads
 
     def load_encoder(self):
         """Rebuilds the encoder from the directory alone and restores its weights from the newest checkpoint."""
@@ -269,46 +432,25 @@ class ModelDir:
         self.restore(prefix, encoder=encoder)
         return encoder
 
-    def load_pretraining_model(self):
-        """Rebuilds (pretraining_model, encoder) and restores the newest checkpoint (see
-        restore_pretraining_weights for a directory without heads)."""
+    def load_pretraining_model(self, require=()):
+        """Rebuilds (pretraining_model, encoder) and restores the newest checkpoint.
+
+        `require` names the heads the caller needs ("mlm" for fill-mask, "nsp" for next-sentence): a
+        directory without one is a ModelDirError. Any other head the directory lacks is freshly
+        initialized, with a warning (see restore_pretraining_weights); `pretraining_heads()` says which.
+        """
         prefix = self.check()
         model, encoder = modeling.build_pretraining_model(self.read_config())
-        self.restore_pretraining_weights(encoder, model, prefix)
+        self.restore_pretraining_weights(encoder, model, prefix, require=require)
         return model, encoder
-
-    def load_task_model(self):
-        """Rebuilds a fine-tuned model from the directory alone; returns (model, encoder, config, spec).
-
-        Errors name the missing file (bert_config.json, vocab.txt, checkpoint, task.json), the bad
-        task.json field, or the weights the checkpoint lacks.
-        """
-        from bert_tf.tasks import models  # see read_task_spec
-
-        prefix = self.check()
-        spec = self.read_task_spec()
-        if spec is None:
-            raise models.TaskSpecError(
-                f"{self.path} has no {TASK_FILE}: it is a pretrained (encoder-only) model directory, "
-                "not a fine-tuned one"
-            )
-        config = self.read_config()
-        model, encoder = models.build_task_model(config, spec)
-        # From the object graph: a head variable may be keyed under optimizer/ in a training checkpoint.
-        if "model" not in checkpoint_root_children(prefix):
-            raise ModelDirError(
-                f"checkpoint {prefix} has no task model (root attribute `model`): "
-                f"{TASK_FILE} says {spec.kind}, but only a pretrained encoder was saved"
-            )
-        self.restore(prefix, encoder=encoder, model=model)
-        return model, encoder, config, spec
 
     # ------------------------------------------------------------------------------------------
     # Writing
     # ------------------------------------------------------------------------------------------
 
     def write_files(self, config, vocab_file, spec=None):
-        """Writes bert_config.json, vocab.txt and (with `spec`) task.json, each renamed into place."""
+        """Writes bert_config.json, vocab.txt and (with `spec`, anything with `to_json_file`) task.json,
+        each renamed into place."""
         tf.io.gfile.makedirs(self.path)
         config.to_json_file(self.config_file)
         if os.path.abspath(vocab_file) != os.path.abspath(self.vocab_file):
@@ -339,20 +481,27 @@ class ModelDir:
         spec=None,
         model=None,
         max_to_keep=3,
+        heads=ALL_HEADS,
     ):
         """Writes a whole model directory: config, vocab, task.json (with `spec`), then a checkpoint of
         `encoder` (and `pretraining_model`, and the task `model`); returns the checkpoint's path.
 
-        The checkpoint is written last, so a kill never leaves a directory that loads half.
+        `heads` are the heads of `pretraining_model` whose weights are real (default both): only they
+        are written (see the module docstring), so a head the source lacked is never saved as if it
+        had been trained. The checkpoint is written last, so a kill never leaves a directory that
+        loads half.
         """
         if (spec is None) != (model is None):
             raise ValueError(
                 "a fine-tuned model directory needs both the task spec and the task model"
             )
+        heads_object = None
+        if pretraining_model is not None:
+            heads_object = pretraining_checkpoint_object(pretraining_model, heads)
         self.write_files(config, vocab_file, spec)
         objects = {"encoder": encoder}
-        if pretraining_model is not None:
-            objects["pretraining_model"] = pretraining_model
+        if heads_object is not None:
+            objects["pretraining_model"] = heads_object
         if model is not None:
             objects["model"] = model
         return self.save_checkpoint(max_to_keep, **objects)

@@ -12,6 +12,10 @@ probabilities, train/ and eval/ TensorBoard logs, and the fine-tuned model direc
 Rerunning the same command resumes training from the newest checkpoint.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
 import os
 
@@ -22,10 +26,11 @@ from bert_tf import cli, finetuning, io_utils, tasks
 from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.classification import data as classification
+from bert_tf.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
-class ClassifierArgs(finetuning.FinetuneArgs):
+class ClassifierArgs(FinetuneArgs):
     """A run_classifier run: the common fine-tuning arguments plus the task and its data."""
 
     task_name: str = arg("", f"The task: {', '.join(classification.TASK_NAMES)}.")
@@ -138,10 +143,10 @@ def write_probabilities(path, logits):
 
 def run(args):
     """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
-    finetuning.validate_args(args)
+    args.validate()
     task = resolve_task(args)
-    strategy = finetuning.make_strategy(args)
-    source = finetuning.resolve_model_source(args)
+    strategy = args.make_strategy()
+    source = args.model_source()
     tokenizer = source.tokenizer()
 
     # Every split is read (and every dev label checked) before training, so a missing file or a bad
@@ -165,40 +170,15 @@ def run(args):
         task_name=task.name,
     )
 
-    train_steps, make_train_dataset = 0, None
-    if args.do_train:
-        features = classification.convert_examples(
-            train.examples, tokenizer, args.max_seq_length, labels
-        )
-        records = os.path.join(args.output_dir, "train.tf_record")
-        classification.write_records(records, features)
-        train_steps = finetuning.num_train_steps(
-            len(train.examples), args.train_batch_size, args.num_train_epochs
+    def features_of(split):
+        return classification.convert_examples(
+            splits[split].examples, tokenizer, args.max_seq_length, labels
         )
 
-        def make_train_dataset(batch_size, seed, input_context):
-            return classification.dataset(
-                records,
-                args.max_seq_length,
-                batch_size,
-                is_training=True,
-                is_regression=labels is None,
-                seed=seed,
-                input_context=input_context,
-                length_bucket=finetuning.length_bucket(args),
-            )
-
-    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
-    tuner.start(make_train_dataset)
-    train_metrics = tuner.train() if args.do_train else {}
-
-    eval_results = {}
-    if args.do_eval:
-        for split in task.eval_splits:
-            examples = splits[split].examples
-            features = classification.convert_examples(
-                examples, tokenizer, args.max_seq_length, labels
-            )
+    def evaluate_and_predict(tuner):
+        eval_results, submission_files = {}, []
+        for split in task.eval_splits if args.do_eval else ():
+            features = features_of(split)
             outputs = tuner.predict(features, args.eval_batch_size, has_labels=True)
             metrics = classification.compute_metrics(
                 task, features["label_ids"], predictions_of(outputs, labels)
@@ -206,26 +186,16 @@ def run(args):
             metrics["loss"] = finetuning.mean_loss(outputs)
             prefix = eval_prefix(split)
             eval_results.update({f"{prefix}_{name}": value for name, value in metrics.items()})
-            eval_results[f"{prefix}_examples"] = len(examples)
-        eval_results["global_step"] = tuner.step
-        tuner.write_eval_results(eval_results)
-        finetuning.print_results("Eval results", eval_results)
-
-    submission_files = []
-    if args.do_predict:
-        for split in task.test_splits:
-            examples = splits[split].examples
-            features = classification.convert_examples(
-                examples, tokenizer, args.max_seq_length, labels
-            )
-            outputs = tuner.predict(features, args.predict_batch_size)
+            eval_results[f"{prefix}_examples"] = len(splits[split].examples)
+        for split in task.test_splits if args.do_predict else ():
+            outputs = tuner.predict(features_of(split), args.predict_batch_size)
             if tuner.is_chief:
                 submission_files.append(
                     classification.write_submission(
                         args.output_dir,
                         task,
                         split,
-                        examples,
+                        splits[split].examples,
                         predictions_of(outputs, labels),
                         labels,
                     )
@@ -234,8 +204,16 @@ def run(args):
                     write_probabilities(
                         os.path.join(args.output_dir, f"{split}_results.tsv"), outputs["logits"]
                     )
-        print("predictions written to " + ", ".join(submission_files), flush=True)
-    return finetuning.RunResult(tuner.step, train_metrics, eval_results, submission_files, tuner)
+        if args.do_predict:
+            print("predictions written to " + ", ".join(submission_files), flush=True)
+        return eval_results, submission_files
+
+    train_data = None
+    if args.do_train:
+        train_data = finetuning.TrainData(features_of("train"), len(train.examples))
+    return finetuning.run(
+        args.finetune_config(), strategy, source, spec, train_data, evaluate_and_predict
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,8 +12,11 @@ model directory that `python -m bert_tf.export` exports (context and endings in)
 same command resumes training from the newest checkpoint.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
-import os
 
 import tensorflow as tf
 
@@ -21,12 +24,13 @@ from bert_tf import cli, finetuning, io_utils, tasks
 from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
+from bert_tf.training_flags import FinetuneArgs
 
 TASK_NAMES = ("swag",)
 
 
 @dataclasses.dataclass
-class MultipleChoiceArgs(finetuning.FinetuneArgs):
+class MultipleChoiceArgs(FinetuneArgs):
     """A run_multiple_choice run: the common fine-tuning arguments plus the task and its data."""
 
     task_name: str = arg("swag", f"The task: {', '.join(TASK_NAMES)}.")
@@ -66,7 +70,7 @@ def read_splits(args, splits):
 
 def run(args):
     """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
-    finetuning.validate_args(args)
+    args.validate()
     splits = read_splits(
         args,
         [
@@ -79,8 +83,8 @@ def run(args):
             if wanted
         ],
     )
-    strategy = finetuning.make_strategy(args)
-    source = finetuning.resolve_model_source(args)
+    strategy = args.make_strategy()
+    source = args.model_source()
     tokenizer = source.tokenizer()
     spec = models.TaskSpec(
         kind="multiple_choice",
@@ -89,58 +93,36 @@ def run(args):
         task_name=args.task_name.lower(),
     )
 
-    train_steps, make_train_dataset = 0, None
+    def features_of(split):
+        return multiple_choice.convert_examples(splits[split], tokenizer, args.max_seq_length)
+
+    def evaluate_and_predict(tuner):
+        eval_results, prediction_files = {}, []
+        if args.do_eval:
+            outputs = tuner.predict(features_of("dev"), args.eval_batch_size, has_labels=True)
+            eval_results = {
+                "eval_accuracy": multiple_choice.accuracy(
+                    splits["dev"], outputs["logits"].argmax(-1)
+                ),
+                "eval_loss": finetuning.mean_loss(outputs),
+                "eval_examples": len(splits["dev"]),
+            }
+        if args.do_predict:
+            outputs = tuner.predict(features_of("test"), args.predict_batch_size)
+            if tuner.is_chief:
+                probabilities = tf.nn.softmax(outputs["logits"], axis=-1).numpy()
+                prediction_files = multiple_choice.write_predictions(
+                    args.output_dir, "test", splits["test"], probabilities
+                )
+            print("predictions written to " + ", ".join(prediction_files), flush=True)
+        return eval_results, prediction_files
+
+    train_data = None
     if args.do_train:
-        features = multiple_choice.convert_examples(splits["train"], tokenizer, args.max_seq_length)
-        choices = features["input_ids"].shape[1]
-        records = os.path.join(args.output_dir, "train.tf_record")
-        tasks.write_records(records, features)
-        train_steps = finetuning.num_train_steps(
-            len(splits["train"]), args.train_batch_size, args.num_train_epochs
-        )
-
-        def make_train_dataset(batch_size, seed, input_context):
-            return multiple_choice.dataset(
-                records,
-                choices,
-                args.max_seq_length,
-                batch_size,
-                is_training=True,
-                seed=seed,
-                input_context=input_context,
-                length_bucket=finetuning.length_bucket(args),
-            )
-
-    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
-    tuner.start(make_train_dataset)
-    train_metrics = tuner.train() if args.do_train else {}
-
-    eval_results = {}
-    if args.do_eval:
-        examples = splits["dev"]
-        features = multiple_choice.convert_examples(examples, tokenizer, args.max_seq_length)
-        outputs = tuner.predict(features, args.eval_batch_size, has_labels=True)
-        eval_results = {
-            "eval_accuracy": multiple_choice.accuracy(examples, outputs["logits"].argmax(-1)),
-            "eval_loss": finetuning.mean_loss(outputs),
-            "eval_examples": len(examples),
-            "global_step": tuner.step,
-        }
-        tuner.write_eval_results(eval_results)
-        finetuning.print_results("Eval results", eval_results)
-
-    prediction_files = []
-    if args.do_predict:
-        examples = splits["test"]
-        features = multiple_choice.convert_examples(examples, tokenizer, args.max_seq_length)
-        outputs = tuner.predict(features, args.predict_batch_size)
-        if tuner.is_chief:
-            probabilities = tf.nn.softmax(outputs["logits"], axis=-1).numpy()
-            prediction_files = multiple_choice.write_predictions(
-                args.output_dir, "test", examples, probabilities
-            )
-        print("predictions written to " + ", ".join(prediction_files), flush=True)
-    return finetuning.RunResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+        train_data = finetuning.TrainData(features_of("train"), len(splits["train"]))
+    return finetuning.run(
+        args.finetune_config(), strategy, source, spec, train_data, evaluate_and_predict
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ eval_predictions.txt and test_predictions.txt (`token gold predicted`, conlleval
 TensorBoard logs and the fine-tuned model directory with task.json.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
 import os
 
@@ -19,12 +23,13 @@ from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
+from bert_tf.training_flags import FinetuneArgs
 
 SPLIT_FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
 
 
 @dataclasses.dataclass
-class NerArgs(finetuning.FinetuneArgs):
+class NerArgs(FinetuneArgs):
     """A run_ner run: the common fine-tuning arguments plus the CoNLL files."""
 
     data_dir: str = arg(
@@ -67,15 +72,15 @@ def predict_tags(tuner, sentences, features, batch_size, labels, has_labels):
 
 def run(args):
     """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
-    finetuning.validate_args(args)
+    args.validate()
     wanted = (
         (["train"] if args.do_train else [])
         + (["dev"] if args.do_eval else [])
         + (["test"] if args.do_predict else [])
     )
     paths = {split: split_file(args, split) for split in wanted}  # every missing file fails first
-    strategy = finetuning.make_strategy(args)
-    source = finetuning.resolve_model_source(args)
+    strategy = args.make_strategy()
+    source = args.model_source()
     tokenizer = source.tokenizer()
     sentences = {}
     for split, path in paths.items():
@@ -89,76 +94,57 @@ def run(args):
         kind="ner", labels=labels, max_seq_length=args.max_seq_length, task_name="ner"
     )
 
-    train_steps, make_train_dataset = 0, None
+    def evaluate_and_predict(tuner):
+        eval_results, prediction_files = {}, []
+        if args.do_eval:
+            dev = sentences["dev"]
+            features = ner.convert_sentences(dev, tokenizer, args.max_seq_length, labels)
+            predicted, outputs = predict_tags(
+                tuner, dev, features, args.eval_batch_size, labels, has_labels=True
+            )
+            scores = ner_metrics.entity_scores([s.tags for s in dev], predicted)
+            eval_results = {
+                f"eval_{name}": scores[name] for name in ("precision", "recall", "f1", "accuracy")
+            }
+            eval_results.update(
+                eval_loss=finetuning.mean_loss(outputs),
+                eval_gold_entities=scores["gold_entities"],
+                eval_predicted_entities=scores["predicted_entities"],
+                eval_correct_entities=scores["correct_entities"],
+            )
+            if tuner.is_chief:
+                prediction_files.append(
+                    ner.write_conll_predictions(
+                        os.path.join(args.output_dir, "eval_predictions.txt"), dev, predicted
+                    )
+                )
+            print("\n".join(ner_metrics.eval_result_lines(scores)), flush=True)
+        if args.do_predict:
+            test = sentences["test"]
+            # Test tags may be anything (or placeholders): they are written back, never mapped to ids.
+            features = ner.convert_sentences(test, tokenizer, args.max_seq_length, None)
+            predicted, _ = predict_tags(
+                tuner, test, features, args.predict_batch_size, labels, has_labels=False
+            )
+            if tuner.is_chief:
+                prediction_files.append(
+                    ner.write_conll_predictions(
+                        os.path.join(args.output_dir, "test_predictions.txt"), test, predicted
+                    )
+                )
+            print(
+                f"predictions written to {prediction_files[-1] if prediction_files else '(chief only)'}",
+                flush=True,
+            )
+        return eval_results, prediction_files
+
+    train_data = None
     if args.do_train:
         features = ner.convert_sentences(sentences["train"], tokenizer, args.max_seq_length, labels)
-        records = os.path.join(args.output_dir, "train.tf_record")
-        ner.write_records(records, features)
-        train_steps = finetuning.num_train_steps(
-            len(sentences["train"]), args.train_batch_size, args.num_train_epochs
-        )
-
-        def make_train_dataset(batch_size, seed, input_context):
-            return ner.dataset(
-                records,
-                args.max_seq_length,
-                batch_size,
-                is_training=True,
-                seed=seed,
-                input_context=input_context,
-                length_bucket=finetuning.length_bucket(args),
-            )
-
-    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
-    tuner.start(make_train_dataset)
-    train_metrics = tuner.train() if args.do_train else {}
-
-    eval_results, prediction_files = {}, []
-    if args.do_eval:
-        dev = sentences["dev"]
-        features = ner.convert_sentences(dev, tokenizer, args.max_seq_length, labels)
-        predicted, outputs = predict_tags(
-            tuner, dev, features, args.eval_batch_size, labels, has_labels=True
-        )
-        scores = ner_metrics.entity_scores([s.tags for s in dev], predicted)
-        eval_results = {
-            f"eval_{name}": scores[name] for name in ("precision", "recall", "f1", "accuracy")
-        }
-        eval_results.update(
-            eval_loss=finetuning.mean_loss(outputs),
-            global_step=tuner.step,
-            eval_gold_entities=scores["gold_entities"],
-            eval_predicted_entities=scores["predicted_entities"],
-            eval_correct_entities=scores["correct_entities"],
-        )
-        if tuner.is_chief:
-            tuner.write_eval_results(eval_results)
-            prediction_files.append(
-                ner.write_conll_predictions(
-                    os.path.join(args.output_dir, "eval_predictions.txt"), dev, predicted
-                )
-            )
-        print("\n".join(ner_metrics.eval_result_lines(scores)), flush=True)
-        finetuning.print_results("Eval results", eval_results)
-
-    if args.do_predict:
-        test = sentences["test"]
-        # Test tags may be anything (or placeholders): they are written back, never mapped to ids.
-        features = ner.convert_sentences(test, tokenizer, args.max_seq_length, None)
-        predicted, _ = predict_tags(
-            tuner, test, features, args.predict_batch_size, labels, has_labels=False
-        )
-        if tuner.is_chief:
-            prediction_files.append(
-                ner.write_conll_predictions(
-                    os.path.join(args.output_dir, "test_predictions.txt"), test, predicted
-                )
-            )
-        print(
-            f"predictions written to {prediction_files[-1] if prediction_files else '(chief only)'}",
-            flush=True,
-        )
-    return finetuning.RunResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+        train_data = finetuning.TrainData(features.arrays, len(sentences["train"]))
+    return finetuning.run(
+        args.finetune_config(), strategy, source, spec, train_data, evaluate_and_predict
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,24 +6,18 @@
       --num_train_steps=100000 --num_warmup_steps=10000 --learning_rate=1e-4 --strategy=mirrored
 
 Rerunning the same command resumes from the newest checkpoint in --output_dir. The output directory
-is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read.
-
-The loss is the original's formula taken over the GLOBAL batch: the masked-LM cross-entropy
-averaged over the real (weight 1) predictions, sum(weight * xent) / (sum(weight) + 1e-5), both
-sums taken over all replicas (every replica divides its own sum by the all-reduced weight count,
-so the per-replica shares add up to the global figure whatever the replicas' mask counts), plus
-the NSP cross-entropy averaged over the global batch with tf.nn.compute_average_loss. So any number
-of replicas trains as the original does on one device. On a TPU the original computes the loss
-per core, over that core's share of the batch, and sums the cores' gradients, each clipped on
-its own (see bert_tf.optimization).
+is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read. The
+loss is bert_tf.masked_lm's; the run goes through bert_tf.training_job, as fine-tuning does.
 """
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
 
 import dataclasses
 import os
 
 import keras
-import tensorflow as tf
-from absl import logging
 
 from bert_tf import (
     cli,
@@ -31,92 +25,20 @@ from bert_tf import (
     initial_weights,
     input_pipeline,
     io_utils,
+    masked_lm,
     modeling,
     optimization,
     training,
 )
 from bert_tf.cli import arg
 from bert_tf.model_dir import ModelDir
-
-MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
-MLM_LOSS_EPSILON = 1e-5
-
-
-class PretrainingObjective(training.Objective):
-    """MLM + NSP losses and their metrics, for training.Trainer."""
-
-    stat_names = (
-        "loss",
-        "mlm_loss_sum",
-        "mlm_correct",
-        "mlm_weight",
-        "nsp_loss_sum",
-        "nsp_correct",
-        "examples",
-    )
-
-    def __init__(self, model):
-        self.model = model
-
-    def denominators(self, batch):
-        """This replica's count of real masked positions and of examples."""
-        return {
-            "mlm_weight": tf.reduce_sum(batch["masked_lm_weights"]),
-            "examples": tf.cast(tf.shape(batch["next_sentence_labels"])[0], tf.float32),
-        }
-
-    def loss_and_stats(self, batch, global_denominators, training):
-        """This replica's share of the global loss, and its sums for the metrics."""
-        outputs = self.model({name: batch[name] for name in MODEL_INPUTS}, training=training)
-        mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
-        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
-        weights = batch["masked_lm_weights"]
-        mlm_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            batch["masked_lm_ids"], mlm_logits
-        )
-        mlm_loss_sum = tf.reduce_sum(weights * mlm_xent)
-        # The original's denominator: sum(weights) + 1e-5 (here the global sum over replicas).
-        mlm_loss = mlm_loss_sum / (global_denominators["mlm_weight"] + MLM_LOSS_EPSILON)
-        nsp_labels = batch["next_sentence_labels"]
-        nsp_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(nsp_labels, nsp_logits)
-        nsp_loss = tf.nn.compute_average_loss(
-            nsp_xent, global_batch_size=tf.cast(global_denominators["examples"], tf.int32)
-        )
-        mlm_hits = tf.cast(
-            tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), batch["masked_lm_ids"]),
-            tf.float32,
-        )
-        nsp_hits = tf.cast(
-            tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32
-        )
-        # The local denominators (mlm_weight, examples) are also the metrics' local sums.
-        stats = dict(
-            self.denominators(batch),
-            mlm_loss_sum=mlm_loss_sum,
-            mlm_correct=tf.reduce_sum(weights * mlm_hits),
-            nsp_loss_sum=tf.reduce_sum(nsp_xent),
-            nsp_correct=tf.reduce_sum(nsp_hits),
-        )
-        return mlm_loss + nsp_loss, stats
-
-    def metrics(self, sums, num_steps):
-        """The original's eval metric names, pooled over the steps."""
-
-        def ratio(a, b):
-            return float(sums[a] / sums[b]) if sums[b] else 0.0
-
-        return {
-            "loss": float(sums["loss"] / max(num_steps, 1)),
-            "masked_lm_loss": ratio("mlm_loss_sum", "mlm_weight"),
-            "masked_lm_accuracy": ratio("mlm_correct", "mlm_weight"),
-            "next_sentence_loss": ratio("nsp_loss_sum", "examples"),
-            "next_sentence_accuracy": ratio("nsp_correct", "examples"),
-        }
+from bert_tf.training_flags import LoopArgs
+from bert_tf.training_job import JobConfig, TrainingJob
 
 
 # kw_only: the required input_file/output_dir may then follow LoopArgs' defaulted fields.
 @dataclasses.dataclass(kw_only=True)
-class PretrainingArgs(training.LoopArgs):
+class PretrainingArgs(LoopArgs):
     """Everything a pretraining run needs; the CLI fills it from flags, tests construct it directly."""
 
     input_file: str = arg(
@@ -226,16 +148,8 @@ def _validate(args):
     )
 
 
-def run(args):
-    """Trains and/or evaluates as `args` say; returns a PretrainingResult."""
-    _validate(args)
-    # The strategy comes first: splitting the CPU into logical devices must precede any TF op.
-    strategy = distribution.get_strategy(
-        args.strategy, tpu=args.tpu, num_cpu_replicas=args.num_cpu_replicas
-    )
-    logging.info(
-        "strategy %s with %d replicas", type(strategy).__name__, strategy.num_replicas_in_sync
-    )
+def check_records(args):
+    """(train files, eval files): the expanded globs, each file checked against the length flags."""
     train_files = io_utils.expand_globs(args.input_file, "--input_file") if args.do_train else []
     eval_files = (
         io_utils.expand_globs(args.eval_input_file or args.input_file, "--eval_input_file")
@@ -255,14 +169,35 @@ def run(args):
             args.max_predictions_per_seq,
             "--eval_input_file" if args.eval_input_file else "--input_file",
         )
-    for name, batch in (
-        ("train_batch_size", args.train_batch_size),
-        ("eval_batch_size", args.eval_batch_size),
-    ):
-        if batch % strategy.num_replicas_in_sync:
-            raise io_utils.UsageError(
-                f"--{name}={batch} is not divisible by the {strategy.num_replicas_in_sync} replicas"
-            )
+    return train_files, eval_files
+
+
+def job_config(args):
+    """The TrainingJob's settings of these flags."""
+    return JobConfig(
+        output_dir=args.output_dir,
+        train_batch_size=args.train_batch_size,
+        learning_rate=args.learning_rate,
+        num_warmup_steps=args.num_warmup_steps,
+        loop=args.loop_config(args.num_train_steps),
+        optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
+        mixed_precision=args.mixed_precision,
+        seed=args.seed,
+    )
+
+
+def run(args):
+    """Trains and/or evaluates as `args` say; returns a PretrainingResult."""
+    _validate(args)
+    # The strategy comes first: splitting the CPU into logical devices must precede any TF op.
+    strategy = distribution.make_strategy(
+        args.strategy,
+        args.tpu,
+        args.num_cpu_replicas,
+        {"train_batch_size": args.train_batch_size, "eval_batch_size": args.eval_batch_size},
+    )
+    train_files, eval_files = check_records(args)
     source = initial_weights.resolve(
         args.init_checkpoint,
         args.bert_config_file,
@@ -273,70 +208,41 @@ def run(args):
         max_seq_length=args.max_seq_length,
     )
     config, vocab_file = source.config, source.vocab_file
+    models = {}
 
-    keras.mixed_precision.set_global_policy(training.MIXED_PRECISION_POLICIES[args.mixed_precision])
-    keras.utils.set_random_seed(args.seed)
-    with strategy.scope():
-        pretraining_model, encoder = modeling.build_pretraining_model(config)
-        optimizer = optimization.create_optimizer(
-            args.optimizer,
-            args.learning_rate,
-            args.num_train_steps,
-            args.num_warmup_steps,
-            args.weight_decay,
-        )
-    loop = args.loop_config(args.num_train_steps)
-    trainer = training.Trainer(
-        strategy,
-        PretrainingObjective(pretraining_model),
-        optimizer,
-        {"encoder": encoder, "pretraining_model": pretraining_model},
-        args.output_dir,
-        loop,
-        args.train_batch_size,
-    )
+    def build():
+        models["pretraining_model"], models["encoder"] = modeling.build_pretraining_model(config)
+        return masked_lm.PretrainingObjective(models["pretraining_model"]), dict(models)
+
+    job = TrainingJob(strategy, job_config(args), build)
     masking = (
         input_pipeline.DynamicMasking.from_vocab_file(vocab_file, config.vocab_size)
         if args.dynamic_masking
         else None
     )
-    train_iterator = None
-    if args.do_train:
 
-        def make_train_iterator(seed):
-            return iter(
-                input_pipeline.distributed_pretraining_dataset(
-                    strategy,
-                    train_files,
-                    args.train_batch_size,
-                    args.max_seq_length,
-                    args.max_predictions_per_seq,
-                    is_training=True,
-                    seed=seed,
-                    dynamic_masking=masking,
-                )
+    def make_train_iterator(seed):
+        return iter(
+            input_pipeline.distributed_pretraining_dataset(
+                strategy,
+                train_files,
+                args.train_batch_size,
+                args.max_seq_length,
+                args.max_predictions_per_seq,
+                is_training=True,
+                seed=seed,
+                dynamic_masking=masking,
             )
+        )
 
-        train_iterator = make_train_iterator(args.seed)
-        start_step = training.checkpoint_step(args.output_dir)
-        if start_step and not training.is_checkpointable(train_iterator):
-            # The iterator's position cannot be restored: reshuffle rather than replay the first batches.
-            logging.warning(
-                "resuming at step %d with a reshuffled input order (this strategy's input "
-                "iterator cannot be checkpointed)",
-                start_step,
-            )
-            train_iterator = make_train_iterator(args.seed + start_step)
-    resumed = trainer.restore_or_initialize(train_iterator)
-    if not resumed:
-        with strategy.scope():
-            source.load_weights(encoder, pretraining_model=pretraining_model)
-    if trainer.is_chief:
+    job.start(
+        make_train_iterator if args.do_train else None,
+        lambda: source.load_weights(**models),
+    )
+    if job.is_chief:
         ModelDir(args.output_dir).write_files(config, vocab_file)
 
-    train_metrics = {}
-    if args.do_train:
-        train_metrics = trainer.train(train_iterator)
+    train_metrics = job.train() if args.do_train else {}
     eval_results = {}
     if args.do_eval:
         eval_iterator = iter(
@@ -349,21 +255,20 @@ def run(args):
                 is_training=False,
             )
         )
-        metrics, steps = trainer.evaluate(eval_iterator, args.max_eval_steps)
-        step = int(trainer.step.numpy())
-        eval_results = dict(metrics, global_step=step)
-        if trainer.is_chief:
+        metrics, steps = job.trainer.evaluate(eval_iterator, args.max_eval_steps)
+        eval_results = dict(metrics, global_step=job.step)
+        if job.is_chief:
             training.write_eval_results(
                 os.path.join(args.output_dir, "eval_results.txt"), eval_results
             )
-            training.write_summaries(os.path.join(args.output_dir, "eval"), step, metrics)
+            training.write_summaries(os.path.join(args.output_dir, "eval"), job.step, metrics)
             print(
                 "eval (%d steps): %s"
                 % (steps, "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))),
                 flush=True,
             )
     return PretrainingResult(
-        int(trainer.step.numpy()), train_metrics, eval_results, pretraining_model, encoder
+        job.step, train_metrics, eval_results, models["pretraining_model"], models["encoder"]
     )
 
 

@@ -14,8 +14,11 @@ TensorBoard logs and the fine-tuned model directory with task.json (doc_stride a
 max_query_length included, for export).
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
-import os
 
 from bert_tf import cli, finetuning, io_utils, tasks
 from bert_tf.cli import arg
@@ -23,18 +26,19 @@ from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 from bert_tf.tasks.squad import postprocess as squad_postprocess
+from bert_tf.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
-class SquadArgs(finetuning.FinetuneArgs):
+class SquadArgs(FinetuneArgs):
     """A run_squad run: the common fine-tuning arguments plus the SQuAD files and windowing."""
 
     train_file: str = arg("", "SQuAD json for training. E.g., train-v1.1.json")
     predict_file: str = arg("", "SQuAD json for predictions. E.g., dev-v1.1.json or test-v1.1.json")
     tfds: str = arg("", "Read the data from TensorFlow Datasets instead: squad/v1.1 or squad/v2.0.")
     tfds_data_dir: str = arg("", "The TensorFlow Datasets data directory (default: tfds's own).")
-    max_seq_length: int = cli.inherit(finetuning.FinetuneArgs, "max_seq_length", 384)
-    train_batch_size: int = cli.inherit(finetuning.FinetuneArgs, "train_batch_size", 12)
+    max_seq_length: int = cli.inherit(FinetuneArgs, "max_seq_length", 384)
+    train_batch_size: int = cli.inherit(FinetuneArgs, "train_batch_size", 12)
     doc_stride: int = arg(
         128,
         "When splitting up a long document into chunks, how much stride to take between chunks.",
@@ -103,10 +107,10 @@ def read_examples(args, is_training):
 
 def run(args):
     """Trains and predicts (and evaluates, when the predict data has answers); returns a finetuning.RunResult."""
-    finetuning.validate_args(args)
+    args.validate()
     validate(args)
-    strategy = finetuning.make_strategy(args)
-    source = finetuning.resolve_model_source(args)
+    strategy = args.make_strategy()
+    source = args.model_source()
     tokenizer = source.tokenizer()
     spec = models.TaskSpec(
         kind="squad",
@@ -127,38 +131,22 @@ def run(args):
         eval_examples, _, gold = read_examples(args, is_training=False)
         print(f"predict: {len(eval_examples)} questions", flush=True)
 
-    train_steps, make_train_dataset = 0, None
+    train_data = None
     if args.do_train:
         examples, stats, _ = read_examples(args, is_training=True)
         print(f"train: {stats.summary()}", flush=True)
         if not examples:
             raise io_utils.UsageError("no usable training question (see the summary above)")
         features = squad.convert_examples(examples, tokenizer, is_training=True, **windowing)
-        records = os.path.join(args.output_dir, "train.tf_record")
-        squad.write_records(records, features, is_training=True)
         print(f"train: {len(features)} windows of {len(examples)} questions", flush=True)
         # The original counts steps in questions, not windows.
-        train_steps = finetuning.num_train_steps(
-            len(examples), args.train_batch_size, args.num_train_epochs
+        train_data = finetuning.TrainData(
+            squad.feature_arrays(features, is_training=True), len(examples)
         )
 
-        def make_train_dataset(batch_size, seed, input_context):
-            return squad.dataset(
-                records,
-                args.max_seq_length,
-                batch_size,
-                is_training=True,
-                seed=seed,
-                input_context=input_context,
-                length_bucket=finetuning.length_bucket(args),
-            )
-
-    tuner = finetuning.Finetuner(args, strategy, source, spec, train_steps)
-    tuner.start(make_train_dataset)
-    train_metrics = tuner.train() if args.do_train else {}
-
-    eval_results, prediction_files = {}, []
-    if predicting:
+    def evaluate_and_predict(tuner):
+        if not predicting:
+            return {}, []
         features = squad.convert_examples(eval_examples, tokenizer, is_training=False, **windowing)
         outputs = tuner.predict(
             squad.feature_arrays(features, is_training=False), args.predict_batch_size
@@ -178,6 +166,7 @@ def run(args):
             null_score_diff_threshold=args.null_score_diff_threshold,
         )
         v2_odds = null_odds if args.version_2_with_negative else None
+        prediction_files = []
         if tuner.is_chief:
             prediction_files = list(
                 squad_postprocess.write_predictions(
@@ -185,16 +174,22 @@ def run(args):
                 ).values()
             )
             print("predictions written to " + ", ".join(prediction_files), flush=True)
-        if gold and any(gold.values()):
-            # The official scripts' key names: v1.1 exact_match and f1; v2.0 exact, f1, total, HasAns_*...
-            if args.version_2_with_negative:
-                eval_results = squad_metrics.evaluate_v2(gold, predictions, v2_odds)
-            else:
-                eval_results = squad_metrics.evaluate_v1(gold, predictions)
-            eval_results["global_step"] = tuner.step
-            tuner.write_eval_results(eval_results)
-            finetuning.print_results("Eval results (official SQuAD metrics)", eval_results)
-    return finetuning.RunResult(tuner.step, train_metrics, eval_results, prediction_files, tuner)
+        if not (gold and any(gold.values())):
+            return {}, prediction_files
+        # The official scripts' key names: v1.1 exact_match and f1; v2.0 exact, f1, total, HasAns_*...
+        if args.version_2_with_negative:
+            return squad_metrics.evaluate_v2(gold, predictions, v2_odds), prediction_files
+        return squad_metrics.evaluate_v1(gold, predictions), prediction_files
+
+    return finetuning.run(
+        args.finetune_config(),
+        strategy,
+        source,
+        spec,
+        train_data,
+        evaluate_and_predict,
+        eval_title="Eval results (official SQuAD metrics)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------

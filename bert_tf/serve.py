@@ -10,6 +10,10 @@ TF Serving, which binds every interface, it binds 127.0.0.1 unless `--rest_api_h
 `--grpc_host` say otherwise.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
 import signal
 import threading

@@ -27,6 +27,8 @@ into the summed update and the clip threshold depends on the replica count. Step
 the all-reduced gradients instead, and then run the (Keras) optimizer's `update_step` on every
 device's copy of each variable in cross-replica context, so the gradients are reduced only once.
 
+The loss and metrics come from the job's `objective.Objective`.
+
 Checkpoints are `tf.train.Checkpoint(**objects, optimizer=, step=[, train_iterator=])` written by a
 CheckpointManager with checkpoint_name "ckpt", which writes the data files first and then swaps
 the `checkpoint` state file atomically: a kill at any moment leaves the previous checkpoint intact.
@@ -37,6 +39,7 @@ resumed run reshuffles with a seed shifted by the step (tf.distribute's iterator
 """
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -48,8 +51,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
-from bert_tf import distribution, io_utils, model_dir, modeling
-from bert_tf.cli import arg
+from bert_tf import io_utils, model_dir, modeling
 from bert_tf.distribution import is_chief
 from bert_tf.model_dir import CHECKPOINT_NAME
 
@@ -61,6 +63,9 @@ MIXED_PRECISION_POLICIES = {
 }
 INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_GROWTH_INTERVAL = 2000
+# Written into the output directory when a run diverges: the checkpoints whose weights gave the
+# failing loss, which a rerun skips (Trainer.restore_or_initialize).
+SUSPECT_FILE = "suspect_checkpoints.json"
 # A healthy loss stays within a few times its running mean (pretraining starts near ln(vocab size)
 # and only falls); a diverging one grows by orders of magnitude within a few steps.
 DEFAULT_MAX_LOSS_RATIO = 100.0
@@ -88,74 +93,13 @@ class NonFiniteLossError(io_utils.JobFailure):
             # Saved after healthy steps, but the first step of the next loop ran on these weights.
             kept += (
                 f"; {', '.join(self.suspect)} {'holds' if len(self.suspect) == 1 else 'hold'} the weights "
-                "that gave this loss (a rerun resumes from the newest checkpoint)"
+                f"that gave this loss, marked suspect in {SUSPECT_FILE}: a rerun resumes from the last "
+                "healthy checkpoint by itself (--resume_from=ckpt-N picks another)"
             )
         super().__init__(
             f"{reason}: training stopped without saving; {kept}. "
             "Lower --learning_rate, raise --num_warmup_steps, or check the input data."
         )
-
-
-@dataclasses.dataclass
-class LoopArgs:
-    """The training-loop settings every training CLI takes (their flags come from these fields)."""
-
-    weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
-    clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
-    steps_per_loop: int = arg(
-        100, "Training steps inside one tf.function call (one progress line and summary per loop)."
-    )
-    save_checkpoints_steps: int = arg(1000, "How often to save a checkpoint.")
-    keep_checkpoint_max: int = arg(5, "How many checkpoints to keep.")
-    strategy: str = arg("default", "The tf.distribute strategy.", choices=distribution.STRATEGIES)
-    tpu: str = arg("", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
-    num_cpu_replicas: int = arg(
-        0, "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices."
-    )
-    mixed_precision: str = arg(
-        "none",
-        "Compute dtype; float16 adds dynamic loss scaling.",
-        choices=MIXED_PRECISION_POLICIES,
-    )
-    jit_compile: bool = arg(False, "XLA-compile the forward and backward pass.")
-    seed: int = arg(12345, "Seeds the weights, dropout and the input order.")
-    max_loss_ratio: float = arg(
-        DEFAULT_MAX_LOSS_RATIO,
-        "Stop, as for a NaN loss, when a step's loss exceeds this many times the mean loss of the run's earlier "
-        "steps (a diverging run, e.g. from too high a learning rate): that step and the rest of its loop are "
-        "not applied, nothing is saved after it, and the error names the last healthy checkpoint. The mean is "
-        "kept in the checkpoints, so it spans resumed runs. 0 turns the check off.",
-    )
-
-    def validate(self):
-        """Usage errors in these flags, each naming its flag."""
-        if self.mixed_precision not in MIXED_PRECISION_POLICIES:
-            raise io_utils.UsageError(
-                f"--mixed_precision={self.mixed_precision} is not one of "
-                f"{', '.join(MIXED_PRECISION_POLICIES)}"
-            )
-        if self.max_loss_ratio != 0 and not self.max_loss_ratio > 1:
-            raise io_utils.UsageError(
-                f"--max_loss_ratio must be 0 (off) or above 1, got {self.max_loss_ratio}"
-            )
-        for name in ("steps_per_loop", "save_checkpoints_steps"):
-            if getattr(self, name) <= 0:
-                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
-
-    def loop_config(self, num_train_steps, **overrides):
-        """The LoopConfig these flags ask for (float16 turns on loss scaling); `overrides` replace fields."""
-        fields = dict(
-            num_train_steps=num_train_steps,
-            steps_per_loop=self.steps_per_loop,
-            save_checkpoints_steps=self.save_checkpoints_steps,
-            clip_norm=self.clip_norm,
-            loss_scaling=self.mixed_precision == "float16",
-            jit_compile=self.jit_compile,
-            max_checkpoints_to_keep=self.keep_checkpoint_max,
-            max_loss_ratio=self.max_loss_ratio,
-        )
-        fields.update(overrides)
-        return LoopConfig(**fields)
 
 
 @dataclasses.dataclass
@@ -175,34 +119,9 @@ class LoopConfig:
     max_loss_ratio: float = (
         DEFAULT_MAX_LOSS_RATIO  # A step's loss above this times the running mean fails; 0: off.
     )
-
-
-class Objective:
-    """What a training job plugs into the loop: its loss, the statistics it sums, its metrics.
-
-    Pretraining's is MLM + NSP (run_pretraining.PretrainingObjective); each fine-tuning task's is
-    its head's loss (tasks.heads.HeadObjective).
-
-    `model` holds the trainable variables. Every statistic is a SUM over the examples of a
-    replica's batch; the loop adds them over replicas and steps, and `metrics` turns the global
-    sums into the reported values. `stat_names[0]` must be "loss": the replica's share of the
-    global loss, so its sum over replicas is the global loss.
-    """
-
-    model = None
-    stat_names = ("loss",)
-
-    def denominators(self, batch):
-        """Local sums that normalize the loss (all-reduced before the forward pass)."""
-        raise NotImplementedError
-
-    def loss_and_stats(self, batch, global_denominators, training):
-        """(this replica's share of the global loss, {stat name: local sum})."""
-        raise NotImplementedError
-
-    def metrics(self, sums, num_steps):
-        """{metric name: value} from the global sums over `num_steps` steps."""
-        raise NotImplementedError
+    # A checkpoint of the output directory to resume from ("ckpt-N"), instead of the newest
+    # healthy one.
+    resume_from: str = ""
 
 
 # TensorBoard's scalar plugin metadata. Writing with tf.summary.write and this metadata is what
@@ -271,6 +190,100 @@ def remove_interrupted_saves(directory):
             logging.warning("removed %s, left by a checkpoint save that was interrupted", path)
             removed.append(path)
     return removed
+
+
+def _suspect_path(directory):
+    return os.path.join(directory, SUSPECT_FILE)
+
+
+def suspect_checkpoints(directory):
+    """The names (ckpt-N) of the checkpoints of `directory` marked suspect by a diverged run."""
+    path = _suspect_path(directory)
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as f:
+        return list(json.load(f)["suspect"])
+
+
+def mark_suspect(directory, prefixes, reason):
+    """Records checkpoints (prefixes) whose weights gave a diverging loss, for reruns to skip."""
+    names = sorted(set(suspect_checkpoints(directory)) | {os.path.basename(p) for p in prefixes})
+    io_utils.atomic_write_json(_suspect_path(directory), {"suspect": names, "reason": reason})
+
+
+def clear_suspect(directory, prefix):
+    """A checkpoint saved anew is no longer suspect; the file goes once none is left."""
+    names = suspect_checkpoints(directory)
+    if os.path.basename(prefix) not in names:
+        return
+    names.remove(os.path.basename(prefix))
+    if names:
+        with tf.io.gfile.GFile(_suspect_path(directory)) as f:
+            reason = json.load(f).get("reason", "")
+        io_utils.atomic_write_json(_suspect_path(directory), {"suspect": names, "reason": reason})
+    else:
+        tf.io.gfile.remove(_suspect_path(directory))
+
+
+def _checkpoint_step_of(name):
+    """N of a checkpoint name or prefix ckpt-N."""
+    return int(os.path.basename(name).rsplit("-", 1)[1])
+
+
+def resume_point(directory, resume_from=""):
+    """The checkpoint a run in `directory` resumes from, or None for a fresh start.
+
+    `resume_from` ("ckpt-N") names one. Otherwise the newest checkpoint that a diverged run did not
+    mark suspect (SUSPECT_FILE), with a warning when suspect ones are skipped. A directory holding
+    checkpoints but no `checkpoint` index naming them is an error, never a fresh start (which would
+    then delete them as it saves its own).
+    """
+    state = tf.train.get_checkpoint_state(directory) if tf.io.gfile.isdir(directory) else None
+    listed = list(state.all_model_checkpoint_paths) if state else []
+    on_disk = sorted(
+        (
+            os.path.join(directory, name[: -len(".index")])
+            for name in (tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else [])
+            if re.fullmatch(re.escape(CHECKPOINT_NAME) + r"-\d+\.index", name)
+        ),
+        key=_checkpoint_step_of,
+    )
+    if resume_from:
+        prefix = os.path.join(directory, resume_from)
+        if not tf.io.gfile.exists(prefix + ".index"):
+            found = ", ".join(os.path.basename(p) for p in on_disk) or "none"
+            raise io_utils.UsageError(
+                f"--resume_from={resume_from}: no such checkpoint in {directory} (it has: {found})"
+            )
+        return prefix
+    if not listed:
+        if on_disk:
+            raise io_utils.UsageError(
+                f"{directory} holds checkpoints ({', '.join(os.path.basename(p) for p in on_disk)}) "
+                "but no valid `checkpoint` index naming them: give --resume_from=ckpt-N to resume, "
+                "or a new --output_dir"
+            )
+        return None
+    suspect = set(suspect_checkpoints(directory))
+    healthy = [
+        p for p in listed if os.path.basename(p) not in suspect and tf.io.gfile.exists(p + ".index")
+    ]
+    newest = listed[-1]
+    if os.path.basename(newest) not in suspect:
+        return newest
+    if not healthy:
+        raise io_utils.UsageError(
+            f"every checkpoint in {directory} is marked suspect in {SUSPECT_FILE} (a diverged run): "
+            "give --resume_from=ckpt-N to resume from one anyway, or a new --output_dir"
+        )
+    logging.warning(
+        "resuming from %s, the last healthy checkpoint: %s gave a diverging loss (%s); "
+        "--resume_from=ckpt-N picks another",
+        healthy[-1],
+        ", ".join(sorted(suspect)),
+        _suspect_path(directory),
+    )
+    return healthy[-1]
 
 
 def format_duration(seconds):
@@ -390,7 +403,7 @@ class Trainer:
             max_to_keep=self.config.max_checkpoints_to_keep,
             checkpoint_name=CHECKPOINT_NAME,
         )
-        latest = tf.train.latest_checkpoint(self.output_dir)
+        latest = resume_point(self.output_dir, self.config.resume_from)
         if latest:
             # Every worker restores from the chief's directory.
             # Partial: a checkpoint written under another strategy may lack (or have) the iterator.
@@ -401,6 +414,8 @@ class Trainer:
     def save(self):
         """Writes a checkpoint numbered by the step (every worker saves; only the chief's is kept)."""
         path = self._manager.save(checkpoint_number=int(self.step.numpy()))
+        if self.is_chief:
+            clear_suspect(self.output_dir, path)
         if not self.is_chief:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             self._scratch_dir = None
@@ -686,6 +701,8 @@ class Trainer:
                 healthy, healthy_step = path, saved_step
                 break
             suspect.append(path)
+        if suspect and self.is_chief:
+            mark_suspect(self.output_dir, suspect, reason)
         return NonFiniteLossError(
             bad_step if bad_step >= 0 else first_suspect,
             reason,

@@ -35,21 +35,27 @@ def requests_path(version_dir):
 
 
 def filler_word(vocab_file):
-    """A vocabulary entry that is one whole lower-case word, so that N of them make N tokens."""
+    """A vocabulary entry that is one whole word, so that N of them make N tokens, cased or not.
+
+    A plain lower-case word where the vocabulary has one; else any ASCII letters and digits that
+    lower-casing leaves as they are (a converted checkpoint's vocabulary may hold no plain word).
+    """
     with tf.io.gfile.GFile(vocab_file) as f:
-        for line in f:
-            word = line.strip()
-            if word.isascii() and word.isalpha() and word.islower():
-                return word
-    raise io_utils.UsageError(f"{vocab_file} has no plain lower-case word to build warm-up inputs")
+        words = [line.strip() for line in f]
+    candidates = [w for w in words if w.isascii() and w.isalnum() and w == w.lower()]
+    plain = [w for w in candidates if w.isalpha()]
+    if plain or candidates:
+        return (plain or candidates)[0]
+    raise io_utils.UsageError(
+        f"{vocab_file} has no whole word (ASCII letters or digits) to build warm-up inputs"
+    )
 
 
 # A graph export is also warmed at every length up to this many tokens, the shortest last.
-# oneDNN builds its kernels for each new shape on first use, and most requests are short. On a
-# MiniLM export (one intra-op thread), first calls at 58 new lengths of 2 to 59 words took 6.45 to
-# 6.57 ms after a warm-up at every length up to 62 words (repeats: 6.17 to 6.51 ms) and 7.66 to
-# 9.36 ms after one at the multiples of 16 (repeats: 6.31 to 7.75 ms) (benchmarks/RESULTS.md,
-# session 13). The cap bounds the load time and the file.
+# oneDNN builds its kernels for each new shape on first use, and most requests are short: warmed
+# this way, a MiniLM export's first calls at new lengths run about as fast as repeats
+# (benchmarks/RESULTS.md, "Inference: what each export choice buys"). The cap bounds the load time
+# and the file.
 EXACT_LENGTHS_UP_TO = 64
 
 
@@ -65,19 +71,25 @@ def request_lengths(seq_length, dynamic_length, exact_lengths=False):
     return lengths
 
 
-def signature_inputs(input_specs, length, word, ids):
+def signature_inputs(input_specs, length, word, ids, mask_token=None):
     """One batch-1 input for every spec of a signature, about `length` tokens once packed.
 
     Strings [b] get words: one word each, and the last text input the rest of the token budget
-    ([CLS] and [SEP]s take 3), so that consecutive lengths pack to consecutive lengths; strings
-    [b, n] two such texts; int32 [b, s] the encoder's ids, mask and type ids.
+    ([CLS] and [SEP]s take 3), so that consecutive lengths pack to consecutive lengths, its last
+    word `mask_token` where one is given (fill-mask's [MASK]); strings [b, n] two such texts; int32
+    [b, s] the encoder's ids, mask and type ids. Scalar inputs are left out: their signature
+    defaults fill them in.
     """
+    input_specs = {name: spec for name, spec in input_specs.items() if spec.shape.rank}
     texts = [name for name, spec in input_specs.items() if spec.dtype == tf.string]
     last_words = max(1, length - 3 - (len(texts) - 1))
     inputs = {}
     for name, spec in input_specs.items():
         if spec.dtype == tf.string:
-            text = " ".join([word] * (last_words if name == texts[-1] else 1))
+            words = [word] * (last_words if name == texts[-1] else 1)
+            if mask_token and name == texts[-1]:
+                words[-1] = mask_token
+            text = " ".join(words)
             inputs[name] = np.array([[text, text]] if spec.shape.rank == 2 else [text], object)
         elif name == "input_word_ids":
             inputs[name] = np.array([[ids["[CLS]"]] + [ids[word]] * (length - 2) + [ids["[SEP]"]]])
@@ -90,9 +102,11 @@ def signature_inputs(input_specs, length, word, ids):
     }
 
 
-def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,)):
-    """Writes a predict request per batch size and length into VERSION_DIR's warm-up file (the
-    batch-1 ones first, should MAX_RECORDS cut the file short); returns the count."""
+def predict_logs(
+    signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,), mask_token=None
+):
+    """A serialized PredictionLog per batch size and length for one signature (the batch-1 ones
+    first), its inputs from `signature_inputs`."""
     word = filler_word(vocab_file)
     with tf.io.gfile.GFile(vocab_file) as f:
         ids = {line.rstrip("\n"): i for i, line in enumerate(f)}
@@ -100,11 +114,25 @@ def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file
     for batch_size, length in itertools.product(batch_sizes, lengths):
         request = predict_pb2.PredictRequest()
         request.model_spec.signature_name = signature_name
-        for name, value in signature_inputs(input_specs, length, word, ids).items():
+        inputs = signature_inputs(input_specs, length, word, ids, mask_token)
+        for name, value in inputs.items():
             request.inputs[name].CopyFrom(tf.make_tensor_proto(np.repeat(value, batch_size, 0)))
         log = prediction_log_pb2.PredictionLog()
         log.predict_log.request.CopyFrom(request)
         records.append(log.SerializeToString())
+    return records
+
+
+def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,)):
+    """Writes a predict request per batch size and length into VERSION_DIR's warm-up file (the
+    batch-1 ones first, should MAX_RECORDS cut the file short); returns the count."""
+    records = predict_logs(signature_name, input_specs, lengths, vocab_file, batch_sizes)
+    return write_records(version_dir, records)
+
+
+def write_records(version_dir, records):
+    """Writes serialized PredictionLogs as VERSION_DIR's warm-up file, at most MAX_RECORDS of them
+    (the first); returns the count."""
     records = records[:MAX_RECORDS]
     path = requests_path(version_dir)
     tf.io.gfile.makedirs(os.path.dirname(path))

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import textwrap
 
 import numpy as np
 import tensorflow as tf
@@ -155,7 +156,7 @@ def round_trip(
     prefix = directory.write(config, vocab_file, encoder, pretraining_model, spec=spec, model=model)
     x = tiny_inputs() if inputs is None else inputs
     assert directory.load_config() == config
-    assert directory.read_task_spec() == spec
+    assert models.read_task_spec(directory) == spec
     assert_same_outputs(
         directory.load_encoder()(x), encoder(x), ("sequence_output", "pooled_output")
     )
@@ -166,7 +167,7 @@ def round_trip(
             loaded(x_positions), pretraining_model(x_positions), ("mlm_logits", "nsp_logits")
         )
     if spec is not None:
-        loaded, _, loaded_config, loaded_spec = directory.load_task_model()
+        loaded, _, loaded_config, loaded_spec = models.load_task_model(directory)
         assert (loaded_config, loaded_spec) == (config, spec)
         want = model(x, training=False)
         assert_same_outputs(loaded(x, training=False), want, want)
@@ -222,3 +223,38 @@ def reference_inputs(reference):
     """(encoder inputs, masked_lm_positions) of the old directories' reference outputs."""
     x = {name: reference[f"inputs/{name}"] for name in modeling.ENCODER_INPUTS}
     return x, reference["inputs/masked_lm_positions"]
+
+
+def session_outputs(path, signature, feeds):
+    """A signature run as TF Serving runs it: the SavedModel loaded into a TF1 session, its
+    variables restored by the saver (not TF2's object graph)."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+        signature_def = meta_graph.signature_def[signature]
+        fetches = {name: info.name for name, info in signature_def.outputs.items()}
+        feed = {signature_def.inputs[name].name: value for name, value in feeds.items()}
+        return session.run(fetches, feed)
+
+
+def saved_model_ops_script(export_dir):
+    """Python source that reads EXPORT_DIR/saved_model.pb into `ops` (every op type of its graph and
+    functions), `core` (TensorFlow core's and the graph's own functions) and `text` (those that
+    only importing tensorflow_text registers); a test's script goes on from there."""
+    return textwrap.dedent(
+        f"""
+        import json
+        import tensorflow as tf
+        from tensorflow.core.protobuf import saved_model_pb2
+        from tensorflow.python.framework import op_def_registry
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString(open({export_dir!r} + "/saved_model.pb", "rb").read())
+        graph = proto.meta_graphs[0].graph_def
+        ops = {{n.op for n in graph.node}}
+        for f in graph.library.function:
+            ops |= {{n.op for n in f.node_def}}
+        functions = {{f.signature.name for f in graph.library.function}}
+        core = {{op for op in ops if op in functions or op_def_registry.get(op) is not None}}
+        import tensorflow_text
+        text = {{op for op in ops - core if op_def_registry.get(op) is not None}}
+        """
+    )

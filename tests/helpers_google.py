@@ -11,6 +11,7 @@ import os
 import numpy as np
 import tensorflow as tf
 from helpers import TINY_CONFIG, write_tiny_vocab
+from safetensors.numpy import save_file
 
 
 def google_config(config):
@@ -112,60 +113,110 @@ def np_layer_norm(x, gamma, beta, eps=1e-12):
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-def np_bert(w, c, ids, mask, types, positions, gelu=np_gelu):
-    """Returns sequence_output, pooled_output, all layer outputs, MLM logits, NSP logits (float64)."""
-    w = {k: v.astype(np.float64) for k, v in w.items()}
-    b, s = ids.shape
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    d = h // heads
-    x = (
-        w["bert/embeddings/word_embeddings"][ids]
-        + w["bert/embeddings/token_type_embeddings"][types]
-        + w["bert/embeddings/position_embeddings"][:s][None]
-    )
-    x = np_layer_norm(x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"])
-    adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
-    layers = []
-    for n in range(c["num_hidden_layers"]):
-        p = f"bert/encoder/layer_{n}/"
+def np_activation(hidden_act):
+    """The NumPy activation for a bert_config.json hidden_act in bert_tf's terms: "gelu" is Google's
+    tanh approximation, "gelu_exact" the erf form (Hugging Face's "gelu")."""
+    return {"gelu": np_gelu, "gelu_exact": np_gelu_exact, "relu": lambda x: np.maximum(x, 0)}[
+        hidden_act
+    ]
 
-        def dense(t, name):
-            return t @ w[p + name + "/kernel"] + w[p + name + "/bias"]
 
-        def split(t):
-            return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
+def np_log_softmax(logits):
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
-        q, k, v = (split(dense(x, f"attention/self/{part}")) for part in ("query", "key", "value"))
-        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h)
-        attention = np_layer_norm(
-            dense(context, "attention/output/dense") + x,
-            w[p + "attention/output/LayerNorm/gamma"],
-            w[p + "attention/output/LayerNorm/beta"],
+
+class NumpyBert:
+    """The original BERT's forward pass on one batch, from weights under the original names.
+
+    Follows google-research/bert: modeling.py for the encoder, run_pretraining.py's
+    get_masked_lm_output and get_next_sentence_output for the heads. Everything is float64.
+    """
+
+    def __init__(self, w, c, ids, mask, types, gelu=np_gelu):
+        self.w = w = {k: v.astype(np.float64) for k, v in w.items()}
+        self.gelu = gelu
+        b, s = ids.shape
+        h, heads = c["hidden_size"], c["num_attention_heads"]
+        d = h // heads
+        x = (
+            w["bert/embeddings/word_embeddings"][ids]
+            + w["bert/embeddings/token_type_embeddings"][types]
+            + w["bert/embeddings/position_embeddings"][:s][None]
         )
-        ff = dense(gelu(dense(attention, "intermediate/dense")), "output/dense")
         x = np_layer_norm(
-            ff + attention, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"]
+            x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"]
         )
-        layers.append(x)
-    pooled = np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
-    gathered = np.take_along_axis(x, positions[:, :, None], axis=1)
-    t = gelu(
-        gathered @ w["cls/predictions/transform/dense/kernel"]
-        + w["cls/predictions/transform/dense/bias"]
-    )
-    t = np_layer_norm(
-        t,
-        w["cls/predictions/transform/LayerNorm/gamma"],
-        w["cls/predictions/transform/LayerNorm/beta"],
-    )
-    mlm = t @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
-    nsp = (
-        pooled @ w["cls/seq_relationship/output_weights"].T + w["cls/seq_relationship/output_bias"]
-    )
-    return x, pooled, layers, mlm, nsp
+        adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+        self.layers = []
+        for n in range(c["num_hidden_layers"]):
+            p = f"bert/encoder/layer_{n}/"
+
+            def dense(t, name):
+                return t @ w[p + name + "/kernel"] + w[p + name + "/bias"]
+
+            def split(t):
+                return t.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
+
+            q, k, v = (
+                split(dense(x, f"attention/self/{part}")) for part in ("query", "key", "value")
+            )
+            scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + adder
+            probs = np.exp(scores - scores.max(-1, keepdims=True))
+            probs /= probs.sum(-1, keepdims=True)
+            context = (probs @ v).transpose(0, 2, 1, 3).reshape(b, s, h)
+            attention = np_layer_norm(
+                dense(context, "attention/output/dense") + x,
+                w[p + "attention/output/LayerNorm/gamma"],
+                w[p + "attention/output/LayerNorm/beta"],
+            )
+            ff = dense(gelu(dense(attention, "intermediate/dense")), "output/dense")
+            x = np_layer_norm(
+                ff + attention, w[p + "output/LayerNorm/gamma"], w[p + "output/LayerNorm/beta"]
+            )
+            self.layers.append(x)
+        self.sequence_output = x
+        # None without a pooler (Hugging Face's BertForMaskedLM has none).
+        self.pooled_output = (
+            np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
+            if "bert/pooler/dense/kernel" in w
+            else None
+        )
+
+    def mlm_logits(self, positions):
+        """get_masked_lm_output's logits [b, P, vocab] at `positions` [b, P] only: gather, transform
+        dense with the config's activation, LayerNorm (eps 1e-12), the word embeddings transposed
+        (tied), plus cls/predictions/output_bias."""
+        w = self.w
+        gathered = np.take_along_axis(self.sequence_output, positions[:, :, None], axis=1)
+        t = self.gelu(
+            gathered @ w["cls/predictions/transform/dense/kernel"]
+            + w["cls/predictions/transform/dense/bias"]
+        )
+        t = np_layer_norm(
+            t,
+            w["cls/predictions/transform/LayerNorm/gamma"],
+            w["cls/predictions/transform/LayerNorm/beta"],
+        )
+        return t @ w["bert/embeddings/word_embeddings"].T + w["cls/predictions/output_bias"]
+
+    def nsp_logits(self):
+        """get_next_sentence_output's logits [b, 2] (label 0 is IsNext): the pooled output times
+        output_weights [2, H] transposed, plus output_bias."""
+        w = self.w
+        return (
+            self.pooled_output @ w["cls/seq_relationship/output_weights"].T
+            + w["cls/seq_relationship/output_bias"]
+        )
+
+
+def np_bert(w, c, ids, mask, types, positions, gelu=np_gelu):
+    """Returns sequence_output, pooled_output, all layer outputs, MLM logits, NSP logits (float64);
+    a head whose weights `w` lacks gives None."""
+    bert = NumpyBert(w, c, ids, mask, types, gelu)
+    mlm = bert.mlm_logits(positions) if "cls/predictions/output_bias" in w else None
+    nsp = bert.nsp_logits() if "cls/seq_relationship/output_bias" in w else None
+    return bert.sequence_output, bert.pooled_output, bert.layers, mlm, nsp
 
 
 def write_google_dir(path, weights, config=GOOGLE_TINY, extra_tensors=None):
@@ -179,3 +230,109 @@ def write_google_dir(path, weights, config=GOOGLE_TINY, extra_tensors=None):
         json.dump(config, f)
     write_tiny_vocab(os.path.join(path, "vocab.txt"), config["vocab_size"])
     return os.path.join(path, "bert_model.ckpt")
+
+
+# --- Hugging Face checkpoints, written out as transformers' BertFor* state_dicts name them. ---
+
+NSP_KEYS = ("cls/seq_relationship/output_weights", "cls/seq_relationship/output_bias")
+
+
+def hf_state_dict(w, c, kind, old_layer_norm_names=False, tied_copies=True):
+    """The state_dict of a transformers `kind` (BertForPreTraining, BertForMaskedLM or BertModel) whose
+    weights are `w` (original names), spelled out from transformers' modeling_bert.py, not from the
+    converter: Linear weights are [out, in], LayerNorm weight/bias (gamma/beta in files saved by old
+    versions), BertModel's keys have no `bert.` prefix, BertForMaskedLM has no pooler
+    (add_pooling_layer=False) and no NSP head. `tied_copies`: the decoder's weight and bias as the
+    state_dict holds them (tied to the word embeddings and cls.predictions.bias); save_pretrained
+    leaves them out of model.safetensors."""
+    prefix = "" if kind == "BertModel" else "bert."
+    ln = ("gamma", "beta") if old_layer_norm_names else ("weight", "bias")
+    state = {
+        f"{prefix}embeddings.word_embeddings.weight": w["bert/embeddings/word_embeddings"],
+        f"{prefix}embeddings.position_embeddings.weight": w["bert/embeddings/position_embeddings"],
+        f"{prefix}embeddings.token_type_embeddings.weight": w[
+            "bert/embeddings/token_type_embeddings"
+        ],
+        f"{prefix}embeddings.LayerNorm.{ln[0]}": w["bert/embeddings/LayerNorm/gamma"],
+        f"{prefix}embeddings.LayerNorm.{ln[1]}": w["bert/embeddings/LayerNorm/beta"],
+    }
+    for n in range(c["num_hidden_layers"]):
+        src, dst = f"bert/encoder/layer_{n}", f"{prefix}encoder.layer.{n}"
+        for ours, theirs in (
+            ("attention/self/query", "attention.self.query"),
+            ("attention/self/key", "attention.self.key"),
+            ("attention/self/value", "attention.self.value"),
+            ("attention/output/dense", "attention.output.dense"),
+            ("intermediate/dense", "intermediate.dense"),
+            ("output/dense", "output.dense"),
+        ):
+            state[f"{dst}.{theirs}.weight"] = w[f"{src}/{ours}/kernel"].T
+            state[f"{dst}.{theirs}.bias"] = w[f"{src}/{ours}/bias"]
+        for ours, theirs in (
+            ("attention/output/LayerNorm", "attention.output.LayerNorm"),
+            ("output/LayerNorm", "output.LayerNorm"),
+        ):
+            state[f"{dst}.{theirs}.{ln[0]}"] = w[f"{src}/{ours}/gamma"]
+            state[f"{dst}.{theirs}.{ln[1]}"] = w[f"{src}/{ours}/beta"]
+    if kind != "BertForMaskedLM":
+        state[f"{prefix}pooler.dense.weight"] = w["bert/pooler/dense/kernel"].T
+        state[f"{prefix}pooler.dense.bias"] = w["bert/pooler/dense/bias"]
+    if kind in ("BertForPreTraining", "BertForMaskedLM"):
+        state.update(
+            {
+                "cls.predictions.bias": w["cls/predictions/output_bias"],
+                "cls.predictions.transform.dense.weight": w[
+                    "cls/predictions/transform/dense/kernel"
+                ].T,
+                "cls.predictions.transform.dense.bias": w["cls/predictions/transform/dense/bias"],
+                f"cls.predictions.transform.LayerNorm.{ln[0]}": w[
+                    "cls/predictions/transform/LayerNorm/gamma"
+                ],
+                f"cls.predictions.transform.LayerNorm.{ln[1]}": w[
+                    "cls/predictions/transform/LayerNorm/beta"
+                ],
+            }
+        )
+        if tied_copies:
+            state["cls.predictions.decoder.weight"] = w["bert/embeddings/word_embeddings"]
+            state["cls.predictions.decoder.bias"] = w["cls/predictions/output_bias"]
+    if kind == "BertForPreTraining":
+        state["cls.seq_relationship.weight"] = w["cls/seq_relationship/output_weights"]  # [2, H]
+        state["cls.seq_relationship.bias"] = w["cls/seq_relationship/output_bias"]
+    return {name: np.ascontiguousarray(value) for name, value in state.items()}
+
+
+def write_hf_dir(path, state, kind, hidden_act="gelu", c=GOOGLE_TINY):
+    """A Hugging Face model directory: config.json, vocab.txt, tokenizer_config.json and
+    model.safetensors (with transformers' {"format": "pt"} metadata)."""
+    os.makedirs(path, exist_ok=True)
+    config = {
+        "architectures": [kind],
+        "model_type": "bert",
+        "hidden_act": hidden_act,
+        "layer_norm_eps": 1e-12,
+        "position_embedding_type": "absolute",
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        **{k: v for k, v in c.items() if k != "hidden_act"},
+    }
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"do_lower_case": True}, f)
+    write_tiny_vocab(os.path.join(path, "vocab.txt"), c["vocab_size"])
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return str(path)
+
+
+def hf_weights(kind, seed=0):
+    """Random weights under the original names, with what a transformers `kind` holds."""
+    w = random_weights(GOOGLE_TINY, seed=seed)
+    if kind != "BertForPreTraining":
+        for name in NSP_KEYS:
+            del w[name]
+    if kind == "BertModel":
+        w = {k: v for k, v in w.items() if not k.startswith("cls/")}
+    if kind == "BertForMaskedLM":
+        del w["bert/pooler/dense/kernel"], w["bert/pooler/dense/bias"]
+    return w

@@ -10,7 +10,7 @@ import shutil
 import tensorflow as tf
 from helpers import tiny_config
 
-from bert_tf.serving import batching, core, servable, server
+from bert_tf.serving import batching, core, methods, server
 
 LABELS = ["negative", "positive", "neutral"]
 V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
@@ -23,8 +23,9 @@ def _make_module(vocab_file):
     """A tf.Module like the export will write: strings in, GraphTokenizer, tiny BERT, named outputs."""
     import keras
 
-    from bert_tf import export_graph, modeling
+    from bert_tf import modeling
     from bert_tf.graph_tokenizer import GraphTokenizer
+    from bert_tf.tasks import export_graph
 
     keras.utils.set_random_seed(7)
     config = tiny_config(vocab_file)
@@ -157,7 +158,7 @@ def _save(module, path, signatures):
     tf.saved_model.save(module, path, signatures=signatures)
     # tf.saved_model.save writes every signature as "predict"; the exporter's fix-up sets the rest.
     export.set_method_names(
-        path, {"classification": servable.CLASSIFY_METHOD, "regression": servable.REGRESS_METHOD}
+        path, {"classification": methods.CLASSIFY_METHOD, "regression": methods.REGRESS_METHOD}
     )
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import extract_features, io_utils, tasks, tokenization
+from bert_tf import demo_data, io_utils, tasks, tokenization
 from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.ner import data as ner
@@ -556,7 +556,11 @@ def test_records_round_trip(tmp_path, tokenizer):
     features = classification.convert_examples(EXAMPLES, tokenizer, 16, ["0", "1"])
     path = str(tmp_path / "train.tf_record")
     assert classification.write_records(path, features) == len(EXAMPLES)
-    batches = list(classification.dataset(path, 16, batch_size=4, is_training=False))
+    batches = list(
+        tasks.records_dataset(
+            path, classification.feature_spec([16]), batch_size=4, is_training=False
+        )
+    )
     assert [b["input_word_ids"].shape[0] for b in batches] == [
         4,
         2,
@@ -571,7 +575,13 @@ def test_records_round_trip(tmp_path, tokenizer):
         np.concatenate([b["label_ids"] for b in batches]), features["label_ids"]
     )
     assert batches[0]["input_mask"].dtype == tf.int32
-    train = next(iter(classification.dataset(path, 16, batch_size=4, is_training=True, seed=1)))
+    train = next(
+        iter(
+            tasks.records_dataset(
+                path, classification.feature_spec([16]), batch_size=4, is_training=True, seed=1
+            )
+        )
+    )
     assert train["input_word_ids"].shape == (4, 16)
     in_memory = list(tasks.features_dataset(features, batch_size=2))
     np.testing.assert_array_equal(
@@ -589,7 +599,13 @@ def test_records_round_trip(tmp_path, tokenizer):
     regression = classification.convert_examples(scores, tokenizer, 8, None)
     path = str(tmp_path / "stsb.tf_record")
     classification.write_records(path, regression)
-    batch = next(iter(classification.dataset(path, 8, 2, is_training=False, is_regression=True)))
+    batch = next(
+        iter(
+            tasks.records_dataset(
+                path, classification.feature_spec([8], is_regression=True), 2, is_training=False
+            )
+        )
+    )
     assert batch["label_ids"].numpy().tolist() == [0.5, 4.25]
 
 
@@ -676,8 +692,8 @@ def test_glue_submission_files(tmp_path):
 
 
 def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
-    first = classification.write_demo_glue_dir(str(tmp_path / "a"))
-    second = classification.write_demo_glue_dir(str(tmp_path / "b"))
+    first = demo_data.write_demo_glue_dir(str(tmp_path / "a"))
+    second = demo_data.write_demo_glue_dir(str(tmp_path / "b"))
     for split in ("train", "dev", "test"):
         assert (
             open(os.path.join(first, f"{split}.tsv")).read()
@@ -692,8 +708,8 @@ def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
     # The label is a function of the keyword: exactly one keyword, of the label's polarity.
     for example in train + dev:
         words = set(example.text_a.split())
-        positive = words & set(classification._DEMO_POSITIVE)
-        negative = words & set(classification._DEMO_NEGATIVE)
+        positive = words & set(demo_data._SENTIMENT_POSITIVE)
+        negative = words & set(demo_data._SENTIMENT_NEGATIVE)
         assert len(positive | negative) == 1
         assert bool(positive) == (example.label == "1")
     assert len({e.text_a for e in train}) > 300  # varied, not a handful of repeated sentences
@@ -709,7 +725,7 @@ def test_text_readers_name_the_line_of_bad_utf8_and_read_gzip(tmp_path):
         ner.read_conll(str(tmp_path / "train.txt"))
     (tmp_path / "input.txt").write_bytes(b"a ||| b\n" + bad)
     with pytest.raises(tasks.DataFormatError, match=r"input\.txt:2: not UTF-8"):
-        extract_features.read_inputs(str(tmp_path / "input.txt"))
+        tasks.read_text_pairs(str(tmp_path / "input.txt"))
 
     # Gzipped files read like plain ones; line endings (CRLF too) are dropped.
     path = str(tmp_path / "lines.tsv.gz")

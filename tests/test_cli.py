@@ -24,8 +24,8 @@ from bert_tf import (
     run_pretraining,
     run_squad,
     serve,
-    tokenization,
 )
+from bert_tf.tokenization import __main__ as tokenization_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_ARGS = [
@@ -39,7 +39,7 @@ JOB_ARGS = [
     build_vocab.BuildVocabArgs,
     convert_checkpoint.ConvertArgs,
     corpus.CorpusArgs,
-    tokenization.CompareArgs,
+    tokenization_cli.CompareArgs,
     export.ExportArgs,
     serve.ServeArgs,
 ]

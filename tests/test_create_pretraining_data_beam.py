@@ -54,9 +54,31 @@ def make_args(corpus_file, output_dir, **extra):
     return pretraining.PretrainingDataArgs(**values)
 
 
-def run_small_units(args, pipeline_args=()):
+def run_small_units(args, pipeline_args=(), beam_after_step=None):
     with unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
-        return pretraining.run(args, pipeline_args=pipeline_args)
+        return pretraining.run(args, pipeline_args=pipeline_args, beam_after_step=beam_after_step)
+
+
+class InjectedFailure(RuntimeError):
+    """The failure FailOnce raises."""
+
+
+class FailOnce:
+    """A Beam step's `after_step` that fails step (phase, key) once, after it wrote its files, as a
+    worker lost before its bundle commits would. `marker` is a file created at the failure, so
+    that the retry (in any process) goes through."""
+
+    def __init__(self, phase, key, marker):
+        self.phase, self.key, self.marker = phase, key, str(marker)
+
+    def __call__(self, phase, key):
+        if (phase, key) != (self.phase, self.key):
+            return
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        raise InjectedFailure(f"injected failure: {phase} {key}")
 
 
 def outputs_in(directory):
@@ -166,32 +188,29 @@ def test_portable_runner_through_a_job_server(corpus_file, reference, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phase,key", [("tokenize", 1), ("build", 2), ("assemble", 1)])
-def test_a_work_unit_that_fails_once_is_retried(
-    corpus_file, reference, tmp_path, monkeypatch, phase, key
-):
+def test_a_work_unit_that_fails_once_is_retried(corpus_file, reference, tmp_path, phase, key):
     # BundleBasedDirectRunner retries a failed bundle (4 attempts; DirectRunner's FnApiRunner does
     # not retry). The failure comes after the step wrote its files, as when a worker is lost before
     # its bundle commits: the retry must overwrite, not duplicate, and lose nothing.
     marker = tmp_path / "failed-once"
-    monkeypatch.setenv(beam.FAIL_ONCE_ENV, f"{phase}:{key}:{marker}")
     directory = str(tmp_path / "beam")
     args = make_args(corpus_file, directory, runner="DirectRunner")
     with unittest.mock.patch.object(beam, "make_runner", lambda *_: BundleBasedDirectRunner()):
-        summary = run_small_units(args)
+        summary = run_small_units(args, beam_after_step=FailOnce(phase, key, marker))
     assert marker.exists()  # it did fail
     assert_same_as_reference(directory, summary, reference)
 
 
 def test_a_failed_run_leaves_no_shard_that_looks_complete_and_resumes(
-    corpus_file, reference, tmp_path, monkeypatch
+    corpus_file, reference, tmp_path
 ):
     # DirectRunner does not retry: the run fails after output 0's manifest was written (output 1's
     # assembly fails). A shard is either complete with its manifest or absent; a rerun finishes.
-    monkeypatch.setenv(beam.FAIL_ONCE_ENV, f"assemble:0:{tmp_path / 'failed-once'}")
+    fail_once = FailOnce("assemble", 0, tmp_path / "failed-once")
     directory = str(tmp_path / "beam")
     args = make_args(corpus_file, directory, runner="DirectRunner")
     with pytest.raises(io_utils.JobFailure, match="injected failure: assemble 0"):
-        run_small_units(args)
+        run_small_units(args, beam_after_step=fail_once)
     assert not glob.glob(os.path.join(directory, "*.tmp"))
     assert not os.path.exists(os.path.join(directory, "summary.json"))
     finished = plan.find_finished(run_small_plan(args))

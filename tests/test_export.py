@@ -26,7 +26,7 @@ from bert_tf.tasks.ner import metrics as ner_metrics
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import postprocess as squad_postprocess
 from bert_tf.tokenization import FullTokenizer
-from tests.helpers import run_python_script, tiny_config
+from tests.helpers import run_python_script, session_outputs, tiny_config
 
 CONFIG = tiny_config(vocab_size=30522)  # the real vocabulary's size
 SPECS = {
@@ -446,7 +446,7 @@ def test_graphs_use_only_core_and_text_ops(exported):
 
 
 def test_classifier_matches_keras_model(exported, real_vocab):
-    model, _, _, spec = ModelDir(exported["model_dirs"]["classifier"]).load_task_model()
+    model, _, _, spec = models.load_task_model(ModelDir(exported["model_dirs"]["classifier"]))
     x = packed(real_vocab, [[t] for t in TEXTS], spec.max_seq_length)
     probabilities = tf.nn.softmax(model(x, training=False)["logits"]).numpy()
     out = exported["results"]["classifier"]
@@ -459,7 +459,7 @@ def test_classifier_matches_keras_model(exported, real_vocab):
 
 
 def test_regressor_matches_keras_model(exported, real_vocab):
-    model, _, _, spec = ModelDir(exported["model_dirs"]["regressor"]).load_task_model()
+    model, _, _, spec = models.load_task_model(ModelDir(exported["model_dirs"]["regressor"]))
     x = packed(real_vocab, list(zip(*PAIRS)), spec.max_seq_length)
     score = model(x, training=False)["score"].numpy()
     np.testing.assert_allclose(exported["results"]["regressor"]["score"], score, atol=1e-5)
@@ -506,7 +506,7 @@ def test_encoder_and_preprocessor_match(exported, real_vocab):
 
 def squad_reference(model_dir, real_vocab):
     """run_squad.py's pipeline as bert_tf.tasks.squad implements it, exhaustive over the n best."""
-    model, _, _, spec = ModelDir(model_dir).load_task_model()
+    model, _, _, spec = models.load_task_model(ModelDir(model_dir))
     examples = []
     for i, (question, context) in enumerate(zip(SQUAD_QUESTIONS, SQUAD_CONTEXTS)):
         if not context:
@@ -578,7 +578,7 @@ def test_squad_matches_run_squad_pipeline(exported, real_vocab):
 
 def ner_reference(model_dir, real_vocab, texts):
     """Entities from bert_tf.tasks.ner's features and conlleval chunking, as (text, type, start, end)."""
-    model, _, _, spec = ModelDir(model_dir).load_task_model()
+    model, _, _, spec = models.load_task_model(ModelDir(model_dir))
     sentences = [ner.Sentence(words=t.split(), tags=["O"] * len(t.split())) for t in texts]
     features = ner.convert_sentences(
         sentences, tokenizer(real_vocab), spec.max_seq_length, spec.labels
@@ -861,3 +861,27 @@ def test_export_does_not_import_the_server():
     )
     result = run_python_script(script)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_session_based_loader_restores_every_variable(exported):
+    # Keras 3 keeps a layer's tf.Variables inside its Keras variables, which a session-based loader
+    # (TF Serving's, saved_model_cli run) would leave uninitialized without the export's tracking.
+    paths, results = exported["paths"], exported["results"]
+    got = session_outputs(paths["classifier"], "serving_default", {"text": TEXTS})
+    np.testing.assert_allclose(
+        got["probabilities"], results["classifier"]["probabilities"], atol=1e-5
+    )
+    a, b = PAIRS
+    got = session_outputs(paths["regressor"], "serving_default", {"text_a": a, "text_b": b})
+    np.testing.assert_allclose(got["score"], results["regressor"]["score"], atol=1e-5)
+    got = session_outputs(
+        paths["squad"], "serving_default", {"question": SQUAD_QUESTIONS, "context": SQUAD_CONTEXTS}
+    )
+    assert got["start"].tolist() == results["squad"]["start"]
+    got = session_outputs(paths["ner"], "serving_default", {"text": NER_TEXTS})
+    assert got["num_entities"].tolist() == results["ner"]["num_entities"]
+    inputs = {k: np.array(v, np.int32) for k, v in results["preprocess_signature"].items()}
+    got = session_outputs(paths["encoder"], "serving_default", inputs)
+    np.testing.assert_allclose(
+        got["pooled_output"], results["encoder_signature"]["pooled_output"], atol=1e-5
+    )

@@ -8,7 +8,7 @@ import pytest
 from helpers import run_module_cli
 from helpers_google import GOOGLE_TINY, np_bert, random_weights, write_google_dir
 
-from bert_tf import checkpoints, extract_features, io_utils, tokenization
+from bert_tf import checkpoints, extract_features, io_utils, tasks, tokenization
 
 SEQ = 10
 # Google's vocab in write_google_dir: [PAD] [UNK] [CLS] [SEP] [MASK] w0..w17 -> ids 0..4, 5..22.
@@ -142,7 +142,7 @@ def test_pairs_split_at_the_last_spaced_separator_as_the_original(tmp_path):
     # The original matches r"^(.*) \|\|\| (.*)$": spaces around "|||" required, greedy first part.
     path = tmp_path / "input.txt"
     path.write_text("a|||b\nx ||| y ||| z\n  p ||| q  \n\n||| r\n")
-    assert extract_features.read_inputs(str(path)) == [
+    assert tasks.read_text_pairs(str(path)) == [
         ("a|||b", None),
         ("x ||| y", "z"),
         ("p", "q"),

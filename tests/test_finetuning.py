@@ -18,6 +18,7 @@ from bert_tf import (
     run_classifier,
     run_ner,
     run_squad,
+    training_flags,
 )
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import models, registry
@@ -143,15 +144,15 @@ def test_token_loss_ignores_ignore_label(tiny_batch):
 
 
 def test_predict_puts_padded_batches_back_in_row_order(demo, tmp_path):
-    args = finetuning.FinetuneArgs(
+    args = training_flags.FinetuneArgs(
         output_dir=str(tmp_path / "out"),
         init_checkpoint=demo["model_dir"],
         do_eval=True,
         max_seq_length=12,
     )
-    source = finetuning.resolve_model_source(args)
+    source = args.model_source()
     spec = models.TaskSpec(kind="classifier", labels=["0", "1"], max_seq_length=12)
-    tuner = finetuning.Finetuner(args, tf.distribute.get_strategy(), source, spec)
+    tuner = finetuning.Finetuner(args.finetune_config(), tf.distribute.get_strategy(), source, spec)
     assert tuner.start() is None  # nothing to resume; the encoder comes from the model dir
     np.testing.assert_array_equal(
         tuner.encoder.weights[0].numpy(),
@@ -183,7 +184,7 @@ def test_predict_puts_padded_batches_back_in_row_order(demo, tmp_path):
     assert not os.path.exists(ModelDir(args.output_dir).task_file)
 
 
-def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path):
+def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path, capsys):
     output_dir = str(tmp_path / "sst2")
     args = run_classifier.ClassifierArgs(
         task_name="sst2",
@@ -206,7 +207,7 @@ def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path
     assert result.eval_results["eval_accuracy"] >= 0.95
     assert result.eval_results["eval_loss"] < before["eval_loss"]
     # The output directory is a fine-tuned model directory that loads on its own.
-    model, _, _, spec = ModelDir(output_dir).load_task_model()
+    model, _, _, spec = models.load_task_model(ModelDir(output_dir))
     assert (spec.kind, spec.labels, spec.max_seq_length, spec.is_pair, spec.task_name) == (
         "classifier",
         ["0", "1"],
@@ -218,9 +219,12 @@ def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path
         model.get_layer("classifier_head").kernel.numpy(),
         result.finetuner.model.get_layer("classifier_head").kernel.numpy(),
     )
-    # Rerunning the finished command resumes from its checkpoint: no step is trained again.
+    # Rerunning the finished command resumes from its checkpoint: no step is trained again, and
+    # the run says so rather than "training classifier for 125 steps".
     rerun = run_classifier.run(args)
     assert rerun.step == 125 and rerun.train_metrics == {}
+    out = capsys.readouterr().out
+    assert f"{output_dir} is already trained to step 125 of 125: nothing to train" in out
     assert rerun.eval_results == pytest.approx(result.eval_results)
 
 
@@ -252,7 +256,7 @@ def google_args(prefix, tmp_path, **overrides):
         vocab_file=os.path.join(directory, "vocab.txt"),
     )
     values.update(overrides)
-    return finetuning.FinetuneArgs(**values)
+    return training_flags.FinetuneArgs(**values)
 
 
 def test_casing_that_contradicts_a_google_checkpoints_name_is_refused(google_releases, tmp_path):
@@ -262,14 +266,12 @@ def test_casing_that_contradicts_a_google_checkpoints_name_is_refused(google_rel
     )
 
     def casing(init, flag):
-        return finetuning.resolve_model_source(
-            google_args(init, tmp_path, do_lower_case=flag)
-        ).config.do_lower_case
+        return (google_args(init, tmp_path, do_lower_case=flag)).model_source().config.do_lower_case
 
     # --do_lower_case=true, given or by default, with a cased release.
     for flag in (True, None):
         with pytest.raises(io_utils.UsageError) as error:
-            finetuning.resolve_model_source(google_args(cased, tmp_path, do_lower_case=flag))
+            google_args(cased, tmp_path, do_lower_case=flag).model_source()
         message = str(error.value)
         assert message.startswith(f"--do_lower_case=true contradicts --init_checkpoint={cased}:")
         assert (
@@ -281,7 +283,7 @@ def test_casing_that_contradicts_a_google_checkpoints_name_is_refused(google_rel
         match=r"--do_lower_case=false contradicts --init_checkpoint=.*"
         r"uncased_L-12_H-768_A-12 is Google's lower-cased model",
     ):
-        finetuning.resolve_model_source(google_args(uncased, tmp_path, do_lower_case=False))
+        google_args(uncased, tmp_path, do_lower_case=False).model_source()
     # The matching casing, and any casing under a name that is not a release, are accepted.
     assert casing(cased, False) is False
     assert casing(uncased, True) is True and casing(uncased, None) is True

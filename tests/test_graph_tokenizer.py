@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 import tensorflow as tf
-from helpers import run_python_script
+from helpers import run_python_script, saved_model_ops_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -330,22 +330,9 @@ def test_saved_graph_uses_only_core_and_text_ops(tmp_path, real_vocab):
     module.tokenizer = GraphTokenizer(real_vocab)
     export_dir = str(tmp_path / "export")
     tf.saved_model.save(module, export_dir)
-    script = textwrap.dedent(
-        f"""
-        import json
-        from tensorflow.core.protobuf import saved_model_pb2
-        from tensorflow.python.framework import op_def_registry
-        proto = saved_model_pb2.SavedModel()
-        proto.ParseFromString(open({export_dir!r} + "/saved_model.pb", "rb").read())
-        graph = proto.meta_graphs[0].graph_def
-        ops = {{n.op for n in graph.node}}
-        for f in graph.library.function:
-            ops |= {{n.op for n in f.node_def}}
-        functions = {{f.signature.name for f in graph.library.function}}
-        core = {{op for op in ops if op in functions or op_def_registry.get(op) is not None}}
-        import tensorflow_text
-        text = {{op for op in ops - core if op_def_registry.get(op) is not None}}
-        print(json.dumps({{"unknown": sorted(ops - core - text), "text": sorted(text)}}))
+    script = saved_model_ops_script(export_dir) + textwrap.dedent(
+        """
+        print(json.dumps({"unknown": sorted(ops - core - text), "text": sorted(text)}))
         """
     )
     result = subprocess.run(

@@ -53,7 +53,7 @@ def test_batches_have_static_int32_shapes_and_the_written_values(numbered_files)
 
 
 def test_every_input_pipeline_runs_without_the_autotuner(numbered_files):
-    # With it, deleting an iterator waited seconds for its thread (input_pipeline.without_autotune).
+    # With it, deleting an iterator waited seconds for its thread (tf_data.without_autotune).
     mask = np.ones((8, 16), np.int32)
     features = {
         "input_ids": mask,

@@ -24,10 +24,11 @@ from bert_tf import (
     run_ner,
     run_squad,
     tasks,
+    training_flags,
 )
 from bert_tf.tasks import models
 from bert_tf.tasks.classification import data as classification
-from bert_tf.tasks.ner.data import IGNORE_LABEL
+from bert_tf.tasks.ner import IGNORE_LABEL
 
 SEQ = 48
 
@@ -96,8 +97,14 @@ def test_eval_batches_keep_file_order_and_are_trimmed(tmp_path):
     features["is_real_example"] = np.ones(50, np.int32)
     path = str(tmp_path / "dev.tf_record")
     classification.write_records(path, features)
-    padded = list(classification.dataset(path, SEQ, 8, is_training=False))
-    trimmed = list(classification.dataset(path, SEQ, 8, is_training=False, length_bucket=16))
+    padded = list(
+        tasks.records_dataset(path, classification.feature_spec([SEQ]), 8, is_training=False)
+    )
+    trimmed = list(
+        tasks.records_dataset(
+            path, classification.feature_spec([SEQ]), 8, is_training=False, length_bucket=16
+        )
+    )
     assert [b["input_word_ids"].shape[0] for b in trimmed] == [8] * 6 + [2]
     for full, cut in zip(padded, trimmed):
         longest = int(np.max(np.sum(full["input_mask"], -1)))
@@ -168,21 +175,25 @@ def test_every_fine_tuning_cli_has_pad_to_max_seq_length(args_class):
 
 def test_pad_to_max_seq_length_and_tpu_keep_static_shapes(tmp_path):
     # Graph mode cuts to the longest row; XLA compiles per shape, so lengths come in buckets.
-    assert finetuning.length_bucket(finetuning.FinetuneArgs()) == 1
-    assert (
-        finetuning.length_bucket(finetuning.FinetuneArgs(jit_compile=True)) == tasks.LENGTH_BUCKET
-    )
-    assert finetuning.length_bucket(finetuning.FinetuneArgs(pad_to_max_seq_length=True)) is None
-    assert finetuning.length_bucket(finetuning.FinetuneArgs(strategy="tpu")) is None
+    def bucket(**flags):
+        return training_flags.FinetuneArgs(**flags).finetune_config().length_bucket
+
+    assert bucket() == 1
+    assert bucket(jit_compile=True) == tasks.LENGTH_BUCKET
+    assert bucket(pad_to_max_seq_length=True) is None
+    assert bucket(strategy="tpu") is None
     features = random_features(64, SEQ, 30)
     features["label_ids"] = np.zeros(64, np.int32)
     features["is_real_example"] = np.ones(64, np.int32)
     path = str(tmp_path / "train.tf_record")
     classification.write_records(path, features)
-    args = finetuning.FinetuneArgs(pad_to_max_seq_length=True)
     for is_training in (True, False):
-        dataset = classification.dataset(
-            path, SEQ, 8, is_training, length_bucket=finetuning.length_bucket(args)
+        dataset = tasks.records_dataset(
+            path,
+            classification.feature_spec([SEQ]),
+            8,
+            is_training,
+            length_bucket=bucket(pad_to_max_seq_length=True),
         )
         assert dataset.element_spec["input_word_ids"].shape == (8 if is_training else None, SEQ)
         assert next(iter(dataset))["input_mask"].shape == (8, SEQ)
@@ -230,16 +241,19 @@ def make_tuner(demo, tmp_path, kind, **overrides):
         learning_rate=1e-3,
     )
     values.update(overrides)
-    args = finetuning.FinetuneArgs(**values)
-    source = finetuning.resolve_model_source(args)
-    return finetuning.Finetuner(args, tf.distribute.get_strategy(), source, SPECS[kind], 9)
+    args = training_flags.FinetuneArgs(**values)
+    source = args.model_source()
+    config = args.finetune_config()
+    return finetuning.Finetuner(config, tf.distribute.get_strategy(), source, SPECS[kind], 9)
 
 
 def predict_both_ways(tuner, features, batch_size):
     """(trimmed, padded) outputs of Finetuner.predict with labels."""
+    multiple = tuner.config.length_bucket
     outputs = []
     for pad in (False, True):
-        tuner.args = dataclasses.replace(tuner.args, pad_to_max_seq_length=pad)
+        length_bucket = None if pad else multiple
+        tuner.config = dataclasses.replace(tuner.config, length_bucket=length_bucket)
         outputs.append(tuner.predict(features, batch_size, has_labels=True))
         if not pad:  # every length ran the same trace
             assert tuner._predict_fns[True].experimental_get_tracing_count() == 1
@@ -251,7 +265,7 @@ def predict_both_ways(tuner, features, batch_size):
 def test_trimmed_batches_predict_what_padded_batches_predict(demo, tmp_path, kind, jit_compile):
     # (jit_compile only sets the rounding: prediction itself is not XLA-compiled.)
     tuner = make_tuner(demo, tmp_path, kind, do_train=False, do_eval=True, jit_compile=jit_compile)
-    multiple = finetuning.length_bucket(tuner.args)
+    multiple = tuner.config.length_bucket
     tuner.start()
     vocab_size = tuner.source.config.vocab_size
     features = labelled_features(kind, 21, vocab_size)  # 3 batches, the last one padded
@@ -300,13 +314,13 @@ def test_the_training_loop_traces_once_for_every_length(demo, tmp_path, jit_comp
 MIRRORED_SCRIPT = textwrap.dedent("""
     import sys, json
     import numpy as np
-    from bert_tf import distribution, finetuning, tasks
+    from bert_tf import distribution, finetuning, tasks, training_flags
     strategy = distribution.get_strategy("mirrored", num_cpu_replicas=2)
     import test_length_buckets as t
-    args = finetuning.FinetuneArgs(output_dir=sys.argv[2], init_checkpoint=sys.argv[1], do_train=True,
+    args = training_flags.FinetuneArgs(output_dir=sys.argv[2], init_checkpoint=sys.argv[1], do_train=True,
                                    max_seq_length=t.SEQ, train_batch_size=8, steps_per_loop=3)
-    source = finetuning.resolve_model_source(args)
-    tuner = finetuning.Finetuner(args, strategy, source, t.SPECS["classifier"], 6)
+    source = args.model_source()
+    tuner = finetuning.Finetuner(args.finetune_config(), strategy, source, t.SPECS["classifier"], 6)
     features = t.labelled_features("classifier", 96, source.config.vocab_size)
     tuner.start(lambda batch_size, seed, context: tasks.features_dataset(
         features, batch_size, is_training=True, seed=seed, length_bucket=16))

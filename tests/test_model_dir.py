@@ -78,7 +78,7 @@ def test_round_trip_of_a_pretrained_model_dir(tmp_path):
     assert directory.exists() and prefix == directory.latest_checkpoint() == directory.check()
     assert directory.checkpoint_objects() - {"save_counter"} == {"encoder", "pretraining_model"}
     assert directory.latest_step() == 0  # no training step in a written (not trained) directory
-    assert directory.read_task_spec() is None
+    assert models.read_task_spec(directory) is None
     assert directory.load_config() == TINY_CONFIG
     # The documented entry point, with a plain path.
     x = tiny_inputs()
@@ -101,7 +101,7 @@ def test_round_trip_of_a_fine_tuned_model_dir(tmp_path):
         model=model,
     )
     assert "task.json" in os.listdir(directory.path)
-    assert directory.read_task_spec() == CLASSIFIER
+    assert models.read_task_spec(directory) == CLASSIFIER
     assert directory.checkpoint_objects() - {"save_counter"} == {"encoder", "model"}
     # A task spec and a task model go together.
     with pytest.raises(ValueError, match="both the task spec and the task model"):
@@ -223,7 +223,7 @@ def test_an_empty_or_absent_directory(tmp_path):
     for path in (tmp_path / "nowhere", ""):
         assert not ModelDir(path).exists()
         assert ModelDir(path).latest_checkpoint() is None if path == "" else True
-        assert ModelDir(path).latest_step() == 0 and ModelDir(path).read_task_spec() is None
+        assert ModelDir(path).latest_step() == 0 and models.read_task_spec(ModelDir(path)) is None
         with pytest.raises(ModelDirError, match="does not exist"):
             ModelDir(path).load_encoder()
 
@@ -339,7 +339,7 @@ def test_old_pretraining_model_dirs_load_with_identical_outputs(name, reference,
 def test_an_old_fine_tuned_model_dir_loads_with_identical_outputs(reference, tmp_path):
     directory = old_dir("classifier", tmp_path)
     x, _ = reference_inputs(reference)
-    model, _, config, spec = directory.load_task_model()
+    model, _, config, spec = models.load_task_model(directory)
     assert spec == CLASSIFIER and config.hidden_size == 8
     assert_matches_reference(model(x)["logits"].numpy(), reference["classifier/logits"])
 

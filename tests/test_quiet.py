@@ -5,8 +5,7 @@ import subprocess
 import sys
 import threading
 
-import bert_tf
-from bert_tf import quiet
+from bert_tf import job_process, quiet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTICES = (
@@ -84,15 +83,40 @@ def test_a_training_job_turns_onednn_on_unless_the_user_set_it(tmp_path):
     assert not run({"TF_ENABLE_ONEDNN_OPTS": "0"})
 
 
-def test_job_module_reads_the_module_of_python_dash_m():
-    assert bert_tf.job_module(["python", "-m", "bert_tf.run_squad", "--x=1"]) == "bert_tf.run_squad"
-    assert bert_tf.job_module(["python", "-mbert_tf.run_ner"]) == "bert_tf.run_ner"
-    assert bert_tf.job_module(["python", "-u", "-W", "ignore", "-m", "bert_tf.export"]) == (
-        "bert_tf.export"
+def test_only_a_bert_tf_job_running_as_the_program_sets_its_process_up():
+    class Main:
+        def __init__(self, name):
+            self.__spec__ = type("Spec", (), {"name": name})() if name else None
+
+    assert job_process.main_module_name({"__main__": Main("bert_tf.run_squad")}) == (
+        "bert_tf.run_squad"
     )
-    assert bert_tf.job_module(["python", "script.py", "-m", "x"]) is None
-    assert bert_tf.job_module(["python", "-c", "pass", "-m", "x"]) is None
-    assert set(bert_tf.TRAINING_JOBS) >= {"bert_tf.run_classifier", "bert_tf.run_pretraining"}
+    assert job_process.main_module_name({"__main__": Main(None)}) is None  # a script or -c
+    assert job_process.main_module_name({}) is None
+    environ = {}
+    assert not job_process.set_up(None, environ) and not job_process.set_up("pytest", environ)
+    assert environ == {}
+    assert set(job_process.TRAINING_JOBS) >= {"bert_tf.run_classifier", "bert_tf.run_pretraining"}
+
+
+def test_importing_bert_tf_as_a_library_changes_nothing():
+    script = (
+        "import os, sys; before = dict(os.environ); err = sys.stderr; "
+        "import bert_tf, bert_tf.run_classifier, bert_tf.export; "
+        "assert dict(os.environ) == before, set(os.environ) ^ set(before); "
+        "assert sys.stderr is err"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env.update(PYTHONPATH=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_verbose_requested_reads_absl_verbosity_and_the_environment():

@@ -10,6 +10,7 @@ from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_v
 
 from bert_tf import export, io_utils, run_classifier, tasks
 from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import models
 
 
 def run_cli(*flags):
@@ -77,7 +78,7 @@ def test_cli_on_two_mirrored_cpus_writes_results_submission_and_an_exportable_mo
 
     # A model directory with task.json that bert_tf.export turns into a SavedModel with no extra
     # flags, and whose exported graph (its own tokenizer) predicts what run_classifier predicted.
-    spec = ModelDir(output_dir).read_task_spec()
+    spec = models.read_task_spec(ModelDir(output_dir))
     assert (spec.kind, spec.labels, spec.max_seq_length, spec.task_name) == (
         "classifier",
         ["0", "1"],

@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import export, io_utils, run_multiple_choice, tasks, tokenization
+from bert_tf import demo_data, export, io_utils, run_multiple_choice, tasks, tokenization
 from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
 
 SWAG_HEADER = [
@@ -38,7 +39,7 @@ def write_csv(path, rows):
 def swag(tmp_path_factory):
     """The demo SWAG dir and a tiny random-weight model dir whose vocab covers it."""
     root = tmp_path_factory.mktemp("swag")
-    data_dir = multiple_choice.write_demo_swag_dir(str(root / "swag"))
+    data_dir = demo_data.write_demo_swag_dir(str(root / "swag"))
     texts = []
     for split in ("train", "dev", "test"):
         for example in multiple_choice.read_swag_csv(
@@ -167,7 +168,7 @@ def test_cli_learns_the_demo_set_and_its_export_answers_with_any_number_of_endin
         rows = list(csv.reader(f))
     assert rows[0] == ["example_id", "choice"] and len(rows) == 101
     assert [int(r[1]) for r in rows[1:]] == probabilities.argmax(1).tolist()
-    spec = ModelDir(output_dir).read_task_spec()
+    spec = models.read_task_spec(ModelDir(output_dir))
     assert (spec.kind, spec.labels, spec.max_seq_length) == ("multiple_choice", [], 24)
 
     # The export: context [b] and endings [b, n] strings in; the same probabilities as the CLI's.

@@ -8,6 +8,7 @@ from helpers import run_module_cli, write_tiny_model_dir, write_vocab
 
 from bert_tf import io_utils, run_ner, tasks
 from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import models
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
 
@@ -121,7 +122,7 @@ def test_ner_learns_entities_and_writes_conll_predictions(conll, tmp_path):
     assert scores["eval_f1"] >= 0.9, scores
     assert scores["eval_gold_entities"] > 40
 
-    spec = ModelDir(output_dir).read_task_spec()
+    spec = models.read_task_spec(ModelDir(output_dir))
     assert (spec.kind, spec.labels, spec.max_seq_length) == (
         "ner",
         ["O", "B-LOC", "B-PER", "I-PER"],

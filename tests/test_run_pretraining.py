@@ -241,9 +241,8 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
     diverging = args_for(
         data, output_dir, num_train_steps=10, learning_rate=1e6, num_warmup_steps=0, **loop
     )
-    for _ in range(
-        2
-    ):  # The rerun resumes from ckpt-3 and stops at once: the running mean is in the checkpoint.
+    # A rerun skips ckpt-3, marked suspect, resumes from ckpt-2 and diverges again at step 4.
+    for _ in range(2):
         with pytest.raises(
             training.NonFiniteLossError, match=r"at step 4 is over 100 times the mean loss"
         ) as failure:
@@ -268,6 +267,50 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
         < 1e4
         < largest_value(str(output_dir / "ckpt-3"))
     )
+
+
+def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data, tmp_path, caplog):
+    output_dir = tmp_path / "out"
+    loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
+    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    with pytest.raises(training.NonFiniteLossError) as failure:
+        run_pretraining.run(
+            args_for(
+                data, output_dir, num_train_steps=10, learning_rate=1e6, num_warmup_steps=0, **loop
+            )
+        )
+    assert "marked suspect in suspect_checkpoints.json" in str(failure.value)
+    assert training.suspect_checkpoints(str(output_dir)) == ["ckpt-3"]
+    # --resume_from picks a checkpoint, suspect or not; a missing one is refused naming what exists.
+    with pytest.raises(
+        io_utils.UsageError, match=r"--resume_from=ckpt-9: no such checkpoint .*ckpt-3"
+    ):
+        run_pretraining.run(
+            args_for(data, output_dir, num_train_steps=3, resume_from="ckpt-9", **loop)
+        )
+    # At a sane learning rate the plain rerun resumes from ckpt-2 by itself and finishes.
+    with caplog.at_level("INFO", logger="absl"):  # another test may have left absl at WARNING
+        result = run_pretraining.run(args_for(data, output_dir, num_train_steps=4, **loop))
+    assert result.step == 4
+    assert f"resuming from {output_dir}/ckpt-2, the last healthy checkpoint" in caplog.text
+    assert f"resumed from {output_dir}/ckpt-2 at step 2" in caplog.text
+    assert training.suspect_checkpoints(str(output_dir)) == []  # ckpt-3 was saved anew
+    assert not (output_dir / training.SUSPECT_FILE).exists()
+
+
+def test_checkpoints_without_their_index_are_never_a_fresh_start(data, tmp_path):
+    output_dir = tmp_path / "out"
+    loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
+    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    (output_dir / "checkpoint").unlink()
+    with pytest.raises(
+        io_utils.UsageError, match=r"holds checkpoints \(ckpt-1, ckpt-2\) but no valid"
+    ):
+        run_pretraining.run(args_for(data, output_dir, num_train_steps=3, **loop))
+    result = run_pretraining.run(
+        args_for(data, output_dir, num_train_steps=3, resume_from="ckpt-2", **loop)
+    )
+    assert result.step == 3
 
 
 WORKER_SCRIPT = textwrap.dedent("""

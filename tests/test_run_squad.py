@@ -8,6 +8,7 @@ from helpers import run_module_cli, write_tiny_model_dir, write_vocab
 
 from bert_tf import io_utils, run_squad, tokenization
 from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 
@@ -217,7 +218,7 @@ def test_squad_v2_handles_windows_without_the_answer_and_writes_null_odds(squad_
         predictions
     )  # mostly memorized, "no answer" for q3, q6, q9 included
 
-    spec = ModelDir(str(output_dir)).read_task_spec()
+    spec = models.read_task_spec(ModelDir(str(output_dir)))
     assert (
         spec.kind,
         spec.version_2_with_negative,
@@ -271,7 +272,7 @@ def test_cli_flags_reach_the_run_and_a_missing_file_exits_2(squad_data, tmp_path
     assert all(
         len(entries) <= 4 for entries in load_json(output_dir / "nbest_predictions.json").values()
     )
-    assert ModelDir(str(output_dir)).read_task_spec().doc_stride == 8
+    assert models.read_task_spec(ModelDir(str(output_dir))).doc_stride == 8
     assert "--doc_stride=8" in open(output_dir / "run_squad.flags").read()
 
     missing = run_module_cli(

@@ -1257,3 +1257,18 @@ def test_cli_usage_error_exits_2(tmp_path):
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{config}:2:" in result.stderr
+
+
+def test_a_model_directory_is_refused_naming_the_export_step(tmp_path):
+    # A training job's output, given where an export belongs, would otherwise be polled forever.
+    (tmp_path / "bert_config.json").write_text("{}")
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "is a model directory, not an export: run python -m bert_tf.export" in result.stderr

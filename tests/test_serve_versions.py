@@ -28,7 +28,7 @@ from tensorflow_serving.apis import (
 )
 from tensorflow_serving.config import model_server_config_pb2
 
-from bert_tf.serving import config, core, errors, server, versions
+from bert_tf.serving import config, core, errors, methods, server, versions
 
 TEXTS = ["a wonderful film", "the plot was dull and slow"]
 
@@ -334,8 +334,8 @@ def test_reload_adds_removes_and_reversions_models(tmp_path, exports):
         assert states(port, "other") == {2: "AVAILABLE"}
         assert predict(port, "/v1/models/clf/versions/1")[0] == 404
         # A request that had version 1 finishes on it after it is unloaded.
-        signature = core.predict_signature(old, "serving_default")
-        outputs = core.predict(
+        signature = methods.predict_signature(old, "serving_default")
+        outputs = methods.predict(
             old, signature, {"text": np.array([b"still here"], dtype=object)}, core.CoreOptions()
         )
         assert outputs["label"][0].decode() in LABELS

@@ -282,7 +282,14 @@ def test_features_round_trip_through_records(squad_file, tokenizer, tmp_path):
     path = str(tmp_path / "train.tf_record")
     assert squad.write_records(path, features, is_training=True) == len(features)
     batch = next(
-        iter(squad.dataset(path, 32, batch_size=len(features), is_training=False, has_labels=True))
+        iter(
+            tasks.records_dataset(
+                path,
+                squad.feature_spec([32], has_labels=True),
+                batch_size=len(features),
+                is_training=False,
+            )
+        )
     )
     np.testing.assert_array_equal(
         batch["input_word_ids"], np.stack([f.input_ids for f in features])

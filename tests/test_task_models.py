@@ -186,7 +186,7 @@ def test_model_dir_round_trip(tmp_path, kind):
         ]
     )
     assert prefix.endswith("ckpt-1")
-    loaded, loaded_encoder, _, _ = ModelDir(model_dir).load_task_model()
+    loaded, loaded_encoder, _, _ = models.load_task_model(ModelDir(model_dir))
     assert loaded_encoder is loaded.get_layer("bert_encoder")
 
 
@@ -211,7 +211,7 @@ def test_loads_a_fine_tuning_checkpoint_with_optimizer_and_step(tmp_path):
     tf.train.CheckpointManager(
         checkpoint, str(model_dir), max_to_keep=2, checkpoint_name="ckpt"
     ).save()
-    loaded, _, _, _ = ModelDir(str(model_dir)).load_task_model()
+    loaded, _, _, _ = models.load_task_model(ModelDir(str(model_dir)))
     np.testing.assert_array_equal(loaded(x)["logits"], model(x)["logits"])
 
 
@@ -221,17 +221,17 @@ def test_load_errors(tmp_path):
     pretrained = str(tmp_path / "pretrained")
     ModelDir(pretrained).write(TINY_CONFIG, vocab, modeling.build_encoder(TINY_CONFIG))
     with pytest.raises(models.TaskSpecError, match="has no task.json"):
-        ModelDir(pretrained).load_task_model()
-    assert ModelDir(pretrained).read_task_spec() is None
+        models.load_task_model(ModelDir(pretrained))
+    assert models.read_task_spec(ModelDir(pretrained)) is None
     # task.json added, but the checkpoint has no task model.
     SPECS["classifier"].to_json_file(os.path.join(pretrained, "task.json"))
     with pytest.raises(ModelDirError, match="no task model"):
-        ModelDir(pretrained).load_task_model()
+        models.load_task_model(ModelDir(pretrained))
     # A bad field names the file.
     with open(os.path.join(pretrained, "task.json"), "w") as f:
         json.dump({"kind": "classifier", "labels": ["x"]}, f)
     with pytest.raises(models.TaskSpecError, match=r"pretrained/task.json: .*at least 2 labels"):
-        ModelDir(pretrained).load_task_model()
+        models.load_task_model(ModelDir(pretrained))
     # The label count must fit the checkpoint's head.
     model, encoder = models.build_task_model(TINY_CONFIG, SPECS["classifier"])
     finetuned = str(tmp_path / "finetuned")
@@ -240,7 +240,7 @@ def test_load_errors(tmp_path):
         os.path.join(finetuned, "task.json")
     )
     with pytest.raises(ModelDirError, match="does not fit"):
-        ModelDir(finetuned).load_task_model()
+        models.load_task_model(ModelDir(finetuned))
     os.remove(os.path.join(finetuned, "bert_config.json"))
     with pytest.raises(ModelDirError, match="missing: bert_config.json"):
-        ModelDir(finetuned).load_task_model()
+        models.load_task_model(ModelDir(finetuned))

@@ -13,9 +13,9 @@ import tensorflow as tf
 from helpers import NO_DROPOUT, tiny_config, write_tiny_vocab
 from helpers_records import write_real_text_records
 
-from bert_tf import input_pipeline, io_utils, modeling, optimization, training
+from bert_tf import input_pipeline, io_utils, modeling, optimization, training, training_flags
+from bert_tf.masked_lm import PretrainingObjective
 from bert_tf.model_dir import ModelDir
-from bert_tf.run_pretraining import PretrainingObjective
 from bert_tf.tasks import models
 from bert_tf.tasks.classification.model import ClassificationObjective
 
@@ -471,17 +471,17 @@ def test_checkpoint_step_of_a_converted_model_dir_is_0(tmp_path):
 
 
 def test_loop_flags_become_the_loop_config():
-    args = training.LoopArgs(
+    args = training_flags.LoopArgs(
         steps_per_loop=7, keep_checkpoint_max=2, mixed_precision="float16", jit_compile=True
     )
     loop = args.loop_config(30, checkpoint_iterator=False)
     assert (loop.num_train_steps, loop.steps_per_loop, loop.max_checkpoints_to_keep) == (30, 7, 2)
     assert loop.loss_scaling and loop.jit_compile and not loop.checkpoint_iterator
-    assert not training.LoopArgs(mixed_precision="bfloat16").loop_config(1).loss_scaling
-    assert args.loop_config(1).max_loss_ratio == training.LoopArgs().max_loss_ratio > 1
+    assert not training_flags.LoopArgs(mixed_precision="bfloat16").loop_config(1).loss_scaling
+    assert args.loop_config(1).max_loss_ratio == training_flags.LoopArgs().max_loss_ratio > 1
     for ratio in (-1.0, 0.5, 1.0):
         with pytest.raises(
             io_utils.UsageError, match="--max_loss_ratio must be 0 .off. or above 1"
         ):
-            training.LoopArgs(max_loss_ratio=ratio).validate()
-    training.LoopArgs(max_loss_ratio=0.0).validate()
+            training_flags.LoopArgs(max_loss_ratio=ratio).validate()
+    training_flags.LoopArgs(max_loss_ratio=0.0).validate()

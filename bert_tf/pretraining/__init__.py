@@ -4,20 +4,25 @@ The records are the original BERT `create_pretraining_data.py`'s, made by its al
 rule; what differs is that the work streams, runs in parallel and stays deterministic. The modules,
 in the order the data flows through them:
 
-  documents.py      reading documents from text files (byte ranges, long lines, pieces of long
-                    documents, the original's blank-line rule) or tfds, and tokenizing them into
-                    `Block`s: flat id arrays with sentence and document offsets
-  corpus.py         every unit's tokens on disk, and the original's random-next draw over all of it
-  instances.py      the instance algorithm, to be read beside the original script: document
-                    shuffle, dupe_factor passes, A and B, truncation, masking, instance shuffle
-  schema.py         the record format, declared once (also read by bert_tf.input_pipeline)
-  example_codec.py  the tf.train.Example encoder in NumPy, and a small decoder for logs
-  tfrecord.py       TFRecord framing, the part writer
-  plan.py           work units, output shards, settings, manifests and resume
-  worker.py         what a worker process does with a unit: tokenize it, then build its records
-  job.py            `run(PretrainingDataArgs)`: plan, worker processes, output files, summary.json
-  beam.py           the same units as an Apache Beam pipeline (`PretrainingDataArgs.runner`)
-  files.py          local paths through os, remote ones (gs://) through Beam's FileSystems
+  documents.py         reading documents from text files (byte ranges, long lines, pieces of long
+                       documents, the original's blank-line rule) or tfds, and tokenizing them
+                       into `Block`s: flat id arrays with sentence and document offsets
+  tokenized_corpus.py  every unit's tokens on disk, and the original's random-next draw over all
+                       of it
+  instances.py         the instance algorithm, to be read beside the original script: document
+                       shuffle, dupe_factor passes, A and B, truncation, masking, instance shuffle
+  instance_data.py     an instance as data, and a batch of them as padded arrays
+  schema.py            the record format, declared once (also read by bert_tf.input_pipeline)
+  example_codec.py     the tf.train.Example encoder in NumPy, and a small decoder for logs
+  inspection.py        records decoded back to text (inspect_records, the playground)
+  tfrecord.py          TFRecord framing, the part writer
+  plan.py              work units, output shards, settings, manifests and resume; an output file
+                       assembled from its parts
+  worker.py            what a worker process does with a unit: tokenize it, then build its records
+  job.py               `run(PretrainingDataArgs)`: plan, worker processes, output files,
+                       summary.json
+  beam.py              the same units as an Apache Beam pipeline (`PretrainingDataArgs.runner`)
+  files.py             local paths through os, remote ones (gs://) through Beam's FileSystems
 
 How the corpus is cut (the streaming design)
   The original reads the whole corpus, shuffles its documents, runs `dupe_factor` passes and

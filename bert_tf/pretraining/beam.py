@@ -9,7 +9,7 @@ local path does (plan.py: units, outputs, fingerprint, resume), then hands the u
              which is the barrier: no unit is built before every unit is tokenized, since its
              random-next segments come from any unit. worker.build_part writes the part (phase 2)
   Assemble   the parts grouped by output file; each output is its parts concatenated in unit
-             order, as job.assemble_output does for the local path
+             order, with plan.assemble_output, as the local path does
 
 The same functions on the same units give the same bytes: the shards and summary.json (apart from
 timings) are the local run's, on any runner and any number of workers.
@@ -45,23 +45,12 @@ from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from bert_tf import io_utils
-from bert_tf.pretraining import corpus as tokenized_corpus
-from bert_tf.pretraining import files, job, worker
+from bert_tf.pretraining import files, tokenized_corpus, worker
 from bert_tf.pretraining import plan as planning
 
 # What Dataflow needs from the command line before it can start anything.
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")
 METRICS_NAMESPACE = "create_pretraining_data"
-# A test hook: "PHASE:KEY:MARKER" (PHASE tokenize or build with a unit index, or assemble with an
-# output index) makes that step fail once after it wrote its files, as a worker lost before its
-# bundle commits would. MARKER is a file created at the failure, so the retry (in any process)
-# goes through.
-FAIL_ONCE_ENV = "BERT_TF_BEAM_FAIL_ONCE"
-
-
-class InjectedFailure(RuntimeError):
-    """The failure FAIL_ONCE_ENV asks for."""
-
 
 # ---------------------------------------------------------------------------------------------
 # Options and checks, before anything starts
@@ -69,13 +58,8 @@ class InjectedFailure(RuntimeError):
 
 
 def validate(args, pipeline_args, outputs, output_flag):
-    """UsageErrors for a Beam run that cannot start: an unknown runner or pipeline option, Dataflow
-    without its required options or with local paths."""
-    if args.runner not in job.RUNNERS:
-        raise io_utils.UsageError(
-            f"--runner: unknown runner {args.runner!r}; the known runners are "
-            f"{', '.join(job.RUNNERS)}"
-        )
+    """UsageErrors for a Beam run on a known runner that cannot start: an unknown pipeline option,
+    Dataflow without its required options or with local paths."""
     pipeline_options(args.runner, pipeline_args)
     if args.runner == "DataflowRunner":
         paths = [(output_flag, outputs[0])]
@@ -138,9 +122,15 @@ def make_runner(name, options):
 # ---------------------------------------------------------------------------------------------
 
 
-def run_units(runner, pipeline_args, config, plan, finished):
+def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
     """Runs the units left in `finished` as a Beam pipeline on `runner` with the options
     `pipeline_args`, and waits for it.
+
+    `after_step(phase, key)`, when given, is called on the worker after each step has written its
+    files and before it emits its result: phase "tokenize" or "build" with the unit's index, or
+    "assemble" with the output's index. An exception it raises fails the step's bundle there, as
+    a worker lost before its bundle commits would (tests inject failures this way); it must be
+    picklable, as DoFns are.
 
     Returns (stats per output file, text bytes tokenized in this run), as the local path does.
     """
@@ -154,7 +144,7 @@ def run_units(runner, pipeline_args, config, plan, finished):
         pipeline
         | "UnitsToTokenize" >> beam.Create([unit.index for unit in finished.to_tokenize])
         | "SpreadTokenize" >> beam.Reshuffle()
-        | "Tokenize" >> beam.ParDo(TokenizeUnit(job_file))
+        | "Tokenize" >> beam.ParDo(TokenizeUnit(job_file, after_step))
     )
     token_stats = (
         tokenized,
@@ -164,14 +154,14 @@ def run_units(runner, pipeline_args, config, plan, finished):
         pipeline
         | "UnitsToBuild" >> beam.Create([unit.index for unit in finished.to_build])
         | "SpreadBuild" >> beam.Reshuffle()
-        | "Build" >> beam.ParDo(BuildUnit(job_file), beam.pvalue.AsDict(token_stats))
+        | "Build" >> beam.ParDo(BuildUnit(job_file, after_step), beam.pvalue.AsDict(token_stats))
     )
     built_before = [(output_of_unit[u], (u, stats)) for u, stats in sorted(finished.parts.items())]
     (
         (built, pipeline | "BuiltBefore" >> beam.Create(built_before))
         | "AllParts" >> beam.Flatten()
         | "PartsByOutput" >> beam.GroupByKey()
-        | "Assemble" >> beam.ParDo(AssembleOutput(job_file))
+        | "Assemble" >> beam.ParDo(AssembleOutput(job_file, after_step))
     )
     try:
         result = pipeline.run()
@@ -249,27 +239,14 @@ def load_job(job_file):
     return _JOBS[job_file]
 
 
-def fail_once_for_tests(phase, key):
-    """Raises InjectedFailure the first time FAIL_ONCE_ENV names this phase and key."""
-    spec = os.environ.get(FAIL_ONCE_ENV)
-    if not spec:
-        return
-    wanted_phase, wanted_key, marker = spec.split(":", 2)
-    if (wanted_phase, wanted_key) != (phase, str(key)):
-        return
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return
-    raise InjectedFailure(f"injected failure: {phase} {key}")
-
-
 class _PlanDoFn(beam.DoFn):
-    """A DoFn that reads the job file once per instance (its setup), and keeps a unit's files on
-    this machine's disk when the work directory is remote."""
+    """A DoFn that reads the job file once per instance (its setup), keeps a unit's files on this
+    machine's disk when the work directory is remote, and calls `after_step` (see run_units) once
+    a step's files are written."""
 
-    def __init__(self, job_file):
+    def __init__(self, job_file, after_step=None):
         self.job_file = job_file
+        self.after_step = after_step
         self.plan = self.config = None
         self.remote = False
 
@@ -286,12 +263,17 @@ class _PlanDoFn(beam.DoFn):
         path = os.path.join(local_work_dir(self.plan), os.path.basename(unit.output_path))
         return dataclasses.replace(unit, output_path=path)
 
+    def step_done(self, phase, key):
+        """Calls `after_step` (see run_units), if any."""
+        if self.after_step is not None:
+            self.after_step(phase, key)
+
 
 class TokenizeUnit(_PlanDoFn):
     """Phase 1 of a unit: its token files and their manifest; emits (unit index, stats)."""
 
-    def __init__(self, job_file):
-        super().__init__(job_file)
+    def __init__(self, job_file, after_step=None):
+        super().__init__(job_file, after_step)
         self.text_bytes = Metrics.counter(METRICS_NAMESPACE, "text_bytes")
 
     def process(self, index):
@@ -306,15 +288,15 @@ class TokenizeUnit(_PlanDoFn):
                 files.upload(source, target)
         planning.record_tokens(self.plan, unit, stats)
         self.text_bytes.inc(stats.get("text_bytes", 0))
-        fail_once_for_tests("tokenize", index)
+        self.step_done("tokenize", index)
         yield index, stats
 
 
 class BuildUnit(_PlanDoFn):
     """Phase 2 of a unit: its part file and manifest; emits (output index, (unit index, stats))."""
 
-    def __init__(self, job_file):
-        super().__init__(job_file)
+    def __init__(self, job_file, after_step=None):
+        super().__init__(job_file, after_step)
         self.corpus = self.output_of_unit = None
 
     def setup(self):
@@ -329,7 +311,7 @@ class BuildUnit(_PlanDoFn):
             files.upload(local.output_path, unit.output_path)
             os.remove(local.output_path)
         unit_stats = planning.record_part(self.plan, unit, token_stats[index], stats)
-        fail_once_for_tests("build", index)
+        self.step_done("build", index)
         yield self.output_of_unit[index], (index, unit_stats)
 
     def _corpus(self, token_stats):
@@ -365,6 +347,6 @@ class AssembleOutput(_PlanDoFn):
         if planning.completed(manifest, self.plan, self.plan.outputs[k]):
             stats = manifest["stats"]  # a retry of a bundle that had written this output
         else:
-            stats = job.assemble_output(self.plan, k, unit_stats)
-        fail_once_for_tests("assemble", k)
+            stats = planning.assemble_output(self.plan, k, unit_stats)
+        self.step_done("assemble", k)
         yield k, dict(stats)

@@ -15,7 +15,7 @@ import struct
 import numpy as np
 
 from bert_tf.pretraining import schema
-from bert_tf.pretraining.instances import InstanceBatch
+from bert_tf.pretraining.instance_data import InstanceBatch
 
 # ---------------------------------------------------------------------------------------------
 # Encoding

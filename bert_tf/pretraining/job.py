@@ -149,6 +149,11 @@ def validate(args, pipeline_args=()):
             f"unknown flags {' '.join(pipeline_args)} (Beam's pipeline options need --runner)"
         )
     if args.runner:
+        if args.runner not in RUNNERS:
+            raise io_utils.UsageError(
+                f"--runner: unknown runner {args.runner!r}; the known runners are "
+                f"{', '.join(RUNNERS)}"
+            )
         # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
         try:
             from bert_tf.pretraining import beam
@@ -188,13 +193,14 @@ def generation_config(args, vocab_file=None):
     )
 
 
-def run(args, log_flags=None, pipeline_args=()):
+def run(args, log_flags=None, pipeline_args=(), beam_after_step=None):
     """Writes the pretraining records `args` asks for; returns the summary (as in summary.json).
 
     `log_flags(output_dir)`, when given, runs once the output location is this run's and before
     any work: the CLI writes its resolved flags there. With `args.runner` the units run as an Apache
     Beam pipeline (beam.py) with Beam's options `pipeline_args` (command-line arguments such as
-    "--direct_num_workers=2"), else in `args.num_workers` processes here.
+    "--direct_num_workers=2"), and `beam_after_step` is beam.run_units' `after_step`; else they run
+    in `args.num_workers` processes here.
     """
     start = time.time()
     outputs = validate(args, pipeline_args)
@@ -206,7 +212,9 @@ def run(args, log_flags=None, pipeline_args=()):
         config = generation_config(args, vocab_file)
         pool = None if args.runner else start_workers(args.num_workers, config)
         try:
-            return _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args)
+            return _run_planned(
+                args, config, outputs, pool, start, log_flags, pipeline_args, beam_after_step
+            )
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -224,7 +232,7 @@ def _local_copy(path):
         yield local
 
 
-def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args):
+def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args, beam_after_step):
     """run() once the workers are starting: vocabulary, plan, units, outputs, summary."""
     try:
         vocab = VocabInfo.from_file(config.vocab_file)
@@ -265,7 +273,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args):
         from bert_tf.pretraining import beam
 
         output_stats, run_text_bytes = beam.run_units(
-            args.runner, pipeline_args, config, plan, finished
+            args.runner, pipeline_args, config, plan, finished, beam_after_step
         )
     else:
         output_stats, run_text_bytes = _run_units_here(args, config, plan, finished, pool)
@@ -310,7 +318,7 @@ def _run_units_here(args, config, plan, finished, pool):
     def finish_ready_outputs():
         for k in sorted(remaining):
             if not remaining[k]:
-                output_stats[k] = assemble_output(plan, k, unit_stats)
+                output_stats[k] = planning.assemble_output(plan, k, unit_stats)
                 del remaining[k]
 
     def on_tokenized(unit, stats):
@@ -353,37 +361,6 @@ def _run_units_here(args, config, plan, finished, pool):
     finally:
         progress.close()
     return output_stats, run_stats.get("text_bytes", 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Output files
-# ---------------------------------------------------------------------------------------------
-
-
-def assemble_output(plan, k, unit_stats):
-    """Concatenates output k's parts into the output file, writes its manifest, drops the parts.
-
-    Concatenated TFRecord files are one TFRecord file; concatenated gzip members are one gzip file,
-    which TFRecordDataset(compression_type="GZIP") reads.
-    """
-    path = plan.outputs[k]
-    with files.atomic_path(path) as tmp:
-        with open(tmp, "wb") as out:
-            for u in plan.units_of_output[k]:
-                files.copy_to(plan.units[u].output_path, out)
-    stats = collections.Counter()
-    for u in plan.units_of_output[k]:
-        stats.update(unit_stats[u])
-    manifest = {
-        "fingerprint": plan.fingerprint,
-        "output": files.abspath(path),
-        "bytes": files.getsize(path),
-        "units": len(plan.units_of_output[k]),
-        "stats": stats,
-    }
-    files.write_json(planning.output_manifest_path(plan, k), manifest)
-    planning.remove_parts(plan, k)
-    return stats
 
 
 # ---------------------------------------------------------------------------------------------

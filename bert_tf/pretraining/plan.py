@@ -4,7 +4,7 @@
     holds the units of the k-th of N equal byte ranges of the concatenated input files, in order
     (a tfds split is cut into N times as many even slices).
   * A unit is processed in two phases (worker.py): its token files, then its part file. An output
-    file is its units' parts, concatenated.
+    file is its units' parts, concatenated (`assemble_output`, for the local path and Beam alike).
   * Every unit's token files, every part and every output file get a small JSON manifest written
     after their rename, carrying a fingerprint of everything that decides the bytes (the
     generation settings, the vocabulary's contents, input paths, sizes and mtimes, output paths,
@@ -30,8 +30,7 @@ import tempfile
 from absl import logging
 
 from bert_tf import io_utils
-from bert_tf.pretraining import corpus as tokenized_corpus
-from bert_tf.pretraining import documents, files
+from bert_tf.pretraining import documents, files, tokenized_corpus
 
 # The input of a work unit: about one block (documents.BLOCK_BYTES), so that a unit's blocks are
 # one, except where a huge document makes more. Part of the output's identity (see `settings`).
@@ -418,6 +417,32 @@ def completed(manifest, plan, path):
         and files.isfile(path)
         and files.getsize(path) == manifest.get("bytes")
     )
+
+
+def assemble_output(plan, k, unit_stats):
+    """Concatenates output k's parts into the output file, writes its manifest, drops the parts.
+
+    Concatenated TFRecord files are one TFRecord file; concatenated gzip members are one gzip file,
+    which TFRecordDataset(compression_type="GZIP") reads.
+    """
+    path = plan.outputs[k]
+    with files.atomic_path(path) as tmp:
+        with open(tmp, "wb") as out:
+            for u in plan.units_of_output[k]:
+                files.copy_to(plan.units[u].output_path, out)
+    stats = collections.Counter()
+    for u in plan.units_of_output[k]:
+        stats.update(unit_stats[u])
+    manifest = {
+        "fingerprint": plan.fingerprint,
+        "output": files.abspath(path),
+        "bytes": files.getsize(path),
+        "units": len(plan.units_of_output[k]),
+        "stats": stats,
+    }
+    files.write_json(output_manifest_path(plan, k), manifest)
+    remove_parts(plan, k)
+    return stats
 
 
 def remove_parts(plan, k):

@@ -2,12 +2,13 @@
 
 Phase 1, `tokenize_unit`: read the unit's byte range (or take the documents of its tfds slice),
 group the documents into blocks and tokenize each with CachedTokenizer (FullTokenizer's ids, in
-plain Python with a cache of words) into the unit's token files (corpus.py's UnitTokensWriter).
+plain Python with a cache of words) into the unit's token files (tokenized_corpus.py's
+UnitTokensWriter).
 
 Phase 2, `build_unit_part`, once every unit is tokenized: read the unit's blocks back, build each
 block's instances and records with NumPy (`BlockRecordBuilder`), drawing random-next segments from
-every unit's token files (corpus.py's FileCorpus), and write them with their TFRecord framing into
-the unit's part file (tfrecord.PartWriter: a temp file, then a rename).
+every unit's token files (tokenized_corpus.py's FileCorpus), and write them with their TFRecord
+framing into the unit's part file (tfrecord.PartWriter: a temp file, then a rename).
 
 Every block has its own random generators, seeded from (random_seed, unit index, block index)
 (`block_seed`), so a block's records depend on nothing but the input and the settings: any number
@@ -30,8 +31,7 @@ import time
 import numpy as np
 
 from bert_tf import io_utils, tokenization
-from bert_tf.pretraining import corpus as tokenized_corpus
-from bert_tf.pretraining import documents
+from bert_tf.pretraining import documents, tokenized_corpus
 from bert_tf.pretraining.example_codec import ExampleSerializer
 from bert_tf.pretraining.instances import (
     InstanceBuilder,

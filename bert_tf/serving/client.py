@@ -8,6 +8,10 @@ It works against `tensorflow/serving` as against `bert_tf.serve`: the gRPC side 
 tensorflow-serving-api's stubs, the REST side only the standard library.
 """
 
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
 import dataclasses
 import http.client
 import json

@@ -2,8 +2,8 @@
 GetModelMetadata) and ModelService (GetModelStatus, HandleReloadConfigRequest), on grpcio with the
 protos and stubs of `tensorflow-serving-api`.
 
-Requests become numpy arrays and serialized tf.Examples and run through the same `core` functions
-as REST requests, so the two protocols share checks, batching, chunking and error codes; a
+Requests become numpy arrays and serialized tf.Examples and run through the same `methods`
+functions as REST requests, so the two protocols share checks, batching, chunking and error codes; a
 ServingError ends the call with its canonical code, as TF Serving's ToGRPCStatus does.
 """
 
@@ -30,8 +30,8 @@ from tensorflow_serving.apis import (
 )
 
 from bert_tf import warmup
-from bert_tf.serving import core, errors
-from bert_tf.serving.servable import CLASSIFY_METHOD, DEFAULT_SIGNATURE
+from bert_tf.serving import errors, methods
+from bert_tf.serving.methods import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 
 # TF Serving sets no message size limit of its own (SetMaxMessageSize(INT32_MAX) in server.cc);
 # --grpc_channel_arguments may set lower ones.
@@ -209,7 +209,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             name, version, label = _model_spec_args(request.model_spec)
             servable = self.core.servable(name, version, label)
             signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-            signature = core.predict_signature(servable, signature_name)
+            signature = methods.predict_signature(servable, signature_name)
             inputs = {}
             for alias, proto in request.inputs.items():
                 spec = signature.inputs.get(alias)
@@ -225,7 +225,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                         "provided"
                     )
                 inputs[alias] = tensor_to_array(proto, f"input {alias!r}")
-            outputs = core.predict(
+            outputs = methods.predict(
                 servable, signature, inputs, self.core.options, list(request.output_filter)
             )
             response = predict_pb2.PredictResponse()
@@ -244,7 +244,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             name, version, label = _model_spec_args(request.model_spec)
             servable = self.core.servable(name, version, label)
             signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-            classes, scores = core.classify(
+            classes, scores = methods.classify(
                 servable, signature_name, serialized_examples(request.input), self.core.options
             )
             response = classification_pb2.ClassificationResponse()
@@ -262,7 +262,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             name, version, label = _model_spec_args(request.model_spec)
             servable = self.core.servable(name, version, label)
             signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
-            values = core.regress(
+            values = methods.regress(
                 servable, signature_name, serialized_examples(request.input), self.core.options
             )
             response = regression_pb2.RegressionResponse()
@@ -282,9 +282,11 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                 raise errors.invalid_argument("ModelSpec has no name specified.")
             name, version, label = _model_spec_args(first)
             servable = self.core.servable(name, version, label)
-            core.check_multi_inference(servable, request.tasks)
+            methods.check_multi_inference(servable, request.tasks)
             serialized = serialized_examples(request.input)
-            results = core.multi_inference(servable, request.tasks, serialized, self.core.options)
+            results = methods.multi_inference(
+                servable, request.tasks, serialized, self.core.options
+            )
             response = inference_pb2.MultiInferenceResponse()
             for task, outcome in zip(request.tasks, results):
                 result = response.results.add()
@@ -318,7 +320,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = name
             response.model_spec.version.value = servable.version
-            response.metadata[SIGNATURE_DEF_FIELD].Pack(core.signature_def_map(servable))
+            response.metadata[SIGNATURE_DEF_FIELD].Pack(methods.signature_def_map(servable))
             return response
 
         return self._serve("GetModelMetadata", request.model_spec.name, context, work)

@@ -23,7 +23,7 @@ import zlib
 from absl import logging
 from google.protobuf import json_format
 
-from bert_tf.serving import core, errors, json_codec
+from bert_tf.serving import errors, json_codec, methods
 
 # http_rest_api_util.cc: what the REST handler takes, the POST and the GET paths. (?i): TF Serving
 # matches them case-insensitively.
@@ -141,7 +141,7 @@ class RestApi:
                 return _message_json(status, False)
             servable = self.core.servable(request.name, request.version, request.label)
             spec = {"name": request.name, "signature_name": "", "version": str(servable.version)}
-            signature_defs = _message_json(core.signature_def_map(servable), True)
+            signature_defs = _message_json(methods.signature_def_map(servable), True)
             return {"model_spec": spec, "metadata": {"signature_def": signature_defs}}
         payload = json_codec.parse_json_body(body)
         signature_name = payload.get("signature_name", "")
@@ -153,22 +153,22 @@ class RestApi:
         servable = self.core.servable(request.name, request.version, request.label)
         if request.verb == "classify":
             serialized = json_codec.examples_from_request(payload)
-            classes, scores = core.classify(servable, signature_name, serialized, options)
+            classes, scores = methods.classify(servable, signature_name, serialized, options)
             return json_codec.classify_response(classes, scores)
         if request.verb == "regress":
             serialized = json_codec.examples_from_request(payload)
             return json_codec.regress_response(
-                core.regress(servable, signature_name, serialized, options)
+                methods.regress(servable, signature_name, serialized, options)
             )
         # GetInfoMap in http_rest_api_handler.cc: the signature is looked up before the body is.
-        name = signature_name or core.DEFAULT_SIGNATURE
+        name = signature_name or methods.DEFAULT_SIGNATURE
         if name not in servable.signatures:
             raise errors.invalid_argument(
                 f'Serving signature name: "{name}" not found in signature def'
             )
-        signature = core.predict_signature(servable, name)
+        signature = methods.predict_signature(servable, name)
         arrays, format_ = json_codec.predict_inputs(payload, signature)
-        outputs = core.predict(servable, signature, arrays, options)
+        outputs = methods.predict(servable, signature, arrays, options)
         return json_codec.predict_response(outputs, format_)
 
 

@@ -13,12 +13,8 @@ from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
 from bert_tf import warmup
-from bert_tf.serving import batching, errors
-
-PREDICT_METHOD = "tensorflow/serving/predict"
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-REGRESS_METHOD = "tensorflow/serving/regress"
-DEFAULT_SIGNATURE = "serving_default"
+from bert_tf.serving import batching, errors, methods
+from bert_tf.serving.methods import DEFAULT_SIGNATURE, PREDICT_METHOD
 
 
 @dataclasses.dataclass
@@ -30,6 +26,8 @@ class Signature:
     function: object
     inputs: dict  # input name -> tf.TensorSpec
     outputs: dict  # output name -> tf.TensorSpec
+    # input name -> np.ndarray: the SignatureDef's defaults, which a request may leave out.
+    defaults: dict = dataclasses.field(default_factory=dict)
     # A loaded function's first call instantiates and optimizes its graph (seconds). Concurrent
     # first calls would each do that work, so the first call runs alone under this lock.
     first_call_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -55,8 +53,14 @@ class Servable:
             method = (
                 meta_graph.signature_def[key].method_name if key in meta_graph.signature_def else ""
             )
+            signature_def = meta_graph.signature_def.get(key)
+            defaults = (
+                {name: tf.make_ndarray(proto) for name, proto in signature_def.defaults.items()}
+                if signature_def is not None
+                else {}
+            )
             self.signatures[key] = Signature(
-                key, method or PREDICT_METHOD, function, dict(inputs), dict(outputs)
+                key, method or PREDICT_METHOD, function, dict(inputs), dict(outputs), defaults
             )
         self._batchers = {}
         self._batchers_lock = threading.Lock()
@@ -67,20 +71,17 @@ class Servable:
     def _replay(self, request):
         """Runs one warm-up request (a warmup.Request) as the server would run it; a ServingError
         says why it failed."""
-        # Imported here: core imports this module.
-        from bert_tf.serving import core  # pylint: disable=import-outside-toplevel
-
-        options = core.CoreOptions(warmup=False)
+        options = methods.RunOptions()
         if request.kind == "predict_log":
-            signature = core.predict_signature(self, request.signature_name)
-            core.predict(self, signature, request.inputs, options)
+            signature = methods.predict_signature(self, request.signature_name)
+            methods.predict(self, signature, request.inputs, options)
         elif request.kind == "classify_log":
-            core.classify(self, request.signature_name, request.examples, options)
+            methods.classify(self, request.signature_name, request.examples, options)
         elif request.kind == "regress_log":
-            core.regress(self, request.signature_name, request.examples, options)
+            methods.regress(self, request.signature_name, request.examples, options)
         else:
-            core.check_multi_inference(self, request.tasks)
-            core.multi_inference(self, request.tasks, request.examples, options)
+            methods.check_multi_inference(self, request.tasks)
+            methods.multi_inference(self, request.tasks, request.examples, options)
 
     def _warm_up(self):
         """Replays the version's warm-up requests, then calls each signature they left out once on a

@@ -52,6 +52,15 @@ def _check_base_paths(server_config):
                 f"{base_path} holds a SavedModel directly; TF Serving's layout is "
                 f"{base_path}/<version>/saved_model.pb (e.g. {base_path}/1/)"
             )
+        # A training job's output (bert_config.json beside ckpt-N) has no SavedModel to serve.
+        if tf.io.gfile.exists(os.path.join(base_path, "bert_config.json")) and not list_versions(
+            base_path
+        ):
+            raise UsageError(
+                f"{base_path} is a model directory, not an export: run "
+                f"python -m bert_tf.export --model_dir={base_path} --export_dir=EXPORT_DIR first, "
+                "then serve EXPORT_DIR"
+            )
 
 
 class ModelServer:

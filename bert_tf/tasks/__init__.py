@@ -1,8 +1,21 @@
-"""What every fine-tuning task shares: packing token ids into model inputs, feature records, errors.
+"""The fine-tuning tasks; this module holds what every task shares: input packing, records, errors.
 
-A task module (classification, squad, ner) turns its files into examples, its examples into
-features with `pack_segments` (Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for
-GraphTokenizer ids inside a graph), writes them with `write_records` and reads them back with
+The package, read downward:
+
+    classification/ squad/ ner/ multiple_choice/
+                    one folder per task: data.py (files -> examples -> features, and the record
+                    schema), model.py (the head and its loss), metrics / postprocess, serving.py
+                    (the exported graph and its signatures)
+    registry.py     one entry per task kind (task.json's `kind`): model, loss, record schema, and
+                    the name of its serving module
+    models.py       task.json (TaskSpec), building and loading task models from a model directory
+    heads.py        what every head shares: output layers, the HeadObjective loss base
+    export_graph.py what every exported graph shares: text packing to the batch's length, assets,
+                    calls by length groups
+
+A task's data.py turns its files into examples, its examples into features with `pack_segments`
+(Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for GraphTokenizer ids inside a
+graph); bert_tf.finetuning writes them with `write_records` and reads them back with
 `records_dataset`. Both packers follow the original BERT layout and truncation rule:
 
     [CLS] a [SEP] b [SEP]     segment ids 0 for [CLS], a and the first [SEP]; 1 for b and its [SEP]
@@ -24,7 +37,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_tf import io_utils
-from bert_tf.input_pipeline import without_autotune
+from bert_tf.tf_data import without_autotune
 
 # Record feature name -> the model's input name (the TF Hub / Model Garden convention).
 MODEL_INPUT_NAMES = {
@@ -79,6 +92,18 @@ def decoded_lines(path):
                 yield line_number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
                 raise DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
+
+
+def read_text_pairs(path, what="input"):
+    """[(text_a, text_b or None)] for each line of `path`, blank lines included, as the original
+    extract_features.py reads its input: a pair is split at the LAST " ||| ", spaces included."""
+    require_file(path, what)
+    pairs = []
+    for _, line in decoded_lines(path):
+        line = line.strip()
+        text_a, separator, text_b = line.rpartition(" ||| ")
+        pairs.append((text_a, text_b) if separator else (line, None))
+    return pairs
 
 
 def truncated_lengths(lengths, max_total):

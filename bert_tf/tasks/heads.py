@@ -1,14 +1,15 @@
 """What every task head shares: the output layers and the loss plug-in base.
 
 A task's model is the encoder plus a head, built by the task's `model.py`; its loss is a
-`HeadObjective` subclass (a `training.Objective`, what training.Trainer optimizes). Every loss is
+`HeadObjective` subclass (an `objective.Objective`, what training.Trainer optimizes). Every loss is
 averaged over the GLOBAL batch, however many replicas share it.
 """
 
 import keras
 import tensorflow as tf
 
-from bert_tf import modeling, training
+from bert_tf import modeling
+from bert_tf.objective import Objective
 
 EXAMPLE_INDEX = (
     "example_index"  # Added to eval/predict batches so outputs can be put back in order.
@@ -29,7 +30,7 @@ def float32_output(x, name):
     return keras.layers.Activation("linear", dtype="float32", name=name)(x)
 
 
-class HeadObjective(training.Objective):
+class HeadObjective(Objective):
     """A task head's loss for training.Trainer, and its per-example outputs for prediction.
 
     Subclasses give `per_position`: the loss and correctness of every scored position ([b] for

@@ -14,8 +14,8 @@ ckpt-N) plus `task.json`, which says which head sits on the encoder:
 Its checkpoint root holds `encoder` (as every model directory) and `model`, the task model that
 wraps the same encoder. Fine-tuning writes `tf.train.Checkpoint(encoder=, model=, optimizer=,
 step=)` into the same CheckpointManager layout; loading ignores the optimizer and step.
-`bert_tf.model_dir.ModelDir` reads and writes task.json (`read_task_spec`, `write`) and rebuilds
-the fine-tuned model (`load_task_model`).
+`read_task_spec(directory)` reads task.json and `load_task_model(directory)` rebuilds the
+fine-tuned model; `bert_tf.model_dir.ModelDir.write` writes both.
 
 Each kind's head is in its task folder (`bert_tf/tasks/<task>/model.py`, found through
 `bert_tf.tasks.registry`). Every output is float32, also under a mixed-precision policy, so losses
@@ -28,7 +28,8 @@ import json
 import tensorflow as tf
 
 from bert_tf import io_utils, modeling
-from bert_tf.model_dir import TASK_FILE
+from bert_tf.model_dir import TASK_FILE, ModelDirError, checkpoint_root_children
+from bert_tf.tasks import registry
 
 
 class TaskSpecError(io_utils.UsageError):
@@ -49,8 +50,6 @@ class TaskSpec:
     max_query_length: int = 64
 
     def __post_init__(self):
-        from bert_tf.tasks import registry  # the registry's task modules use this one
-
         self.labels = list(self.labels)
         if self.kind not in registry.KINDS:
             raise TaskSpecError(
@@ -138,8 +137,38 @@ def build_task_model(config, spec, encoder=None):
     regressor {"score"}, squad {"start_logits", "end_logits"}, ner {"logits"}, multiple_choice
     {"logits"} [b, choices].
     """
-    from bert_tf.tasks import registry
-
     if encoder is None:
         encoder = modeling.build_encoder(config)
     return registry.get(spec.kind).build_model(config, spec, encoder), encoder
+
+
+def read_task_spec(directory):
+    """The TaskSpec of a model directory's task.json, or None when it has none (a pretrained encoder's)."""
+    if not directory.path or not tf.io.gfile.exists(directory.task_file):
+        return None
+    return TaskSpec.from_json_file(directory.task_file)
+
+
+def load_task_model(directory):
+    """Rebuilds a fine-tuned model from its model directory alone; returns (model, encoder, config, spec).
+
+    Errors name the missing file (bert_config.json, vocab.txt, checkpoint, task.json), the bad
+    task.json field, or the weights the checkpoint lacks.
+    """
+    prefix = directory.check()
+    spec = read_task_spec(directory)
+    if spec is None:
+        raise TaskSpecError(
+            f"{directory.path} has no {TASK_FILE}: it is a pretrained (encoder-only) model directory, "
+            "not a fine-tuned one"
+        )
+    config = directory.read_config()
+    model, encoder = build_task_model(config, spec)
+    # From the object graph: a head variable may be keyed under optimizer/ in a training checkpoint.
+    if "model" not in checkpoint_root_children(prefix):
+        raise ModelDirError(
+            f"checkpoint {prefix} has no task model (root attribute `model`): "
+            f"{TASK_FILE} says {spec.kind}, but only a pretrained encoder was saved"
+        )
+    directory.restore(prefix, encoder=encoder, model=model)
+    return model, encoder, config, spec

@@ -1,21 +1,27 @@
 """The fine-tuning tasks: one entry per task kind, read by model building, fine-tuning and export.
 
-A task lives in its own folder, `bert_tf/tasks/<task>/`: `data.py` (files -> examples -> features),
-`model.py` (the head on the encoder, and its loss), evaluation code, and `serving.py` (the exported
-graph, strings in). Adding one means that folder, a `run_<task>.py` CLI, and one entry below.
+A task lives in its own folder, `bert_tf/tasks/<task>/`: `data.py` (files -> examples -> features,
+and its record schema), `model.py` (the head on the encoder, and its loss), evaluation code, and
+`serving.py` (the exported graph, strings in, with its signatures' documentation). Adding one
+means that folder, a `run_<task>.py` CLI, and one entry below.
+
+An entry's training part (model, loss, record schema) is imported here; its serving part is only
+named, so fine-tuning never loads the serving stack (export_graph, the SavedModel signatures).
 """
 
 import dataclasses
+import functools
+import importlib
 from typing import Callable
 
+from bert_tf.tasks.classification import data as classification_data
 from bert_tf.tasks.classification import model as classification_model
-from bert_tf.tasks.classification import serving as classification_serving
+from bert_tf.tasks.multiple_choice import data as multiple_choice_data
 from bert_tf.tasks.multiple_choice import model as multiple_choice_model
-from bert_tf.tasks.multiple_choice import serving as multiple_choice_serving
+from bert_tf.tasks.ner import data as ner_data
 from bert_tf.tasks.ner import model as ner_model
-from bert_tf.tasks.ner import serving as ner_serving
+from bert_tf.tasks.squad import data as squad_data
 from bert_tf.tasks.squad import model as squad_model
-from bert_tf.tasks.squad import serving as squad_serving
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +33,11 @@ class TaskKind:
     build_model: Callable
     # The loss and per-example prediction outputs: a tasks.heads.HeadObjective subclass, given the model.
     objective: type
-    # (model, export_graph.TextPacker, TaskSpec, export_graph.Assets) -> a serving tf.Module.
-    serving_module: Callable
+    # input shape ([s], or [choices, s]) -> the tf.io.parse_example spec of its training records.
+    feature_spec: Callable
+    # "module:Class" of its serving module, (model, TextPacker, TaskSpec, Assets) -> tf.Module.
+    # Named, not imported: training never loads the serving stack; bert_tf.export imports it.
+    serving: str
     # Whether task.json lists the labels (at least 2) the head predicts; else it lists none.
     labelled: bool
     # Further rules for a TaskSpec of this kind: returns an error message, or None.
@@ -52,21 +61,24 @@ KINDS = {
             "classifier",
             classification_model.build_model,
             classification_model.ClassificationObjective,
-            classification_serving.ClassifierModule,
+            classification_data.feature_spec,
+            "bert_tf.tasks.classification.serving:ClassifierModule",
             labelled=True,
         ),
         TaskKind(
             "regressor",
             classification_model.build_model,
             classification_model.RegressionObjective,
-            classification_serving.ClassifierModule,
+            functools.partial(classification_data.feature_spec, is_regression=True),
+            "bert_tf.tasks.classification.serving:ClassifierModule",
             labelled=False,
         ),
         TaskKind(
             "squad",
             squad_model.build_model,
             squad_model.SpanObjective,
-            squad_serving.SquadModule,
+            functools.partial(squad_data.feature_spec, has_labels=True),
+            "bert_tf.tasks.squad.serving:SquadModule",
             labelled=False,
             check_spec=_check_squad_spec,
         ),
@@ -74,14 +86,17 @@ KINDS = {
             "ner",
             ner_model.build_model,
             ner_model.TokenClassificationObjective,
-            ner_serving.NerModule,
+            ner_data.feature_spec,
+            "bert_tf.tasks.ner.serving:NerModule",
             labelled=True,
         ),
         TaskKind(
             "multiple_choice",
             multiple_choice_model.build_model,
-            multiple_choice_model.MultipleChoiceObjective,
-            multiple_choice_serving.MultipleChoiceModule,
+            # Softmax cross-entropy of logits [b, choices] against label_ids [b].
+            classification_model.ClassificationObjective,
+            multiple_choice_data.feature_spec,
+            "bert_tf.tasks.multiple_choice.serving:MultipleChoiceModule",
             labelled=False,
         ),
     )
@@ -93,3 +108,9 @@ def get(name):
     if name not in KINDS:
         raise KeyError(f"unknown task kind {name!r}; known: {', '.join(KINDS)}")
     return KINDS[name]
+
+
+def serving_module(name):
+    """The serving tf.Module class of task kind `name` (imports its serving module)."""
+    module_name, class_name = get(name).serving.split(":")
+    return getattr(importlib.import_module(module_name), class_name)

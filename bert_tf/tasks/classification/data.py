@@ -7,7 +7,7 @@ The flow, as the CLI uses it:
     labels = label_list(task, train.examples)     # fixed for GLUE, collected for tsv, None: regression
     dev = read_split(task, data_dir, "dev"); check_labels(dev, labels)
     features = convert_examples(dev.examples, tokenizer, max_seq_length, labels)
-    write_records(path, features); dataset(path, max_seq_length, ...)
+    write_records(path, features)                 # read back with feature_spec([max_seq_length])
     compute_metrics(task, features["label_ids"], predictions)
     write_submission(output_dir, task, "test", test.examples, predictions, labels)
 
@@ -19,7 +19,6 @@ import csv
 import dataclasses
 import io
 import os
-import random
 
 import numpy as np
 import tensorflow as tf
@@ -506,10 +505,11 @@ def convert_examples_in_graph(examples, graph_tokenizer, max_seq_length, labels,
     return features
 
 
-def feature_spec(max_seq_length, is_regression=False):
-    """The tf.io.parse_example spec of classification records (the original run_classifier schema)."""
+def feature_spec(input_shape, is_regression=False):
+    """The tf.io.parse_example spec of classification records (the original run_classifier schema);
+    `input_shape` is the shape of one record's inputs, [max_seq_length]."""
     spec = {
-        name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in tasks.MODEL_INPUT_NAMES
+        name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in tasks.MODEL_INPUT_NAMES
     }
     spec["label_ids"] = tf.io.FixedLenFeature([], tf.float32 if is_regression else tf.int64)
     spec["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
@@ -519,30 +519,6 @@ def feature_spec(max_seq_length, is_regression=False):
 def write_records(path, features):
     """Writes classification features to a TFRecord file atomically; returns the number of records."""
     return tasks.write_records(path, features)
-
-
-def dataset(
-    files,
-    max_seq_length,
-    batch_size,
-    is_training,
-    is_regression=False,
-    seed=None,
-    input_context=None,
-    drop_remainder=None,
-    length_bucket=None,
-):
-    """Batches of classification records: input_word_ids, input_mask, input_type_ids, label_ids, is_real_example."""
-    return tasks.records_dataset(
-        files,
-        feature_spec(max_seq_length, is_regression),
-        batch_size,
-        is_training,
-        seed=seed,
-        input_context=input_context,
-        drop_remainder=drop_remainder,
-        length_bucket=length_bucket,
-    )
 
 
 def compute_metrics(task, gold, predictions):
@@ -579,75 +555,4 @@ def write_submission(output_dir, task, split, examples, predictions, labels):
         lines.append(f"{index}\t{value}")
     path = os.path.join(output_dir, submission_file(task, split))
     io_utils.atomic_write_text(path, "\n".join(lines) + "\n")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# A small labeled demo set we write ourselves, in the SST-2 layout.
-# ---------------------------------------------------------------------------------------------
-
-_DEMO_POSITIVE = (
-    "good",
-    "great",
-    "wonderful",
-    "excellent",
-    "pleasant",
-    "delightful",
-    "lovely",
-    "brilliant",
-)
-_DEMO_NEGATIVE = ("bad", "awful", "terrible", "boring", "dull", "horrible", "poor", "weak")
-_DEMO_SUBJECTS = (
-    "the movie",
-    "the film",
-    "this story",
-    "the acting",
-    "the music",
-    "the ending",
-    "the plot",
-    "the dialogue",
-    "the cast",
-    "the script",
-    "the show",
-    "this book",
-)
-_DEMO_TEMPLATES = (
-    "{subject} was {word} .",
-    "i thought {subject} was really {word} .",
-    "{subject} felt {word} from start to finish .",
-    "honestly , {subject} is {word} .",
-    "we all agreed that {subject} was {word} .",
-    "my friend said {subject} seemed {word} to her .",
-    "after an hour , {subject} still felt {word} .",
-    "{subject} , in a word , was {word} .",
-)
-
-
-def demo_sentence(rng, label):
-    """One templated demo sentence whose label (1 positive, 0 negative) is set by its keyword."""
-    word = rng.choice(_DEMO_POSITIVE if label else _DEMO_NEGATIVE)
-    return rng.choice(_DEMO_TEMPLATES).format(subject=rng.choice(_DEMO_SUBJECTS), word=word)
-
-
-def write_demo_glue_dir(path, num_train=400, num_dev=100, num_test=100, seed=1234):
-    """Writes a small learnable sentiment task in the GLUE SST-2 layout (train/dev/test.tsv) to `path`.
-
-    Deterministic for a given seed; labels are balanced. Returns `path`.
-    """
-    rng = random.Random(seed)
-    tf.io.gfile.makedirs(path)
-    for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
-        labels = [i % 2 for i in range(count)]
-        rng.shuffle(labels)
-        sentences = [demo_sentence(rng, label) for label in labels]
-        if split == "test":
-            header, rows = "index\tsentence", [f"{i}\t{s}" for i, s in enumerate(sentences)]
-        else:
-            header, rows = (
-                "sentence\tlabel",
-                [f"{s}\t{label}" for s, label in zip(sentences, labels)],
-            )
-        io_utils.atomic_write_text(
-            os.path.join(path, f"{split}.tsv"), "\n".join([header] + rows) + "\n"
-        )
     return path

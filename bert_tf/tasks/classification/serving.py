@@ -1,11 +1,21 @@
 """The exported classifier and regressor: text in, probabilities and labels (or a score) out.
 
-See bert_tf.export for the signatures.
+Signatures (every input `tf.string [b]`, UTF-8):
+- classifier: `serving_default` (tensorflow/serving/predict) takes `text`, or `text_a` and
+  `text_b` for pair tasks, and returns `probabilities` float32 [b, labels], `label_id` int32 [b]
+  and `label` string [b]. `classification` (tensorflow/serving/classify, for TF Serving's
+  :classify) takes `inputs`, serialized tf.Examples with the same text features as bytes, and
+  returns `classes` string [b, labels] and `scores` float32 [b, labels].
+- regressor: `serving_default` returns `score` float32 [b]; `regression`
+  (tensorflow/serving/regress) takes `inputs` (tf.Examples) and returns `outputs` float32 [b].
+
+A text_b with no tokens (such as "" or "\u200b") gives `[CLS] a [SEP]`, as the original's
+convert_single_example (`if tokens_b:`) and bert_tf.tasks.classification pack it.
 """
 
 import tensorflow as tf
 
-from bert_tf import export_graph
+from bert_tf.tasks import export_graph
 
 
 class ClassifierModule(export_graph.ServingModule):

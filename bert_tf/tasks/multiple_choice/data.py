@@ -154,37 +154,15 @@ def convert_examples(examples, tokenizer, max_seq_length):
     }
 
 
-def feature_spec(choices, max_seq_length):
-    """The tf.io.parse_example spec of multiple choice records."""
+def feature_spec(input_shape):
+    """The tf.io.parse_example spec of multiple choice records; `input_shape` is the shape of one
+    record's inputs, [choices, max_seq_length]."""
     spec = {
-        name: tf.io.FixedLenFeature([choices, max_seq_length], tf.int64)
-        for name in tasks.MODEL_INPUT_NAMES
+        name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in tasks.MODEL_INPUT_NAMES
     }
     spec["label_ids"] = tf.io.FixedLenFeature([], tf.int64)
     spec["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
     return spec
-
-
-def dataset(
-    files,
-    choices,
-    max_seq_length,
-    batch_size,
-    is_training,
-    seed=None,
-    input_context=None,
-    length_bucket=None,
-):
-    """Batches of multiple choice records: the three inputs [b, choices, s], label_ids, is_real_example."""
-    return tasks.records_dataset(
-        files,
-        feature_spec(choices, max_seq_length),
-        batch_size,
-        is_training,
-        seed=seed,
-        input_context=input_context,
-        length_bucket=length_bucket,
-    )
 
 
 def accuracy(examples, predictions):
@@ -206,68 +184,3 @@ def write_predictions(output_dir, split, examples, probabilities):
     ]
     io_utils.atomic_write_text(predictions, "\n".join(lines) + "\n")
     return [results, predictions]
-
-
-# ---------------------------------------------------------------------------------------------
-# A small demo set in SWAG's layout: the right ending goes on with the context's topic, the wrong
-# ones are absurd (a toy a tiny model learns in seconds; telling topics apart takes it far longer).
-# ---------------------------------------------------------------------------------------------
-
-_DEMO_TOPICS = {
-    "kitchen": ("chops the onions", "stirs the soup", "tastes the sauce", "washes the pan"),
-    "garden": ("waters the roses", "digs a hole", "plants the seeds", "trims the hedge"),
-    "pool": ("dives into the water", "swims a length", "floats on her back", "climbs the ladder"),
-    "road": ("starts the engine", "checks the mirror", "turns the wheel", "parks the car"),
-}
-_DEMO_ABSURD = (
-    "eats the ladder",
-    "folds the ocean",
-    "paints the wind",
-    "sings to a spoon",
-    "melts the moon",
-    "marries a cloud",
-    "swallows the road",
-    "knits a river",
-)
-_DEMO_OPENINGS = (
-    "someone is in the {topic} .",
-    "a woman walks into the {topic} .",
-    "a man stands in the {topic} .",
-    "we see the {topic} .",
-    "the camera shows the {topic} .",
-)
-_DEMO_FIELDS = [
-    "video-id",
-    "fold-ind",
-    "startphrase",
-    "sent1",
-    "sent2",
-    "gold-source",
-    "ending0",
-    "ending1",
-    "ending2",
-    "ending3",
-    "label",
-]
-
-
-def write_demo_swag_dir(path, num_train=400, num_dev=100, num_test=100, seed=4321):
-    """Writes train.csv, val.csv and test.csv in SWAG's layout (a learnable toy task); returns `path`."""
-    rng = np.random.default_rng(seed)
-    topics = sorted(_DEMO_TOPICS)
-    os.makedirs(path, exist_ok=True)
-    for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
-        rows = []
-        for i in range(count):
-            topic = topics[rng.integers(len(topics))]
-            label = int(rng.integers(4))
-            endings = [str(e) for e in rng.choice(_DEMO_ABSURD, size=4, replace=False)]
-            endings[label] = _DEMO_TOPICS[topic][rng.integers(4)]
-            sent1 = _DEMO_OPENINGS[rng.integers(len(_DEMO_OPENINGS))].format(topic=topic)
-            row = [f"demo{i}", str(i), f"{sent1} then she", sent1, "then she", "gold", *endings]
-            rows.append(row + ([str(label)] if split != "test" else []))
-        fields = _DEMO_FIELDS if split != "test" else _DEMO_FIELDS[:-1]
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([fields] + rows)
-        io_utils.atomic_write_text(os.path.join(path, SPLIT_FILES[split]), buffer.getvalue())
-    return path

@@ -3,14 +3,14 @@
 As in the BERT paper (SWAG): every choice goes through the encoder as its own sequence, one dense
 unit on its pooled output (after dropout, as the classifier head) gives its score, and the scores
 of a question's choices are its logits [b, choices]. The loss is softmax cross-entropy over the
-choices, the classifier's (`ClassificationObjective`); any number of choices works.
+choices, the classifier's (its registry entry names `ClassificationObjective`); any number of
+choices works.
 """
 
 import keras
 
 from bert_tf import modeling
 from bert_tf.tasks import heads
-from bert_tf.tasks.classification.model import ClassificationObjective
 
 
 class FoldChoices(keras.layers.Layer):
@@ -44,8 +44,3 @@ def build_model(config, spec, encoder):
         outputs={"logits": heads.float32_output(logits, "logits")},
         name=f"bert_{spec.kind}",
     )
-
-
-MultipleChoiceObjective = (
-    ClassificationObjective  # cross-entropy of logits [b, choices] against label_ids [b]
-)

@@ -8,7 +8,7 @@ is packed as in training: `[CLS] context [SEP] ending_i [SEP]`, so a SWAG questi
 
 import tensorflow as tf
 
-from bert_tf import export_graph
+from bert_tf.tasks import export_graph
 
 
 class MultipleChoiceModule(export_graph.ServingModule):

@@ -19,8 +19,8 @@ import tensorflow as tf
 from absl import logging
 
 from bert_tf import io_utils, tasks, tokenization
+from bert_tf.tasks.ner import IGNORE_LABEL
 
-IGNORE_LABEL = -100
 OUTSIDE = "O"
 
 
@@ -157,38 +157,15 @@ def convert_sentences(sentences, tokenizer, max_seq_length, labels):
     return NerFeatures(arrays=arrays, word_positions=word_positions, truncated_words=truncated)
 
 
-def feature_spec(max_seq_length):
-    """The tf.io.parse_example spec of NER records."""
+def feature_spec(input_shape):
+    """The tf.io.parse_example spec of NER records; `input_shape` is [max_seq_length]."""
     names = tuple(tasks.MODEL_INPUT_NAMES) + ("label_ids",)
-    return {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in names}
+    return {name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in names}
 
 
 def write_records(path, features):
     """Writes NerFeatures to a TFRecord file atomically; returns the number of records."""
     return tasks.write_records(path, features.arrays)
-
-
-def dataset(
-    files,
-    max_seq_length,
-    batch_size,
-    is_training,
-    seed=None,
-    input_context=None,
-    drop_remainder=None,
-    length_bucket=None,
-):
-    """Batches of NER records: input_word_ids, input_mask, input_type_ids, label_ids [b, s]."""
-    return tasks.records_dataset(
-        files,
-        feature_spec(max_seq_length),
-        batch_size,
-        is_training,
-        seed=seed,
-        input_context=input_context,
-        drop_remainder=drop_remainder,
-        length_bucket=length_bucket,
-    )
 
 
 def word_predictions(features, predicted_ids, labels):

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from bert_tf import modeling
 from bert_tf.tasks import heads
-from bert_tf.tasks.ner.data import IGNORE_LABEL
+from bert_tf.tasks.ner import IGNORE_LABEL
 
 
 def build_model(config, spec, encoder):

@@ -1,8 +1,17 @@
-"""The exported tagger: text in, entities with their character spans out (see bert_tf.export)."""
+"""The exported tagger: text in, entities with their character spans out.
+
+`serving_default` takes `text` string [b] and returns the entities, padded to the batch's largest
+count: `entity_text` and `entity_type` string [b, e] (padding ""), `start` and `end` int32 [b, e]
+(character offsets, text[start:end]; padding -1) and `num_entities` int32 [b]. As in training
+(bert_tf.tasks.ner), each whitespace-separated word takes the label predicted for its first token,
+only the first words whose tokens all fit in max_seq_length - 2 are tagged, and entities are read
+as conlleval reads BIO: B-X starts one, I-X continues one of type X (or starts one after O or
+another type), any other label is outside.
+"""
 
 import tensorflow as tf
 
-from bert_tf import export_graph
+from bert_tf.tasks import export_graph
 
 
 class NerModule(export_graph.ServingModule):

@@ -380,16 +380,17 @@ def feature_arrays(features, is_training):
     return arrays
 
 
-def feature_spec(max_seq_length, is_training):
-    """The tf.io.parse_example spec of SQuAD records (the original run_squad schema)."""
+def feature_spec(input_shape, has_labels):
+    """The tf.io.parse_example spec of SQuAD records (the original run_squad schema); `input_shape`
+    is [max_seq_length], and `has_labels` adds start_positions, end_positions and is_impossible."""
     spec = {"unique_ids": tf.io.FixedLenFeature([], tf.int64)}
     spec.update(
         {
-            name: tf.io.FixedLenFeature([max_seq_length], tf.int64)
+            name: tf.io.FixedLenFeature(list(input_shape), tf.int64)
             for name in tasks.MODEL_INPUT_NAMES
         }
     )
-    if is_training:
+    if has_labels:
         for name in ("start_positions", "end_positions", "is_impossible"):
             spec[name] = tf.io.FixedLenFeature([], tf.int64)
     return spec
@@ -398,31 +399,3 @@ def feature_spec(max_seq_length, is_training):
 def write_records(path, features, is_training):
     """Writes SquadFeatures to a TFRecord file atomically; returns the number of records."""
     return tasks.write_records(path, feature_arrays(features, is_training))
-
-
-def dataset(
-    files,
-    max_seq_length,
-    batch_size,
-    is_training,
-    has_labels=None,
-    seed=None,
-    input_context=None,
-    drop_remainder=None,
-    length_bucket=None,
-):
-    """Batches of SQuAD records keyed by the model's input names, int32 (unique ids fit: they start at 1e9).
-
-    `has_labels` (default: `is_training`) reads start_positions, end_positions and is_impossible too.
-    """
-    has_labels = is_training if has_labels is None else has_labels
-    return tasks.records_dataset(
-        files,
-        feature_spec(max_seq_length, has_labels),
-        batch_size,
-        is_training,
-        seed=seed,
-        input_context=input_context,
-        drop_remainder=drop_remainder,
-        length_bucket=length_bucket,
-    )

@@ -1,11 +1,23 @@
 """The exported SQuAD model: question and context in, the answer, its character span and score out.
 
-The original run_squad.py's windowing and span search, inside the graph (see bert_tf.export).
+`serving_default` takes `question` and `context` string [b] and returns `answer` string [b],
+`start` and `end` int32 [b] (character offsets of the answer in the context: context[start:end] in
+Python; -1 when there is no answer) and `score` float32 [b] (start logit + end logit of the answer;
+for "no answer" the null score).
+
+The original run_squad.py's windowing and span search, inside the graph: the question is cut to
+max_query_length tokens, and the context is split into windows every doc_stride tokens
+(task.json); the best span over all windows wins (at most 30 tokens, start <= end, inside the
+context, each start token scored only in its max-context window), searched exhaustively rather
+than among the 20 best starts and ends. A v2 model answers "" when the null score beats the best
+span; an empty context has no answer. Windows go through the model 32 at a time, so a
+megabyte-long context costs time, not memory.
 """
 
 import tensorflow as tf
 
-from bert_tf import export_graph, io_utils
+from bert_tf import io_utils
+from bert_tf.tasks import export_graph
 
 MAX_ANSWER_LENGTH = 30  # run_squad.py's --max_answer_length default
 # Windows go through the encoder this many at a time, so a huge context costs time, not memory.

@@ -4,7 +4,9 @@
 drop-in subclass, gives the same tokens and ids several times faster by tokenizing each distinct
 word once. Neither needs TensorFlow (`bert_tf.graph_tokenizer.GraphTokenizer`, the in-graph
 tokenizer, does), so a process that only tokenizes text, such as a create_pretraining_data worker,
-starts in a fraction of a second.
+starts in a fraction of a second. The vocabulary file and the character classes both tokenizers
+follow are in `bert_tf.tokenizer_rules`; `python -m bert_tf.tokenization` (this package's
+`__main__.py`) compares the two.
 
 The original pipeline:
   1. decode UTF-8 (bad bytes become U+FFFD);
@@ -22,73 +24,41 @@ BERT release as other ports read it (BlingFire, for one). The revision of google
 `tokenization.py` that benchmarks/bench_pretraining_data.py fetches (f18bd94b) drops every C*
 category, as Hugging Face does. They differ on private-use, unassigned and surrogate code points
 only: a word holding one becomes `[UNK]` here and loses the character there.
+
+Special tokens in text: the original splits a literal "[MASK]" in the input into "[", "mask", "]".
+The `special_tokens` option (say `special_tokens=("[MASK]", "[SEP]")`, for fill-mask; the default
+`()` keeps the original's rules, which pretraining data and fine-tuning need) makes each listed
+literal one token, as Hugging Face's tokenizers do: matched in the decoded text as written
+(case-sensitive, before cleaning and lower-casing, so "[mask]" stays three tokens even uncased), with
+or without spaces around it ("x[MASK]y" gives x, [MASK], y); the text between literals is tokenized
+as texts of their own. Each literal must be in the vocabulary. GraphTokenizer has the same option.
 """
 
-import collections
-import dataclasses
 import functools
 import itertools
-import os
 import re
 import unicodedata
 
 import numpy as np
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
-
-UNK_TOKEN = "[UNK]"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_INPUT_CHARS_PER_WORD = 100
-NUM_CODE_POINTS = 0x110000
-
-# The CJK Unified Ideographs blocks the original treats as "Chinese characters". Hangul, kana and
-# Thai are not in them, so those scripts are split on whitespace like any other.
-CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
+from bert_tf import io_utils
+from bert_tf.tokenizer_rules import (
+    MAX_INPUT_CHARS_PER_WORD,
+    NUM_CODE_POINTS,
+    UNK_TOKEN,
+    check_special_tokens,
+    is_cjk,
+    is_control,
+    is_punctuation,
+    is_whitespace,
+    load_vocab,
+    longest_first,
+    special_token_tuple,
 )
 
-
-class VocabError(ValueError):
-    """A vocabulary file that is missing, empty or unusable."""
-
-
-def load_vocab(vocab_file):
-    """Reads a vocab.txt (one token per line, id = line number) into an ordered token->id dict."""
-    # A vocab on gs:// (next to a TPU's data) loads through tf.io.gfile; a local one needs no TensorFlow.
-    if io_utils.is_remote(vocab_file):
-        import tensorflow as tf
-
-        exists = tf.io.gfile.exists(vocab_file) and not tf.io.gfile.isdir(vocab_file)
-    else:
-        exists = os.path.isfile(vocab_file)
-    if not exists:
-        raise VocabError(f"vocabulary file not found: {vocab_file}")
-    vocab = collections.OrderedDict()
-    with io_utils.open_text(vocab_file) as f:
-        for line_number, raw in enumerate(f, start=1):
-            token = raw.decode("utf-8", errors="replace").strip()
-            if not token:
-                raise VocabError(f"{vocab_file}:{line_number}: empty token")
-            if token in vocab:
-                raise VocabError(
-                    f"{vocab_file}:{line_number}: duplicate token {token!r} "
-                    f"(first on line {vocab[token] + 1})"
-                )
-            vocab[token] = line_number - 1
-    if not vocab:
-        raise VocabError(f"vocabulary file is empty: {vocab_file}")
-    if UNK_TOKEN not in vocab:
-        raise VocabError(f"vocabulary file has no {UNK_TOKEN} token: {vocab_file}")
-    return vocab
-
+# Re-exported: callers read tokenization.SPECIAL_TOKENS and catch tokenization.VocabError.
+from bert_tf.tokenizer_rules import SPECIAL_TOKENS as SPECIAL_TOKENS
+from bert_tf.tokenizer_rules import VocabError as VocabError
 
 # Google's released checkpoints, by the name of their directory, as the original's
 # validate_case_matches_checkpoint lists them: those trained on lower-cased text, and the cased ones.
@@ -152,38 +122,6 @@ def count_invalid_utf8(data):
     return decode_counting_invalid(data)[1]
 
 
-# Character classes. They are cached because text repeats a small set of characters, and
-# unicodedata lookups dominate the cost of the Python tokenizer.
-
-
-@functools.lru_cache(maxsize=None)
-def is_whitespace(char):
-    """True for the characters the original maps to a space: space, tab, newline, CR and Zs."""
-    return char in " \t\n\r" or unicodedata.category(char) == "Zs"
-
-
-@functools.lru_cache(maxsize=None)
-def is_control(char):
-    """True for the characters the original drops: Cc and Cf, except tab, newline and CR."""
-    if char in "\t\n\r":
-        return False
-    return unicodedata.category(char) in ("Cc", "Cf")
-
-
-@functools.lru_cache(maxsize=None)
-def is_punctuation(char):
-    """True for Unicode P* and for every non-alphanumeric printable ASCII symbol, such as `$` or `^`."""
-    cp = ord(char)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
-
-
-def is_cjk(cp):
-    """True for a code point in one of the CJK ideograph blocks."""
-    return any(low <= cp <= high for low, high in CJK_RANGES)
-
-
 @functools.lru_cache(maxsize=None)
 def clean_char(char):
     """The cleaned form of one character: '' (dropped), ' ' (whitespace) or the character."""
@@ -217,14 +155,38 @@ def split_on_punctuation(word):
     return pieces
 
 
-class BasicTokenizer:
-    """Cleaning, CJK splitting, optional lower-casing and accent stripping, punctuation splitting."""
+def special_token_splitter(special_tokens):
+    """The `re.split` of text around the literals (at odd indices of its result); None for none."""
+    if not special_tokens:
+        return None
+    return re.compile(f"({'|'.join(map(re.escape, longest_first(special_tokens)))})").split
 
-    def __init__(self, do_lower_case=True):
+
+class BasicTokenizer:
+    """Cleaning, CJK splitting, optional lower-casing and accent stripping, punctuation splitting.
+
+    `special_tokens`: literals kept whole as words of their own (see this module's docstring).
+    """
+
+    def __init__(self, do_lower_case=True, *, special_tokens=()):
         self.do_lower_case = do_lower_case
+        self.special_tokens = special_token_tuple(special_tokens)
+        self._split_special = special_token_splitter(self.special_tokens)
 
     def tokenize(self, text):
         """Splits text into words, the input of WordPiece."""
+        if self._split_special is None:
+            return self._tokenize_text(text)
+        words = []
+        for i, part in enumerate(self._split_special(to_text(text))):
+            if i % 2:
+                words.append(part)  # a literal
+            elif part:
+                words.extend(self._tokenize_text(part))
+        return words
+
+    def _tokenize_text(self, text):
+        """The original's rules, on text holding no special token (or with the option off)."""
         cleaned = "".join(clean_char(c) for c in to_text(text))
         words = []
         for word in cleaned.split():
@@ -271,14 +233,23 @@ class WordpieceTokenizer:
 
 
 class FullTokenizer:
-    """The original BERT tokenizer: BasicTokenizer, then WordPiece."""
+    """The original BERT tokenizer: BasicTokenizer, then WordPiece.
 
-    def __init__(self, vocab_file, do_lower_case=True):
+    `special_tokens` (default none, the original's rules): literals such as "[MASK]" that become one
+    token wherever they appear in the text (see this module's docstring); each must be in the
+    vocabulary (a VocabError names the one that is not).
+    """
+
+    def __init__(self, vocab_file, do_lower_case=True, *, special_tokens=()):
         self.vocab_file = vocab_file
         self.do_lower_case = do_lower_case
         self.vocab = load_vocab(vocab_file)
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
-        self.basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
+        self.special_tokens = check_special_tokens(special_tokens, self.vocab, vocab_file)
+        # A literal (in the vocabulary, at most 100 characters) comes out of WordPiece whole.
+        self.basic_tokenizer = BasicTokenizer(
+            do_lower_case=do_lower_case, special_tokens=self.special_tokens
+        )
         self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab)
         self.invalid_utf8_count = 0
 
@@ -327,6 +298,9 @@ _ASCII_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # full (encoding fills only those two; tokenize() fills the two of tokens). A word not in the cache
 # costs about 8 us (random letter strings); a cached one well under 1 us.
 MAX_CACHED_WORDS = 1 << 18
+# With special tokens on, a literal's key in the word caches: the literal after a space, which no
+# cleaned word holds, so that it differs from the same characters met as ordinary text ("[MA\x00SK]").
+_LITERAL_MARK = " "
 
 
 class _Memo(dict):
@@ -348,8 +322,18 @@ class _Memo(dict):
 class CachedTokenizer(FullTokenizer):
     """FullTokenizer with each distinct word tokenized once: the same tokens and ids, much faster."""
 
-    def __init__(self, vocab_file, do_lower_case=True, max_cached_words=MAX_CACHED_WORDS):
-        super().__init__(vocab_file, do_lower_case)
+    def __init__(
+        self,
+        vocab_file,
+        do_lower_case=True,
+        max_cached_words=MAX_CACHED_WORDS,
+        *,
+        special_tokens=(),
+    ):
+        super().__init__(vocab_file, do_lower_case, special_tokens=special_tokens)
+        self._split_special = special_token_splitter(self.special_tokens)
+        # Steps 5-6 on cleaned words, which hold no literal to keep whole.
+        self._word_splitter = BasicTokenizer(do_lower_case=do_lower_case)
         # str.translate table of cleaning (steps 2-3), filled as characters are first seen.
         self._clean_table = _Memo(lambda code_point: clean_char(chr(code_point)), NUM_CODE_POINTS)
         # Ids and tokens are cached apart: bulk encoding (pretraining data) never fills the tokens.
@@ -368,13 +352,30 @@ class CachedTokenizer(FullTokenizer):
         )
 
     def words(self, text):
-        """Steps 1-4: the cleaned, whitespace-split words of `text` (str, or UTF-8 bytes)."""
+        """Steps 1-4: the cleaned, whitespace-split words of `text` (str, or UTF-8 bytes).
+
+        With special tokens on, each literal is a word of its own, led by a space (_LITERAL_MARK).
+        """
         if isinstance(text, (bytes, bytearray)):
             text, invalid = decode_counting_invalid(text)
             self.invalid_utf8_count += invalid
+        if self._split_special is not None:
+            return self._words_around_special_tokens(text)
         if text.isascii() and not _ASCII_CONTROL.search(text):
             return text.split()  # cleaning changes nothing here
         return text.translate(self._clean_table).split()
+
+    def _words_around_special_tokens(self, text):
+        """words() with the special tokens on: each literal is one word, keyed apart (_LITERAL_MARK)."""
+        words = []
+        for i, part in enumerate(self._split_special(text)):
+            if i % 2:
+                words.append(_LITERAL_MARK + part)
+            elif part.isascii() and not _ASCII_CONTROL.search(part):
+                words.extend(part.split())  # as words() does
+            else:
+                words.extend(part.translate(self._clean_table).split())
+        return words
 
     def tokenize(self, text):
         """Returns the WordPiece tokens of `text` (str, or UTF-8 bytes), as FullTokenizer.tokenize."""
@@ -395,75 +396,14 @@ class CachedTokenizer(FullTokenizer):
 
     def _pieces(self, word):
         """Steps 5-6 on one cleaned word: the words WordPiece gets."""
+        if word.startswith(_LITERAL_MARK):
+            # A special token's literal: WordPiece keeps it whole (it is in the vocabulary).
+            return [word[len(_LITERAL_MARK) :]]
         if word.isascii():
             # Printable ASCII: lower-casing is str.lower, NFD and Mn stripping change nothing.
             return _ASCII_PIECES.findall(word.lower() if self.do_lower_case else word)
-        return self.basic_tokenizer.tokenize(word)
+        return self._word_splitter.tokenize(word)
 
     @staticmethod
     def _join(cache, keys):
         return list(itertools.chain.from_iterable(map(cache.__getitem__, keys)))
-
-
-@dataclasses.dataclass
-class CompareArgs:
-    """A `python -m bert_tf.tokenization` run: its fields are the CLI's flags."""
-
-    vocab_file: str = arg(None, "The vocabulary file, one token per line.")
-    do_lower_case: bool = arg(True, "Lower-case and strip accents (uncased models).")
-    input_file: str = arg(None, "Comma-separated globs of text files to sample.")
-    num_lines: int = arg(3, "How many non-empty lines to tokenize and print.")
-
-
-def read_sample_lines(input_file, num_lines):
-    """The first `num_lines` non-empty lines (raw bytes, line ends stripped) of the --input_file globs."""
-    lines = []
-    for path in io_utils.expand_globs(input_file, what="--input_file"):
-        with io_utils.open_text(path) as f:
-            for raw in f:
-                if raw.strip():
-                    lines.append(raw.rstrip(b"\r\n"))
-                if len(lines) == num_lines:
-                    break
-        if len(lines) == num_lines:
-            break
-    if not lines:
-        raise io_utils.UsageError(f"--input_file: no non-empty lines in {input_file}")
-    return lines
-
-
-def compare(args):
-    """Tokenizes the first lines of a file with both tokenizers and prints them side by side.
-
-    A line on which GraphTokenizer's ids differ from FullTokenizer's is a JobFailure (exit code 1).
-    """
-    # TensorFlow only here: the tokenizers above must stay importable without it (see the top).
-    import tensorflow as tf
-
-    from bert_tf.graph_tokenizer import GraphTokenizer
-
-    try:
-        full = FullTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-        graph = GraphTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-    except VocabError as e:
-        raise io_utils.UsageError(str(e)) from e
-    lines = read_sample_lines(args.input_file, args.num_lines)
-    graph_ids = graph.tokenize(tf.constant(lines)).to_list()
-    for raw, ids in zip(lines, graph_ids):
-        tokens = full.tokenize(raw)
-        print(f"text:   {to_text(raw)}")
-        print(f"tokens: {' '.join(tokens)}")
-        print(f"ids:    {' '.join(map(str, ids))}")
-        same = ids == full.convert_tokens_to_ids(tokens)
-        print(f"GraphTokenizer agrees with FullTokenizer: {'yes' if same else 'NO'}\n", flush=True)
-        if not same:
-            raise io_utils.JobFailure(
-                f"GraphTokenizer and FullTokenizer disagree on: {to_text(raw)}"
-            )
-
-
-if __name__ == "__main__":
-    cli.define_flags(CompareArgs)
-    cli.run(
-        cli.job_main(CompareArgs, compare, "tokenization", required=("vocab_file", "input_file"))
-    )

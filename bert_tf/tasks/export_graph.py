@@ -48,8 +48,8 @@ def parse_examples(serialized, features, input_name="inputs"):
     """tf.io.parse_example, where a value that is not a serialized tf.Example fails naming the input and row.
 
     ParseExample's own error quotes the bytes it could not parse, and TensorFlow's Python cannot
-    make an exception of a message that is not UTF-8: apps got a UnicodeDecodeError instead of an
-    InvalidArgumentError. So the batch is first parsed for a feature no Example has inside
+    make an exception of a message that is not UTF-8: apps would get a UnicodeDecodeError instead of
+    an InvalidArgumentError. So the batch is first parsed for a feature no Example has inside
     tf.data, whose ignore_errors is the one way a graph can see an op fail without failing; if
     that parse failed, the rows are parsed one by one to find the first bad one, and an assertion
     (InvalidArgumentError) with a message of ours stops the call. It costs about 0.2 ms a call.
@@ -99,20 +99,30 @@ class TextPacker:
     needs, are not serialized (tracing them took most of the export time).
     """
 
-    def __init__(self, model_dir, config, seq_length, dynamic_length=True, length_multiple=1):
+    def __init__(
+        self,
+        model_dir,
+        config,
+        seq_length,
+        dynamic_length=True,
+        length_multiple=1,
+        special_tokens=(),
+    ):
         vocab_file = ModelDir(model_dir).vocab_file
-        self.tokenizer = GraphTokenizer(vocab_file, config.do_lower_case)
+        # `special_tokens`: literals kept whole in the text (fill-mask's [MASK]); none by default.
+        self.tokenizer = GraphTokenizer(
+            vocab_file, config.do_lower_case, special_tokens=special_tokens
+        )
         missing = [t for t in ("[CLS]", "[SEP]") if t not in self.tokenizer.special_ids]
         if missing:
             raise io_utils.UsageError(f"{vocab_file} has no {' or '.join(missing)} token")
         self.seq_length = seq_length
         # Pad each batch to its longest input, not to seq_length, which stays the truncation
-        # limit: short requests stop paying for the longest one allowed. The length is rounded up
-        # to `length_multiple`: 1 for graph kernels, which take any shape; LENGTH_BUCKET for XLA,
-        # which compiles each (tasks.length_multiple). Against multiples of 16, exact lengths took
-        # 5% to 18% off a MiniLM's and a BERT-base's batch-1 calls, oneDNN on or off, on real
-        # sentences of 19 tokens on average; batch-32 throughput moved by 0.99x to 1.14x, inside
-        # the runs' noise (benchmarks/bench_padding.py, 2 CPU cores).
+        # limit: short requests do not pay for the longest one allowed. The length is rounded up
+        # to `length_multiple`: 1 for graph kernels, which take any shape (exact lengths take 5%
+        # to 18% off a batch-1 call against multiples of 16: benchmarks/RESULTS.md, "Inference:
+        # what each export choice buys"); LENGTH_BUCKET for XLA, which compiles each
+        # (tasks.length_multiple).
         self.dynamic_length = dynamic_length
         self.length_multiple = length_multiple
         self.cls_id = self.tokenizer.special_ids["[CLS]"]
@@ -149,9 +159,9 @@ class TextPacker:
 def serving_function(python_function, **options):
     """tf.function without AutoGraph, for the exported graphs' functions (their control flow is explicit)."""
     # The exported graphs branch and loop with tf.cond, tf.while_loop and tf.map_fn only, so
-    # AutoGraph had nothing to convert; its work on every trace made a tiny-config classifier's
-    # export take 13.1 and 13.3 s instead of 6.6 and 7.2 s, and SQuAD's 11.3 and 11.2 s instead of
-    # 9.5 and 8.8 s (two alternating runs, 2 CPU cores): a fixed cost per export.
+    # AutoGraph has nothing to convert, and its work on every trace is a fixed cost per export (about
+    # half a tiny classifier's export time: benchmarks/RESULTS.md, "Inference: what each export
+    # choice buys").
     return tf.function(python_function, autograph=False, **options)
 
 
@@ -172,9 +182,11 @@ class CompiledModel(tf.Module):
 
     XLA compiles once per input shape, which the length buckets and groups keep few ([1..16,
     multiple of 16]); the warm-up requests compile batch 1 and the 16-row groups of every length
-    while a server loads the version, the rest compile on first use. Measured on 2 CPU cores it cut
-    batch-1 latency by about a third (benchmarks/RESULTS.md). Stock TF Serving runs such a graph
-    only with --xla_cpu_compilation_enabled=true (or --xla_gpu_compilation_enabled=true).
+    while a server loads the version, the rest compile on first use. On 2 CPU cores it beats the
+    graph export at batch 1 with TensorFlow's default threads and loses to it with one intra-op
+    thread (benchmarks/RESULTS.md, "Inference: TensorFlow's default threads" and "Inference: XLA,
+    padded exports and keras-hub"). Stock TF Serving runs such a graph only with
+    --xla_cpu_compilation_enabled=true (or --xla_gpu_compilation_enabled=true).
     """
 
     def __init__(self, model):
@@ -199,18 +211,16 @@ class CompiledModel(tf.Module):
 
 # The most rows a group of one length band runs at once (call_by_length). Groups of rows that
 # round up to the same LENGTH_BUCKET waste fewer than 16 positions a row; capping them bounds the
-# memory of a call and the shapes an XLA export compiles ([1..16, length]). Over the bench's 96
-# real sentences (3 batches of 32, mean 19 tokens, longest 61), batches padded to their longest
-# row run 5,408 positions, grouped 2,203 (6,144 and 2,448 in multiples of 16, as under XLA); caps
-# of 16 beat 8 (more calls) by 7% to 10% at batch 32.
+# memory of a call and the shapes an XLA export compiles ([1..16, length]). On real sentences a
+# batch of 32 runs about 40% of the positions it would run padded to its longest row, and a cap of 16
+# beats 8 (more calls) at batch 32 (benchmarks/RESULTS.md, "Inference: what each export choice
+# buys").
 LENGTH_GROUP_ROWS = 16
 # How many length groups of a batch run at once. Each batch of 32 of the benchmark's real
 # sentences makes 4 or 5 groups, each of small matmuls that leave cores idle between kernels;
-# running them side by side fills those gaps. Against one at a time, on 2 CPU cores with
-# TensorFlow's default threads, 2 took 0.80x to 0.86x the time of a MiniLM batch of 32 and 0.91x
-# to 0.93x of a BERT-base one; 4 took 0.92x to 0.95x and 0.96x to 0.99x of 2's; outputs
-# bit-identical (benchmarks/RESULTS.md, session 13). It also bounds a big batch's memory to this
-# many groups' activations.
+# running them side by side fills those gaps, with bit-identical outputs (benchmarks/RESULTS.md,
+# "Inference: what each export choice buys"). It also bounds a big batch's memory to this many
+# groups' activations.
 GROUPS_IN_FLIGHT = 4
 
 

@@ -1,0 +1,186 @@
+"""The demo's labelled task data, written in the tasks' real file formats.
+
+`make demo` and the tests fine-tune on these: a sentiment task in GLUE SST-2's layout
+(train/dev/test.tsv) and a multiple choice task in SWAG's (train/val/test.csv). Both are templated
+from small word lists, deterministic for a seed, and learnable by a tiny model in seconds.
+
+CLI:
+  python -m bert_tf.demo_data --glue_dir=build/demo/glue --swag_dir=build/demo/swag
+"""
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
+import csv
+import dataclasses
+import io
+import os
+import random
+
+import numpy as np
+
+from bert_tf import cli, io_utils
+from bert_tf.cli import arg
+from bert_tf.tasks.multiple_choice import data as multiple_choice
+
+# ---------------------------------------------------------------------------------------------
+# Sentiment in GLUE SST-2's layout: the label follows the keyword.
+# ---------------------------------------------------------------------------------------------
+
+_SENTIMENT_POSITIVE = (
+    "good",
+    "great",
+    "wonderful",
+    "excellent",
+    "pleasant",
+    "delightful",
+    "lovely",
+    "brilliant",
+)
+_SENTIMENT_NEGATIVE = ("bad", "awful", "terrible", "boring", "dull", "horrible", "poor", "weak")
+_SENTIMENT_SUBJECTS = (
+    "the movie",
+    "the film",
+    "this story",
+    "the acting",
+    "the music",
+    "the ending",
+    "the plot",
+    "the dialogue",
+    "the cast",
+    "the script",
+    "the show",
+    "this book",
+)
+_SENTIMENT_TEMPLATES = (
+    "{subject} was {word} .",
+    "i thought {subject} was really {word} .",
+    "{subject} felt {word} from start to finish .",
+    "honestly , {subject} is {word} .",
+    "we all agreed that {subject} was {word} .",
+    "my friend said {subject} seemed {word} to her .",
+    "after an hour , {subject} still felt {word} .",
+    "{subject} , in a word , was {word} .",
+)
+
+
+def demo_sentence(rng, label):
+    """One templated demo sentence whose label (1 positive, 0 negative) is set by its keyword."""
+    word = rng.choice(_SENTIMENT_POSITIVE if label else _SENTIMENT_NEGATIVE)
+    return rng.choice(_SENTIMENT_TEMPLATES).format(
+        subject=rng.choice(_SENTIMENT_SUBJECTS), word=word
+    )
+
+
+def write_demo_glue_dir(path, num_train=400, num_dev=100, num_test=100, seed=1234):
+    """Writes a small learnable sentiment task in the GLUE SST-2 layout (train/dev/test.tsv) to `path`.
+
+    Deterministic for a given seed; labels are balanced. Returns `path`.
+    """
+    rng = random.Random(seed)
+    os.makedirs(path, exist_ok=True)
+    for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
+        labels = [i % 2 for i in range(count)]
+        rng.shuffle(labels)
+        sentences = [demo_sentence(rng, label) for label in labels]
+        if split == "test":
+            header, rows = "index\tsentence", [f"{i}\t{s}" for i, s in enumerate(sentences)]
+        else:
+            header, rows = (
+                "sentence\tlabel",
+                [f"{s}\t{label}" for s, label in zip(sentences, labels)],
+            )
+        io_utils.atomic_write_text(
+            os.path.join(path, f"{split}.tsv"), "\n".join([header] + rows) + "\n"
+        )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Multiple choice in SWAG's layout: the right ending goes on with the context's topic, the wrong
+# ones are absurd (a toy a tiny model learns in seconds; telling topics apart takes it far longer).
+# ---------------------------------------------------------------------------------------------
+
+_SWAG_TOPICS = {
+    "kitchen": ("chops the onions", "stirs the soup", "tastes the sauce", "washes the pan"),
+    "garden": ("waters the roses", "digs a hole", "plants the seeds", "trims the hedge"),
+    "pool": ("dives into the water", "swims a length", "floats on her back", "climbs the ladder"),
+    "road": ("starts the engine", "checks the mirror", "turns the wheel", "parks the car"),
+}
+_SWAG_ABSURD = (
+    "eats the ladder",
+    "folds the ocean",
+    "paints the wind",
+    "sings to a spoon",
+    "melts the moon",
+    "marries a cloud",
+    "swallows the road",
+    "knits a river",
+)
+_SWAG_OPENINGS = (
+    "someone is in the {topic} .",
+    "a woman walks into the {topic} .",
+    "a man stands in the {topic} .",
+    "we see the {topic} .",
+    "the camera shows the {topic} .",
+)
+_SWAG_FIELDS = [
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-source",
+    "ending0",
+    "ending1",
+    "ending2",
+    "ending3",
+    "label",
+]
+
+
+def write_demo_swag_dir(path, num_train=400, num_dev=100, num_test=100, seed=4321):
+    """Writes train.csv, val.csv and test.csv in SWAG's layout (a learnable toy task); returns `path`."""
+    rng = np.random.default_rng(seed)
+    topics = sorted(_SWAG_TOPICS)
+    os.makedirs(path, exist_ok=True)
+    for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
+        rows = []
+        for i in range(count):
+            topic = topics[rng.integers(len(topics))]
+            label = int(rng.integers(4))
+            endings = [str(e) for e in rng.choice(_SWAG_ABSURD, size=4, replace=False)]
+            endings[label] = _SWAG_TOPICS[topic][rng.integers(4)]
+            sent1 = _SWAG_OPENINGS[rng.integers(len(_SWAG_OPENINGS))].format(topic=topic)
+            row = [f"demo{i}", str(i), f"{sent1} then she", sent1, "then she", "gold", *endings]
+            rows.append(row + ([str(label)] if split != "test" else []))
+        fields = _SWAG_FIELDS if split != "test" else _SWAG_FIELDS[:-1]
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([fields] + rows)
+        io_utils.atomic_write_text(
+            os.path.join(path, multiple_choice.SPLIT_FILES[split]), buffer.getvalue()
+        )
+    return path
+
+
+@dataclasses.dataclass
+class DemoDataArgs:
+    """Where the demo's task files go (each optional)."""
+
+    glue_dir: str = arg("", "Write the sentiment task here, in GLUE SST-2's layout.")
+    swag_dir: str = arg("", "Write the multiple choice task here, in SWAG's layout.")
+
+
+def run(args):
+    """Writes the task directories `args` name."""
+    if not (args.glue_dir or args.swag_dir):
+        raise io_utils.UsageError("give --glue_dir, --swag_dir or both")
+    for path, write in ((args.glue_dir, write_demo_glue_dir), (args.swag_dir, write_demo_swag_dir)):
+        if path:
+            print(f"wrote {write(path)}", flush=True)
+
+
+if __name__ == "__main__":
+    cli.define_flags(DemoDataArgs)
+    cli.run(cli.job_main(DemoDataArgs, run, "demo_data"))

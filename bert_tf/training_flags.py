@@ -1,0 +1,210 @@
+"""The flags every training job shares, and the plain settings the library takes from them.
+
+Only the CLI modules import this (run_pretraining, the run_<task> CLIs, extract_features): a job's
+args dataclass extends `LoopArgs` (the training loop's flags) or `FinetuneArgs` (LoopArgs plus the
+fine-tuning flags), and turns into the library's settings with `loop_config`, `finetune_config`,
+`make_strategy` and `model_source`.
+"""
+
+import dataclasses
+
+from bert_tf import distribution, finetuning, initial_weights, io_utils, tasks, training
+from bert_tf.cli import arg
+
+
+@dataclasses.dataclass
+class LoopArgs:
+    """The training-loop settings every training CLI takes (their flags come from these fields)."""
+
+    weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
+    clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
+    steps_per_loop: int = arg(
+        100, "Training steps inside one tf.function call (one progress line and summary per loop)."
+    )
+    save_checkpoints_steps: int = arg(1000, "How often to save a checkpoint.")
+    keep_checkpoint_max: int = arg(5, "How many checkpoints to keep.")
+    strategy: str = arg("default", "The tf.distribute strategy.", choices=distribution.STRATEGIES)
+    tpu: str = arg("", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
+    num_cpu_replicas: int = arg(
+        0, "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices."
+    )
+    mixed_precision: str = arg(
+        "none",
+        "Compute dtype; float16 adds dynamic loss scaling.",
+        choices=training.MIXED_PRECISION_POLICIES,
+    )
+    jit_compile: bool = arg(False, "XLA-compile the forward and backward pass.")
+    seed: int = arg(12345, "Seeds the weights, dropout and the input order.")
+    max_loss_ratio: float = arg(
+        training.DEFAULT_MAX_LOSS_RATIO,
+        "Stop, as for a NaN loss, when a step's loss exceeds this many times the mean loss of the run's earlier "
+        "steps (a diverging run, e.g. from too high a learning rate): that step and the rest of its loop are "
+        "not applied, nothing is saved after it, and the error names the last healthy checkpoint. The mean is "
+        "kept in the checkpoints, so it spans resumed runs. 0 turns the check off.",
+    )
+
+    resume_from: str = arg(
+        "",
+        "Resume from this checkpoint of --output_dir (ckpt-N) instead of the newest healthy one "
+        "(a diverged run marks the checkpoints that gave its loss as suspect, and a rerun skips "
+        "them).",
+    )
+
+    def validate(self):
+        """Usage errors in these flags, each naming its flag."""
+        if self.mixed_precision not in training.MIXED_PRECISION_POLICIES:
+            raise io_utils.UsageError(
+                f"--mixed_precision={self.mixed_precision} is not one of "
+                f"{', '.join(training.MIXED_PRECISION_POLICIES)}"
+            )
+        if self.max_loss_ratio != 0 and not self.max_loss_ratio > 1:
+            raise io_utils.UsageError(
+                f"--max_loss_ratio must be 0 (off) or above 1, got {self.max_loss_ratio}"
+            )
+        for name in ("steps_per_loop", "save_checkpoints_steps"):
+            if getattr(self, name) <= 0:
+                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+
+    def loop_config(self, num_train_steps, **overrides):
+        """The LoopConfig these flags ask for (float16 turns on loss scaling); `overrides` replace fields."""
+        fields = dict(
+            num_train_steps=num_train_steps,
+            steps_per_loop=self.steps_per_loop,
+            save_checkpoints_steps=self.save_checkpoints_steps,
+            clip_norm=self.clip_norm,
+            loss_scaling=self.mixed_precision == "float16",
+            jit_compile=self.jit_compile,
+            max_checkpoints_to_keep=self.keep_checkpoint_max,
+            max_loss_ratio=self.max_loss_ratio,
+            resume_from=self.resume_from,
+        )
+        fields.update(overrides)
+        return training.LoopConfig(**fields)
+
+
+@dataclasses.dataclass
+class FinetuneArgs(LoopArgs):
+    """What every fine-tuning run needs; each CLI's own args dataclass extends it (fields -> flags)."""
+
+    output_dir: str = arg(
+        "",
+        "The output directory: the fine-tuned model directory (checkpoints, "
+        "bert_config.json, vocab.txt, task.json), eval results, predictions and "
+        "TensorBoard logs. Rerunning resumes from it.",
+    )
+    init_checkpoint: str = arg(
+        "",
+        "The weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.",
+    )
+    bert_config_file: str = arg(
+        "", "The bert_config.json of an original checkpoint (a model directory carries its own)."
+    )
+    vocab_file: str = arg(
+        "", "The vocab.txt of an original checkpoint (a model directory carries its own)."
+    )
+    # None: the model directory's config decides (True for an original checkpoint).
+    do_lower_case: bool = arg(
+        None,
+        "Whether to lower-case the input; with an original checkpoint only (a model "
+        "directory's config records it). Default: true.",
+    )
+    do_train: bool = arg(False, "Whether to run training.")
+    do_eval: bool = arg(False, "Whether to run evaluation on the dev set.")
+    do_predict: bool = arg(False, "Whether to run prediction on the test set.")
+    max_seq_length: int = arg(
+        128,
+        "The maximum total input sequence length after WordPiece tokenization; longer "
+        "sequences are truncated, shorter ones padded.",
+    )
+    train_batch_size: int = arg(32, "Global batch size for training.")
+    eval_batch_size: int = arg(8, "Global batch size for evaluation.")
+    predict_batch_size: int = arg(8, "Global batch size for prediction.")
+    learning_rate: float = arg(5e-5, "The initial learning rate for Adam.")
+    num_train_epochs: float = arg(3.0, "Total number of training epochs to perform.")
+    warmup_proportion: float = arg(
+        0.1,
+        "Proportion of training to perform linear learning rate warmup for. E.g., "
+        "0.1 = 10% of training.",
+    )
+    pad_to_max_seq_length: bool = arg(
+        False,
+        "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
+        "--strategy=tpu). Otherwise each batch is cut to its longest example (with "
+        f"--jit_compile, rounded up to a multiple of {tasks.LENGTH_BUCKET} tokens), and training "
+        "batches group examples of similar length.",
+    )
+
+    def validate(self):
+        """Usage errors common to every fine-tuning run (no TensorFlow needed), naming the flags."""
+        if not (self.do_train or self.do_eval or self.do_predict):
+            raise io_utils.UsageError(
+                "at least one of --do_train, --do_eval and --do_predict must be set"
+            )
+        if not self.output_dir:
+            raise io_utils.UsageError("--output_dir is required")
+        super().validate()
+        for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
+            if getattr(self, name) <= 0:
+                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.do_train and self.num_train_epochs <= 0:
+            raise io_utils.UsageError(
+                f"--num_train_epochs must be positive, got {self.num_train_epochs}"
+            )
+        if not 0.0 <= self.warmup_proportion < 1.0:
+            raise io_utils.UsageError(
+                f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}"
+            )
+        if self.max_seq_length < 3:
+            raise io_utils.UsageError(
+                f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {self.max_seq_length}"
+            )
+
+    def batch_sizes(self):
+        """{flag name: global batch size} of the batches this run makes."""
+        return {
+            name: getattr(self, name)
+            for name in ("train_batch_size", "eval_batch_size", "predict_batch_size")
+        }
+
+    def make_strategy(self):
+        """The --strategy, checked against the batch sizes; call it before any other TensorFlow op."""
+        return distribution.make_strategy(
+            self.strategy, self.tpu, self.num_cpu_replicas, self.batch_sizes()
+        )
+
+    def model_source(self):
+        """The config, vocab and initial weights (initial_weights.resolve of these flags).
+
+        --init_checkpoint is a model directory (pretrained or fine-tuned) or an original
+        checkpoint; a resumed --output_dir must hold the same config.
+        """
+        return initial_weights.resolve(
+            self.init_checkpoint,
+            self.bert_config_file,
+            self.vocab_file,
+            self.do_lower_case,
+            output_dir=self.output_dir,
+            max_seq_length=self.max_seq_length,
+        )
+
+    def finetune_config(self):
+        """The driver's FinetuneConfig of these flags."""
+        return finetuning.FinetuneConfig(
+            output_dir=self.output_dir,
+            do_train=self.do_train,
+            do_eval=self.do_eval,
+            do_predict=self.do_predict,
+            train_batch_size=self.train_batch_size,
+            eval_batch_size=self.eval_batch_size,
+            predict_batch_size=self.predict_batch_size,
+            learning_rate=self.learning_rate,
+            num_train_epochs=self.num_train_epochs,
+            warmup_proportion=self.warmup_proportion,
+            weight_decay=self.weight_decay,
+            mixed_precision=self.mixed_precision,
+            seed=self.seed,
+            length_bucket=finetuning.length_bucket(
+                self.pad_to_max_seq_length, self.strategy, self.jit_compile
+            ),
+            loop=self.loop_config(0),
+        )
