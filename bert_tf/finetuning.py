@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, tasks, training
+from bert_tf import io_utils, optimization, tasks, training
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import heads, models, registry
 from bert_tf.training_job import JobConfig, TrainingJob
@@ -55,10 +55,15 @@ class FinetuneConfig:
     num_train_epochs: float = 3.0
     warmup_proportion: float = 0.1
     weight_decay: float = 0.01
+    optimizer: str = "adamw"
+    adam_epsilon: float = optimization.DEFAULT_EPSILON
+    adam_bias_correction: bool = False
     mixed_precision: str = "none"
     seed: int = 12345
     # What batch lengths are rounded up to (see `length_bucket`); None: padded to the records' length.
     length_bucket: int = 1
+    # Training batches of similar lengths (with a length_bucket); off: plain shuffled batches.
+    group_by_length: bool = True
     # The loop's cadence, clipping and compilation; its num_train_steps is set from the data.
     loop: training.LoopConfig = dataclasses.field(
         default_factory=lambda: training.LoopConfig(num_train_steps=0)
@@ -155,7 +160,10 @@ class Finetuner(TrainingJob):
             learning_rate=config.learning_rate,
             num_warmup_steps=int(self.num_train_steps * config.warmup_proportion),
             loop=loop,
+            optimizer=config.optimizer,
             weight_decay=config.weight_decay,
+            adam_epsilon=config.adam_epsilon,
+            adam_bias_correction=config.adam_bias_correction,
             mixed_precision=config.mixed_precision,
             seed=config.seed,
         )
@@ -370,6 +378,7 @@ def run(
                 seed=seed,
                 input_context=input_context,
                 length_bucket=config.length_bucket,
+                group_by_length=config.group_by_length,
             )
 
     tuner = Finetuner(config, strategy, source, spec, train_steps)

@@ -323,13 +323,30 @@ class Lamb(_DecoupledWeightDecayOptimizer):
         self.assign_sub(variable, learning_rate * update)
 
 
+DEFAULT_EPSILON = 1e-6  # the original's
+
+
 def create_optimizer(
-    name, learning_rate, num_train_steps, num_warmup_steps, weight_decay_rate=0.01
+    name,
+    learning_rate,
+    num_train_steps,
+    num_warmup_steps,
+    weight_decay_rate=0.01,
+    epsilon=DEFAULT_EPSILON,
+    bias_correction=False,
 ):
-    """`adamw` (the original) or `lamb`, on the warmup + linear decay schedule."""
+    """`adamw` (the original's, or with `bias_correction` standard AdamW) or `lamb`, on the warmup +
+    linear decay schedule."""
     schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
     if name == "adamw":
-        return AdamWeightDecay(learning_rate=schedule, weight_decay_rate=weight_decay_rate)
+        return AdamWeightDecay(
+            learning_rate=schedule,
+            weight_decay_rate=weight_decay_rate,
+            epsilon=epsilon,
+            bias_correction=bias_correction,
+        )
     if name == "lamb":
-        return Lamb(learning_rate=schedule, weight_decay_rate=weight_decay_rate)
+        if bias_correction:
+            raise ValueError("bias_correction applies to adamw, not lamb")
+        return Lamb(learning_rate=schedule, weight_decay_rate=weight_decay_rate, epsilon=epsilon)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")

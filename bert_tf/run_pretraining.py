@@ -27,7 +27,6 @@ from bert_tf import (
     io_utils,
     masked_lm,
     modeling,
-    optimization,
     training,
 )
 from bert_tf.cli import arg
@@ -83,11 +82,6 @@ class PretrainingArgs(LoopArgs):
     num_warmup_steps: int = arg(10000, "Number of linear warmup steps.")
     max_eval_steps: int = arg(100, "Maximum number of eval steps.")
     learning_rate: float = arg(5e-5, "The peak learning rate.")
-    optimizer: str = arg(
-        "adamw",
-        "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.",
-        choices=optimization.OPTIMIZERS,
-    )
     dynamic_masking: bool = arg(
         False,
         "Re-mask every batch on the fly (RoBERTa-style) instead of using the records' fixed masks.",
@@ -112,10 +106,6 @@ def _validate(args):
     if not args.output_dir:
         raise io_utils.UsageError("--output_dir is required")
     args.validate()
-    if args.optimizer not in optimization.OPTIMIZERS:
-        raise io_utils.UsageError(
-            f"--optimizer={args.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}"
-        )
     if args.bert_config_file and args.model_size:
         raise io_utils.UsageError("give --bert_config_file or --model_size, not both")
     for name in (
@@ -182,6 +172,8 @@ def job_config(args):
         loop=args.loop_config(args.num_train_steps),
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,
+        adam_epsilon=args.adam_epsilon_value(),
+        adam_bias_correction=bool(args.adam_bias_correction),
         mixed_precision=args.mixed_precision,
         seed=args.seed,
     )

@@ -8,7 +8,15 @@ fine-tuning flags), and turns into the library's settings with `loop_config`, `f
 
 import dataclasses
 
-from bert_tf import distribution, finetuning, initial_weights, io_utils, tasks, training
+from bert_tf import (
+    distribution,
+    finetuning,
+    initial_weights,
+    io_utils,
+    optimization,
+    tasks,
+    training,
+)
 from bert_tf.cli import arg
 
 
@@ -16,6 +24,20 @@ from bert_tf.cli import arg
 class LoopArgs:
     """The training-loop settings every training CLI takes (their flags come from these fields)."""
 
+    optimizer: str = arg(
+        "adamw",
+        "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.",
+        choices=optimization.OPTIMIZERS,
+    )
+    # None: the original's (no bias correction, epsilon 1e-6); set, they apply to adamw only.
+    adam_bias_correction: bool = arg(
+        None,
+        "AdamW with bias correction (standard AdamW, as torch.optim.AdamW has it) instead of the "
+        "original's AdamWeightDecay, which omits it. Default: false, the original's.",
+    )
+    adam_epsilon: float = arg(
+        None, f"Adam's epsilon. Default: {optimization.DEFAULT_EPSILON:g}, the original's."
+    )
     weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
     clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
     steps_per_loop: int = arg(
@@ -50,8 +72,22 @@ class LoopArgs:
         "them).",
     )
 
+    def adam_epsilon_value(self):
+        """--adam_epsilon, or the original's."""
+        return optimization.DEFAULT_EPSILON if self.adam_epsilon is None else self.adam_epsilon
+
     def validate(self):
         """Usage errors in these flags, each naming its flag."""
+        if self.optimizer not in optimization.OPTIMIZERS:
+            raise io_utils.UsageError(
+                f"--optimizer={self.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}"
+            )
+        if self.optimizer != "adamw" and self.adam_bias_correction is not None:
+            raise io_utils.UsageError(
+                f"--adam_bias_correction applies to --optimizer=adamw, not --optimizer={self.optimizer}"
+            )
+        if self.adam_epsilon is not None and not self.adam_epsilon > 0:
+            raise io_utils.UsageError(f"--adam_epsilon must be positive, got {self.adam_epsilon}")
         if self.mixed_precision not in training.MIXED_PRECISION_POLICIES:
             raise io_utils.UsageError(
                 f"--mixed_precision={self.mixed_precision} is not one of "
@@ -133,6 +169,12 @@ class FinetuneArgs(LoopArgs):
         f"--jit_compile, rounded up to a multiple of {tasks.LENGTH_BUCKET} tokens), and training "
         "batches group examples of similar length.",
     )
+    group_by_length: bool = arg(
+        True,
+        "Training batches group examples of similar length (with dynamic lengths: not with "
+        "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
+        "example.",
+    )
 
     def validate(self):
         """Usage errors common to every fine-tuning run (no TensorFlow needed), naming the flags."""
@@ -201,10 +243,14 @@ class FinetuneArgs(LoopArgs):
             num_train_epochs=self.num_train_epochs,
             warmup_proportion=self.warmup_proportion,
             weight_decay=self.weight_decay,
+            optimizer=self.optimizer,
+            adam_epsilon=self.adam_epsilon_value(),
+            adam_bias_correction=bool(self.adam_bias_correction),
             mixed_precision=self.mixed_precision,
             seed=self.seed,
             length_bucket=finetuning.length_bucket(
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile
             ),
+            group_by_length=self.group_by_length,
             loop=self.loop_config(0),
         )

@@ -27,6 +27,8 @@ class JobConfig:
     loop: training.LoopConfig
     optimizer: str = "adamw"
     weight_decay: float = 0.01
+    adam_epsilon: float = optimization.DEFAULT_EPSILON
+    adam_bias_correction: bool = False  # standard AdamW; the original omits the correction
     mixed_precision: str = "none"  # a key of training.MIXED_PRECISION_POLICIES
     seed: int = 12345
 
@@ -50,6 +52,8 @@ class TrainingJob:
                 max(config.loop.num_train_steps, 1),
                 config.num_warmup_steps,
                 config.weight_decay,
+                config.adam_epsilon,
+                config.adam_bias_correction,
             )
         self.trainer = training.Trainer(
             strategy,

@@ -154,6 +154,30 @@ def test_training_batches_group_lengths_and_see_every_example_once_per_epoch(tmp
     assert not np.array_equal(np.concatenate([b["label_ids"] for b in next_epoch]), ids)
 
 
+def test_group_by_length_off_gives_plain_shuffled_batches_cut_to_their_longest(tmp_path):
+    batch_size, seq_length = 8, 128
+    count = batch_size * tasks.LENGTH_GROUP_BATCHES * 2
+    features = random_features(count, seq_length, 30, seed=1, mean_length=25)
+    features["label_ids"] = np.arange(count, dtype=np.int32)
+
+    def epoch(group_by_length):
+        dataset = tasks.features_dataset(
+            features, batch_size, True, seed=4, length_bucket=1, group_by_length=group_by_length
+        )
+        return list(dataset.take(count // batch_size))
+
+    plain, grouped = epoch(False), epoch(True)
+    # The same shuffled order as static batches, each only trimmed: no sorting by length.
+    static = tasks.features_dataset(features, batch_size, is_training=True, seed=4)
+    expected = [b["label_ids"].numpy().tolist() for b in static.take(count // batch_size)]
+    assert [b["label_ids"].numpy().tolist() for b in plain] == expected
+    for batch in plain:
+        assert batch["input_mask"].shape[-1] == int(batch["input_mask"].numpy().sum(-1).max())
+    assert padding_fraction(grouped) < padding_fraction(plain)
+    flags = training_flags.FinetuneArgs(output_dir="x", group_by_length=False).finetune_config()
+    assert flags.group_by_length is False
+
+
 # ----------------------------------------------------------------------------------------------
 # The flag
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,15 @@ import tensorflow as tf
 from helpers import NO_DROPOUT, tiny_config, write_tiny_vocab
 from helpers_records import write_real_text_records
 
-from bert_tf import input_pipeline, io_utils, modeling, optimization, training, training_flags
+from bert_tf import (
+    finetuning,
+    input_pipeline,
+    io_utils,
+    modeling,
+    optimization,
+    training,
+    training_flags,
+)
 from bert_tf.masked_lm import PretrainingObjective
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import models
@@ -485,3 +493,34 @@ def test_loop_flags_become_the_loop_config():
         ):
             training_flags.LoopArgs(max_loss_ratio=ratio).validate()
     training_flags.LoopArgs(max_loss_ratio=0.0).validate()
+
+
+def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp_path):
+    args = training_flags.FinetuneArgs(
+        output_dir=str(tmp_path / "out"),
+        init_checkpoint=demo["model_dir"],
+        do_train=True,
+        adam_bias_correction=True,
+        adam_epsilon=1e-8,
+        max_seq_length=8,
+    )
+    args.validate()
+    config = args.finetune_config()
+    assert (config.optimizer, config.adam_epsilon, config.adam_bias_correction) == (
+        "adamw",
+        1e-8,
+        True,
+    )
+    spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
+    tuner = finetuning.Finetuner(config, tf.distribute.get_strategy(), args.model_source(), spec, 4)
+    assert tuner.optimizer.bias_correction and tuner.optimizer.epsilon == 1e-8
+    # The defaults are the original's: no bias correction, epsilon 1e-6.
+    default = training_flags.FinetuneArgs(output_dir="x", do_train=True).finetune_config()
+    assert (default.adam_epsilon, default.adam_bias_correction) == (1e-6, False)
+    for flags, message in (
+        (dict(optimizer="lamb", adam_bias_correction=False), "applies to --optimizer=adamw"),
+        (dict(adam_epsilon=0.0), "--adam_epsilon must be positive"),
+        (dict(optimizer="sgd"), "--optimizer=sgd is not one of"),
+    ):
+        with pytest.raises(io_utils.UsageError, match=message):
+            training_flags.FinetuneArgs(output_dir="x", do_train=True, **flags).validate()

@@ -306,12 +306,15 @@ def _sort_window(index, window, batch_size, seed):
     return {name: tf.gather(value, order) for name, value in window.items()}
 
 
-def _batched(dataset, batch_size, is_training, drop_remainder, seed, length_bucket, parse):
-    """Batches of `dataset` through `parse`: static, or trimmed (and length-grouped for training)."""
+def _batched(
+    dataset, batch_size, is_training, drop_remainder, seed, length_bucket, parse, group_by_length
+):
+    """Batches of `dataset` through `parse`: static, or trimmed (and, for training with
+    `group_by_length`, length-grouped)."""
     # The map functions hold no tensor-dependent Python control flow: AutoGraph's conversions of
     # them (15 per job) only delayed each job's first step, by 1.4 s under cProfile.
     no_autograph = tf.autograph.experimental.do_not_convert
-    group = is_training and length_bucket
+    group = is_training and length_bucket and group_by_length
     window = batch_size * LENGTH_GROUP_BATCHES if group else batch_size
     dataset = dataset.batch(window, drop_remainder=drop_remainder or bool(group))
     # Parsing a batch at once is much faster than parsing records one by one.
@@ -338,6 +341,7 @@ def records_dataset(
     input_context=None,
     drop_remainder=None,
     length_bucket=None,
+    group_by_length=True,
 ):
     """Batches of task records for one input pipeline, keyed by the model's input names.
 
@@ -345,7 +349,8 @@ def records_dataset(
     Eval and predict: in file order, one pass, the last batch kept unless `drop_remainder`.
     `length_bucket` None keeps the records' padded length (static shapes, for TPUs); a number N
     cuts each batch with `trim_to_longest(batch, N)`, and for training first groups examples of
-    similar length into batches, within windows of LENGTH_GROUP_BATCHES shuffled batches.
+    similar length into batches, within windows of LENGTH_GROUP_BATCHES shuffled batches, unless
+    `group_by_length` is off (plain shuffled batches).
     """
     files = [files] if isinstance(files, str) else list(files)
     for path in files:
@@ -365,11 +370,18 @@ def records_dataset(
         seed,
         length_bucket,
         lambda serialized: _to_model_batch(tf.io.parse_example(serialized, spec)),
+        group_by_length,
     )
 
 
 def features_dataset(
-    features, batch_size, is_training=False, seed=None, drop_remainder=None, length_bucket=None
+    features,
+    batch_size,
+    is_training=False,
+    seed=None,
+    drop_remainder=None,
+    length_bucket=None,
+    group_by_length=True,
 ):
     """The in-memory twin of `records_dataset`: batches of `features` (name -> array [n, ...])."""
     if drop_remainder is None:
@@ -381,7 +393,14 @@ def features_dataset(
         count = len(next(iter(features.values())))
         dataset = dataset.shuffle(count, seed=seed, reshuffle_each_iteration=True).repeat()
     return _batched(
-        dataset, batch_size, is_training, drop_remainder, seed, length_bucket, _to_model_batch
+        dataset,
+        batch_size,
+        is_training,
+        drop_remainder,
+        seed,
+        length_bucket,
+        _to_model_batch,
+        group_by_length,
     )
 
 
