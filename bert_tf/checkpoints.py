@@ -702,10 +702,20 @@ def convert(
         bert_config_file = bert_config_file or os.path.join(source_dir, "config.json")
         hf_config = modeling.read_json_object(bert_config_file)
         tokenizer_config = os.path.join(source_dir, "tokenizer_config.json")
+        # The casing the files say: tokenizer_config.json's (what the tokenizer applies), else
+        # config.json's. A --do_lower_case that contradicts it would read text the model never saw.
+        said, said_by = _lower_case_setting(hf_config), bert_config_file
+        if tf.io.gfile.exists(tokenizer_config):
+            in_tokenizer = _lower_case_setting(modeling.read_json_object(tokenizer_config))
+            if in_tokenizer is not None:
+                said, said_by = in_tokenizer, tokenizer_config
+        if do_lower_case is not None and said is not None and bool(do_lower_case) != said:
+            raise ValueError(
+                f"--do_lower_case={str(bool(do_lower_case)).lower()} contradicts {said_by} "
+                f"(do_lower_case={str(said).lower()}); leave the flag out, casing travels with the model"
+            )
         if do_lower_case is None:
-            do_lower_case = _lower_case_setting(hf_config)
-        if do_lower_case is None and tf.io.gfile.exists(tokenizer_config):
-            do_lower_case = _lower_case_setting(modeling.read_json_object(tokenizer_config))
+            do_lower_case = said
         if do_lower_case is None:
             raise ValueError(
                 f"neither {bert_config_file} nor tokenizer_config.json sets do_lower_case: "

@@ -50,6 +50,9 @@ from bert_tf import job_process  # noqa: F401  (first: it sets the process up be
 import contextlib
 import dataclasses
 import os
+import re
+import socket
+import time
 import uuid
 
 import keras
@@ -62,7 +65,7 @@ from bert_tf.inference_encoder import with_inference_encoder
 from bert_tf.model_dir import MLM_HEAD, ModelDir
 from bert_tf.model_versions import list_versions
 from bert_tf.tasks import export_graph, length_multiple, models, pack_inputs, registry
-from bert_tf.tokenizer_rules import load_vocab
+from bert_tf.tokenizer_rules import VocabError, load_vocab
 
 ENCODER_KIND = "encoder"
 PREPROCESS_SUBDIR = "preprocess"
@@ -237,6 +240,10 @@ def build_serving_modules(
     """The module(s) to save for MODEL_DIR: {subdirectory ("" = the version dir) -> module}, and the kind."""
     directory = ModelDir(model_dir)
     config = directory.load_config()
+    try:  # A malformed vocab.txt (e.g. a duplicated line) is the user's to fix, as in every other job.
+        load_vocab(directory.vocab_file)
+    except VocabError as e:
+        raise io_utils.UsageError(str(e)) from e
     spec = models.read_task_spec(directory)
     if max_seq_length is not None:
         seq_length = max_seq_length
@@ -425,6 +432,53 @@ def next_version(export_dir):
     return versions[-1] + 1 if versions else 1
 
 
+# A version is written into EXPORT_DIR/.VERSION.tmp-HOST-PID-HEX by process PID on HOST.
+_TMP_NAME = re.compile(r"^\.\d+\.tmp-(?:(?P<host>[A-Za-z0-9-]+)-(?P<pid>\d+)-)?[0-9a-f]{32}$")
+FOREIGN_TMP_AGE_S = 24 * 3600
+
+
+def _host():
+    """This machine's name as it goes into a temporary directory's name."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def _pid_alive(pid):
+    """Whether a process PID exists on this machine (a reused pid counts as alive: kept, safely)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # e.g. another user's process
+    return True
+
+
+def remove_stale_tmp_dirs(export_dir, now=None):
+    """Removes the temporary version directories of exports killed before they finished; returns them.
+
+    Never a live one's: see the rule below."""
+    if io_utils.is_remote(export_dir) or not os.path.isdir(export_dir):
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for name in os.listdir(export_dir):
+        match = _TMP_NAME.match(name)
+        path = os.path.join(export_dir, name)
+        if not match or not os.path.isdir(path):
+            continue
+        # Stale: written by a process of this host that is gone, or (another host's, or an older
+        # bert_tf's name without a pid) untouched for FOREIGN_TMP_AGE_S; anything else may be live.
+        if match["pid"] is not None and match["host"] == _host():
+            stale = not _pid_alive(int(match["pid"]))
+        else:
+            stale = now - os.path.getmtime(path) > FOREIGN_TMP_AGE_S
+        if stale:
+            tf.io.gfile.rmtree(path)
+            removed.append(path)
+            logging.info("removed %s, left by an export that did not finish", path)
+    return removed
+
+
 def export(
     model_dir,
     export_dir,
@@ -458,7 +512,8 @@ def export(
         raise io_utils.UsageError(f"{final} already exists; pick another --version or leave it out")
     # Not tempfile.mkdtemp: its directory is mode 0700, which the rename would carry over to the
     # version, unreadable to a TF Serving that runs as another user (and it takes no gs:// path).
-    tmp = os.path.join(export_dir, f".{version}.tmp-{uuid.uuid4().hex}")
+    remove_stale_tmp_dirs(export_dir)
+    tmp = os.path.join(export_dir, f".{version}.tmp-{_host()}-{os.getpid()}-{uuid.uuid4().hex}")
     tf.io.gfile.makedirs(tmp)
     try:
         for subdir, module in modules.items():

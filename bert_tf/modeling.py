@@ -88,6 +88,12 @@ def read_json_object(path):
     return values
 
 
+class ConfigError(io_utils.UsageError, ValueError):
+    """A config field with a value the model cannot have: a usage error (exit 2) naming the field.
+
+    Also a ValueError, so code that validates a config the way it validates other values keeps working."""
+
+
 @dataclasses.dataclass
 class BertConfig:
     """The original bert_config.json fields, plus do_lower_case (casing travels with the model), config_version."""
@@ -110,25 +116,30 @@ class BertConfig:
         for name in _INT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be a multiple of "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
-                raise ValueError(
+                raise ConfigError(
                     f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
                 )
-        get_activation(self.hidden_act)  # Fails early, naming the field, on an unknown activation.
+        try:
+            get_activation(
+                self.hidden_act
+            )  # Fails early, naming the field, on an unknown activation.
+        except ValueError as e:
+            raise ConfigError(f"BertConfig.hidden_act: {e}") from e
         if not isinstance(self.do_lower_case, bool):
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig.do_lower_case must be true or false, got {self.do_lower_case!r}"
             )
         if self.config_version != CONFIG_VERSION:
             # A newer bert_tf may give a name a new meaning; guessing would change outputs silently.
-            raise ValueError(
+            raise ConfigError(
                 f"BertConfig.config_version must be {CONFIG_VERSION} (this bert_tf's), "
                 f"got {self.config_version!r}"
             )
@@ -160,7 +171,7 @@ class BertConfig:
         }
         missing = sorted(required - set(values))
         if missing:
-            raise ValueError(f"{source}: missing field(s) {', '.join(missing)}")
+            raise ConfigError(f"{source}: missing field(s) {', '.join(missing)}")
         # Released configs carry extra keys (e.g. multilingual's "directionality", "pooler_*"):
         # they describe nothing this architecture uses.
         ignored = sorted(set(values) - known)
@@ -169,7 +180,7 @@ class BertConfig:
         try:
             return cls(**{k: v for k, v in values.items() if k in known})
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{source}: {e}") from e
+            raise ConfigError(f"{source}: {e}") from e
 
     @classmethod
     def from_json_file(cls, path, **overrides):

@@ -39,6 +39,13 @@ NOISE = re.compile(
     rb"|Fingerprint not found\. Saved model loading will continue"
     rb"|Reading SavedModel (from|with tags)|Restoring SavedModel bundle|SavedModel load for tags"
     rb"|Running initialization op on SavedModel bundle"
+    # Apache Beam's, from the job and its DirectRunner workers (their lines also come back relayed
+    # as "Worker: severity: ... message: ..." dumps): harmless notices that read as alarms.
+    rb"|apitools not found, and bigquery client libraries are not available"
+    rb"|No module named google\.cloud\.bigquery_storage_v1"
+    rb"|Discarding unparseable args: \["
+    rb"|No semi_persistent_directory found"
+    rb"|^INFO:(__main__|apache_beam[\w.]*):"  # a worker's INFO lines, before it reads its level
 )
 # The packages whose absl INFO lines (e.g. "Sharding callback duration") are not ours to show.
 LIBRARY_PATHS = re.compile(
@@ -107,11 +114,19 @@ def install(argv=None, environ=None):
     # TensorFlow's C++ INFO and WARNING lines that do honour the level.
     environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    # Beam's runner logs its servers' ports and relays every worker's INFO line (as a protobuf dump).
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
     # absl's own logger class must create the "absl" logger (it reports the caller's file and line),
     # so absl.logging is imported first.
     from absl import logging as absl_logging
 
     absl_logging.get_absl_logger().addFilter(LibraryInfoFilter())
+    # What a job prints (stdout) and logs (stderr) reach a pipe in the order written: a print
+    # block-buffered in a pipe came out later, run into the middle of a log line.
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):
+        pass  # replaced by something that is no TextIOWrapper
     sys.stderr.flush()
     original = os.dup(2)
     read_fd, write_fd = os.pipe()

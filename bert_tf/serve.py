@@ -66,8 +66,8 @@ class ServeArgs:
     grpc_channel_arguments: str = arg(
         "",
         "Comma-separated key=value gRPC server arguments, as TF Serving's flag (e.g. "
-        "grpc.max_receive_message_length=1048576). Message sizes default to TF Serving's: "
-        "2**31-1 bytes.",
+        "grpc.max_receive_message_length=1048576). The largest message received defaults to "
+        "--max_request_bytes (TF Serving's: 2**31-1 bytes); the largest sent to 2**31-1 bytes.",
     )
     grpc_max_threads: int = arg(0, "Most gRPC server threads; 0: 4 times the cores.")
     file_system_poll_wait_seconds: float = arg(
@@ -75,7 +75,9 @@ class ServeArgs:
     )
     max_request_bytes: int = arg(
         DEFAULT_MAX_REQUEST_BYTES,
-        "Largest REST request body accepted, after gzip (ours); a larger one gets 413 unread.",
+        "Largest request accepted (ours): a REST body after gzip (a larger one gets 413 unread), "
+        "and a gRPC message unless --grpc_channel_arguments sets grpc.max_receive_message_length "
+        "(a larger one gets RESOURCE_EXHAUSTED).",
     )
     rest_api_timeout_in_ms: int = arg(
         30000, "A REST request not answered within this many ms gets 504 (TF Serving's flag)."

@@ -332,6 +332,31 @@ def test_cli_refuses_a_casing_that_contradicts_a_google_release_name(tmp_path):
     assert not os.path.exists(tmp_path / "model")
 
 
+def test_cli_refuses_a_casing_that_contradicts_huggingface_tokenizer_config(tmp_path):
+    """Issue 34: --do_lower_case=false on an uncased model exited 0, and the model then read
+    "The Movie" as [UNK] [UNK]; its tokenizer_config.json says the casing, as bert_config.json does."""
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    for name in ("config.json", "vocab.txt", "pytorch_model.bin"):
+        (hf_dir / name).write_bytes(open(os.path.join(TINY_HF_DIR, name), "rb").read())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    result = run_cli(
+        "--format=huggingface",
+        f"--checkpoint={hf_dir}",
+        "--do_lower_case=false",
+        f"--output_dir={tmp_path / 'model'}",
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (
+        f"--do_lower_case=false contradicts {hf_dir / 'tokenizer_config.json'} (do_lower_case=true)"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "model")
+    # The same setting, given or not, agrees.
+    checkpoints.convert("huggingface", str(hf_dir), str(tmp_path / "same"), do_lower_case=True)
+    assert ModelDir(str(tmp_path / "same")).load_config().do_lower_case is True
+
+
 def test_cli_unknown_format_is_a_flag_error(tmp_path):
     result = run_cli("--format=onnx", "--checkpoint=x", f"--output_dir={tmp_path}")
     assert result.returncode == 2

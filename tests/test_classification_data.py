@@ -311,6 +311,31 @@ def test_malformed_row_names_file_and_line_or_is_skipped(tmp_path):
     assert [e.label for e in split.examples] == ["0", "1"]
 
 
+def test_a_row_wider_than_the_first_is_refused_naming_file_and_line(tmp_path):
+    """Issue 34: a tab inside a text made a 3-column row in a 2-column TSV, read silently (its text cut,
+    or a piece of text taken for the label); only a headerless tsv file read by indices may be ragged."""
+    write(
+        str(tmp_path / "sst2" / "train.tsv"),
+        [["sentence", "label"], ["fine", "1"], ["a tab\there", "0"]],
+    )
+    with pytest.raises(
+        tasks.DataFormatError, match=r"train\.tsv:3: 3 columns, but the file's first row has 2"
+    ):
+        classification.read_split(classification.get_task("sst2"), str(tmp_path / "sst2"), "train")
+    skipped = classification.read_split(
+        classification.get_task("sst2"), str(tmp_path / "sst2"), "train", skip_bad_rows=True
+    )
+    assert skipped.skipped_rows == 1 and [e.text_a for e in skipped.examples] == ["fine"]
+    write(str(tmp_path / "user" / "train.tsv"), [["text", "label"], ["ok", "pos"], ["x\ty", "neg"]])
+    named = classification.get_task("tsv", text_a_column="text", label_column="label")
+    with pytest.raises(tasks.DataFormatError, match=r"train\.tsv:3: 3 columns"):
+        classification.read_split(named, str(tmp_path / "user"), "train")
+    write(str(tmp_path / "ragged" / "train.tsv"), [["pos", "ok"], ["neg", "x", "extra"]])
+    indexed = classification.get_task("tsv", text_a_column="1", label_column="0")
+    split = classification.read_split(indexed, str(tmp_path / "ragged"), "train")
+    assert [(e.text_a, e.label) for e in split.examples] == [("ok", "pos"), ("x", "neg")]
+
+
 def test_bad_labels_are_errors(tmp_path):
     write(str(tmp_path / "train.tsv"), [["sentence", "label"], ["fine", "1"], ["odd", "positive"]])
     with pytest.raises(

@@ -154,6 +154,49 @@ def test_cli_passes_beam_options_through(corpus_file, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_beam_run_prints_a_few_lines_and_no_alarming_notices(corpus_file, tmp_path):
+    # Issue 34: the demo's Beam step printed about 120 lines: "apitools not found", "Discarding
+    # unparseable args", every worker's INFO lines twice (once relayed as a protobuf dump).
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
+    command = [
+        sys.executable,
+        "-m",
+        "bert_tf.create_pretraining_data",
+        f"--input_file={corpus_file}",
+        f"--vocab_file={VOCAB_FILE}",
+        f"--output_dir={tmp_path / 'beam'}",
+        "--num_shards=2",
+        "--dupe_factor=1",
+        "--max_seq_length=64",
+        "--max_predictions_per_seq=10",
+        "--runner=DirectRunner",
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    ]
+    result = subprocess.run(
+        command,
+        env={**env, "PYTHONPATH": REPO},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    # The job's own lines: flags, plan, the 5 examples (6 lines each), what it wrote, the schema.
+    assert len(output.splitlines()) <= 40, output
+    for notice in (
+        "apitools",
+        "Discarding unparseable args",
+        "semi_persistent_directory",
+        "Worker: severity",
+        "sdk_worker",
+        "starting control server",
+    ):
+        assert notice not in output, output
+
+
+@pytest.mark.slow
 def test_portable_runner_through_a_job_server(corpus_file, reference, tmp_path):
     # Flink and Spark take jobs through Beam's portable runner; Beam's own local job service stands
     # in for their job servers here: the job goes over the Job API, the work to a LOOPBACK worker.

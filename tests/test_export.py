@@ -724,6 +724,34 @@ def test_failed_export_leaves_no_version(exported, monkeypatch):
     assert export.next_version(str(export_dir)) == 2
 
 
+def test_an_export_removes_the_temporary_directories_of_killed_exports_never_a_live_one(
+    tmp_path, monkeypatch
+):
+    """Issue 34: a killed export's .N.tmp-* directories were never removed."""
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    host = export._host()
+    dead = export_dir / f".1.tmp-{host}-{int(gone.stdout)}-{'a' * 32}"  # its writer was killed
+    live = export_dir / f".2.tmp-{host}-{os.getpid()}-{'b' * 32}"  # a writer still at work
+    old = export_dir / f".3.tmp-{'c' * 32}"  # an older bert_tf's, untouched for two days
+    fresh = export_dir / f".4.tmp-{'d' * 32}"  # the same, but it may still be written
+    other_host = export_dir / f".5.tmp-elsewhere-1-{'e' * 32}"
+    for path in (dead, live, old, fresh, other_host):
+        path.mkdir()
+    two_days_ago = os.path.getmtime(old) - 2 * 24 * 3600
+    os.utime(old, (two_days_ago, two_days_ago))
+
+    monkeypatch.setattr(export, "build_serving_modules", lambda *a, **k: ({"": None}, "encoder"))
+    monkeypatch.setattr(export, "save_module", lambda module, path: None)
+    monkeypatch.setattr(export, "write_warmup_requests", lambda *a, **k: None)
+    path, _ = export.export("unused", str(export_dir))
+    assert path == str(export_dir / "1")
+    assert sorted(os.listdir(export_dir)) == sorted(["1", live.name, fresh.name, other_host.name])
+
+
 def test_cli_usage_errors_exit_2(exported):
     usage = exported["usage"]  # run beside the app in the fixture: no --model_dir
     assert usage.returncode == 2 and "--model_dir is required" in usage.stderr

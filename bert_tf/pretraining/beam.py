@@ -83,7 +83,12 @@ def pipeline_options(runner, pipeline_args):
         if not arg.startswith("-") and not follows_name:
             raise io_utils.UsageError(f"unexpected argument {arg!r}")
     known = set(PipelineOptions([]).get_all_options())
-    options = PipelineOptions(list(pipeline_args), runner=runner)
+    pipeline_args = list(pipeline_args)
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
+        # The workers' INFO lines (about 20 each, relayed once more by the runner) say nothing a
+        # user of this job needs; their warnings stay.
+        pipeline_args.append("--default_sdk_harness_log_level=WARNING")
+    options = PipelineOptions(pipeline_args, runner=runner)
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - known)
     if unknown:
         raise io_utils.UsageError(

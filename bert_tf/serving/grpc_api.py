@@ -8,6 +8,7 @@ ServingError ends the call with its canonical code, as TF Serving's ToGRPCStatus
 """
 
 import concurrent.futures
+import dataclasses
 import os
 import time
 
@@ -34,7 +35,11 @@ from bert_tf.serving import errors, methods
 from bert_tf.serving.methods import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 
 # TF Serving sets no message size limit of its own (SetMaxMessageSize(INT32_MAX) in server.cc);
-# --grpc_channel_arguments may set lower ones.
+# --grpc_channel_arguments may set lower ones. Here the received size defaults to the server's
+# --max_request_bytes, REST's body limit, instead: a request's memory grows with its bytes (the
+# proto, its numpy copy, the tensor, then the tokenizer's many per-character tensors: about 24
+# times a big string's size), so a 2 GiB message could take tens of GB. gRPC itself refuses a
+# bigger message, RESOURCE_EXHAUSTED, before it is read into memory.
 DEFAULT_MAX_MESSAGE_BYTES = (1 << 31) - 1
 # ToGRPCStatus in grpc_status_util.cc: longer messages are cut here and marked.
 _MAX_STATUS_MESSAGE = 1024
@@ -55,6 +60,17 @@ _VALUE_FIELDS = {
     types_pb2.DT_BOOL: "bool_val",
     types_pb2.DT_STRING: "string_val",
 }
+# The fields of the dtypes AsProtoField does not write, as TensorProto stores them.
+_OTHER_VALUE_FIELDS = {
+    types_pb2.DT_HALF: "half_val",
+    types_pb2.DT_BFLOAT16: "half_val",
+    types_pb2.DT_COMPLEX64: "scomplex_val",
+    types_pb2.DT_COMPLEX128: "dcomplex_val",
+}
+_INT64_MAX = (1 << 63) - 1
+# Elements one input tensor may declare: 2^24 (16.8 million) is 128 MB of int64s or of string
+# pointers, and a thousand times the rows of any request a BERT model answers in reasonable time.
+MAX_TENSOR_ELEMENTS = 1 << 24
 
 
 def parse_channel_arguments(text):
@@ -80,13 +96,77 @@ def _abort(context, error):
     context.abort(error.grpc_code, message)
 
 
-def tensor_to_array(proto, where):
+def _value_count(proto):
+    """How many values the proto's typed field holds (complex ones count pairs), or None for a
+    dtype whose field is not known here."""
+    field = _VALUE_FIELDS.get(proto.dtype) or _OTHER_VALUE_FIELDS.get(proto.dtype)
+    if field is None:
+        return None
+    values = len(getattr(proto, field))
+    return values // 2 if field in ("scomplex_val", "dcomplex_val") else values
+
+
+def check_tensor_proto(proto, where, max_rows=0):
+    """Refuses a TensorProto before anything is built from it: INVALID_ARGUMENT, as TF Serving's
+    tensor parsing (Tensor::FromProto) refuses it, or as a limit of this server.
+
+    - TensorShape::IsValid: no negative dim, and an element count that fits in int64;
+    - tensor_content must hold exactly the shape's elements; a typed field (string_val, ...) may
+      hold 0 values (all defaults), 1 (repeated) or exactly the shape's count, no other number;
+    - dim 0 (the rows) at most `max_rows`, --max_instances_per_request, when that is set;
+    - at most MAX_TENSOR_ELEMENTS elements whatever the flags: a proto may declare many elements
+      and send one value (30 bytes can declare 10^8 rows), and numpy would build them all. A
+      tensor that sends all its values is bounded by the message size already; this bounds the
+      repeated ones, and the work, by a size no real request of a BERT model comes near.
+    """
+    dims = [d.size for d in proto.tensor_shape.dim]
+    prefix = f"tensor parsing error: {where}"
+    if any(size < 0 for size in dims):
+        raise errors.invalid_argument(f"{prefix}: negative dimension in shape {dims}")
+    elements = 1
+    for size in dims:
+        elements *= size  # Python ints: a product past int64 is seen, not wrapped.
+    if elements > _INT64_MAX:
+        raise errors.invalid_argument(f"{prefix}: shape {dims} has more elements than int64 holds")
+    if dims and max_rows and dims[0] > max_rows:
+        raise errors.invalid_argument(
+            f"the request has {dims[0]} instances; this server takes at most {max_rows} "
+            "per request (--max_instances_per_request)"
+        )
+    if elements > MAX_TENSOR_ELEMENTS:
+        raise errors.invalid_argument(
+            f"{prefix}: shape {dims} has {elements} elements; this server takes at most "
+            f"{MAX_TENSOR_ELEMENTS} per tensor"
+        )
+    if proto.tensor_content:
+        if proto.dtype in (types_pb2.DT_STRING, types_pb2.DT_INVALID):
+            return
+        try:
+            itemsize = tf.as_dtype(proto.dtype).size
+        except TypeError:
+            return  # an unknown dtype: tensor_to_array says so
+        if len(proto.tensor_content) != elements * itemsize:
+            raise errors.invalid_argument(
+                f"{prefix}: tensor_content has {len(proto.tensor_content)} bytes; shape {dims} "
+                f"of {_dtype_name(proto.dtype)} needs {elements * itemsize}"
+            )
+        return
+    count = _value_count(proto)
+    if count is not None and count not in (0, 1, elements):
+        raise errors.invalid_argument(
+            f"{prefix}: {count} values for shape {dims} of {elements} elements (must be 0, 1 "
+            f"or {elements})"
+        )
+
+
+def tensor_to_array(proto, where, max_rows=0):
     """A TensorProto as a numpy array (object array of bytes for strings); bad ones are
-    INVALID_ARGUMENT."""
+    INVALID_ARGUMENT, refused by check_tensor_proto before anything is built."""
+    check_tensor_proto(proto, where, max_rows)
     try:
         array = tf.make_ndarray(proto)
     except (TypeError, ValueError, IndexError) as e:
-        raise errors.invalid_argument(f"{where}: not a valid TensorProto: {e}") from e
+        raise errors.invalid_argument(f"tensor parsing error: {where}: {e}") from e
     return array
 
 
@@ -118,6 +198,17 @@ def _dtype_name(enum_value):
     if enum_value in types_pb2.DataType.values():
         return types_pb2.DataType.Name(enum_value)[len("DT_") :].lower()
     return f"unknown dtype {enum_value}"
+
+
+def _run_options(server_core, context):
+    """The core's run options, with this call's liveness: False once the client cancelled or the
+    deadline passed, so a request in chunks stops between them."""
+
+    def is_active():
+        remaining = context.time_remaining()
+        return context.is_active() and (remaining is None or remaining > 0)
+
+    return dataclasses.replace(server_core.options, is_active=is_active)
 
 
 def _model_spec_args(spec):
@@ -224,9 +315,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
                         f"{_dtype_name(spec.dtype.as_datatype_enum)} but {_dtype_name(proto.dtype)} is "
                         "provided"
                     )
-                inputs[alias] = tensor_to_array(proto, f"input {alias!r}")
+                inputs[alias] = tensor_to_array(
+                    proto, alias, self.core.options.max_instances_per_request
+                )
             outputs = methods.predict(
-                servable, signature, inputs, self.core.options, list(request.output_filter)
+                servable,
+                signature,
+                inputs,
+                _run_options(self.core, context),
+                list(request.output_filter),
             )
             response = predict_pb2.PredictResponse()
             _fill_model_spec(response.model_spec, name, servable.version, signature_name)
@@ -245,7 +342,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             servable = self.core.servable(name, version, label)
             signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
             classes, scores = methods.classify(
-                servable, signature_name, serialized_examples(request.input), self.core.options
+                servable,
+                signature_name,
+                serialized_examples(request.input),
+                _run_options(self.core, context),
             )
             response = classification_pb2.ClassificationResponse()
             _fill_model_spec(response.model_spec, name, servable.version, signature_name)
@@ -263,7 +363,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             servable = self.core.servable(name, version, label)
             signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
             values = methods.regress(
-                servable, signature_name, serialized_examples(request.input), self.core.options
+                servable,
+                signature_name,
+                serialized_examples(request.input),
+                _run_options(self.core, context),
             )
             response = regression_pb2.RegressionResponse()
             _fill_model_spec(response.model_spec, name, servable.version, signature_name)
@@ -285,7 +388,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer, _
             methods.check_multi_inference(servable, request.tasks)
             serialized = serialized_examples(request.input)
             results = methods.multi_inference(
-                servable, request.tasks, serialized, self.core.options
+                servable, request.tasks, serialized, _run_options(self.core, context)
             )
             response = inference_pb2.MultiInferenceResponse()
             for task, outcome in zip(request.tasks, results):
@@ -407,12 +510,20 @@ def _parsing_handler(service_name, servicer, methods):
 class GrpcServer:
     """A grpc.server with both services over one ServerCore; start(), .port, stop()."""
 
-    def __init__(self, server_core, address, channel_arguments=(), max_threads=0, metrics=None):
+    def __init__(
+        self,
+        server_core,
+        address,
+        channel_arguments=(),
+        max_threads=0,
+        metrics=None,
+        max_receive_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         options = list(channel_arguments)
         given = {key for key, _ in options}
         # gRPC reads the first of repeated keys: the defaults go after what the flag gave.
         for key, value in (
-            ("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
             # A port another process already serves must fail to bind, not be shared.
             ("grpc.so_reuseport", 0),

@@ -38,6 +38,9 @@ class RunOptions:
     max_instances_per_request: int = 0
     # None: every request runs on its own.
     batching_options: batching.BatchingOptions = None
+    # A request's liveness: a callable that turns False once its client cancelled it or its
+    # deadline passed, so that a big request stops between chunks; None: always live.
+    is_active: object = None
 
 
 def check_instances(count, limit):
@@ -101,7 +104,9 @@ def predict(servable, signature, inputs, options, output_filter=()):
         seen.append(alias)
     rows = max((len(a) for a in inputs.values() if np.ndim(a)), default=1)
     check_instances(rows, options.max_instances_per_request)
-    outputs = servable.run(signature, inputs, options.batching_options, options.max_batch_size)
+    outputs = servable.run(
+        signature, inputs, options.batching_options, options.max_batch_size, options.is_active
+    )
     if seen:
         outputs = {alias: outputs[alias] for alias in seen}
     return outputs
@@ -136,7 +141,11 @@ def _run_examples(servable, signature, serialized, options):
     array = np.empty(len(serialized), dtype=object)
     array[:] = serialized
     return servable.run(
-        signature, {input_name: array}, options.batching_options, options.max_batch_size
+        signature,
+        {input_name: array},
+        options.batching_options,
+        options.max_batch_size,
+        options.is_active,
     )
 
 

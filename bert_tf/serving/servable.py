@@ -138,13 +138,15 @@ class Servable:
             time.perf_counter() - start,
         )
 
-    def run(self, signature, tensors, batching_options=None, max_rows=None):
+    def run(self, signature, tensors, batching_options=None, max_rows=None, is_active=None):
         """Runs `signature` on {input name: np.ndarray}; returns {output name: np.ndarray}.
 
         A request of more than `max_rows` rows runs as chunks of at most that many, one after the
         other, so its memory is bounded whatever its size (one call on 10,000 rows of BERT-base
         needs tens of GB), and other requests run between its chunks: with batching, each chunk
-        queues behind the requests that came while the previous one ran.
+        queues behind the requests that came while the previous one ran. Before each chunk after
+        the first, `is_active()` (when given) says whether the client still waits: a cancelled or
+        timed-out request stops there, CANCELLED.
         """
         rows = _rows(signature, tensors)
         if batching_options is not None and batching.can_merge(signature):
@@ -157,6 +159,12 @@ class Servable:
         chunks = []
         try:
             for start in range(0, rows, max_rows):
+                if start and is_active is not None and not is_active():
+                    raise errors.ServingError(
+                        "CANCELLED",
+                        f"the request was cancelled or its deadline passed; stopped after {start} "
+                        f"of its {rows} rows",
+                    )
                 part = {name: value[start : start + max_rows] for name, value in tensors.items()}
                 try:
                     outputs = self._run_once(signature, part, batching_options)

@@ -176,6 +176,7 @@ class ModelServer:
                 channel_arguments=self.options.grpc_channel_arguments,
                 max_threads=self.options.grpc_max_threads,
                 metrics=self.metrics,
+                max_receive_bytes=self.options.max_request_bytes,
             ).start()
             logging.info("gRPC API at %s:%d", self.options.grpc_host, self.grpc_port)
         return self

@@ -305,7 +305,10 @@ def read_split(task, data_dir, split, skip_bad_rows=False, limit=None):
     """Reads one split file of `task` into a SplitData.
 
     A malformed row (too few columns, a bad or unknown label) is a DataFormatError naming the file
-    and line; with `skip_bad_rows` it is skipped, counted and logged instead.
+    and line; with `skip_bad_rows` it is skipped, counted and logged instead. So is a row with more
+    columns than the file's first row (its header, or its first example), which a tab inside a text
+    makes, except in a tsv task's file without a header: there the columns the user named by index
+    are read and any others ignored.
     """
     path = split_file(task, data_dir, split)
     layout = task.layout(split)
@@ -321,6 +324,7 @@ def read_split(task, data_dir, split, skip_bad_rows=False, limit=None):
                 for c in (layout.text_a, layout.text_b, layout.label, layout.guid)
             ]
             needed = max([c + 1 if c >= 0 else -c for c in columns if c is not None])
+            width = len(fields) if layout.header or task.name != "tsv" else None
             if layout.header:
                 continue
         where = f"{path}:{line_number}"
@@ -328,6 +332,12 @@ def read_split(task, data_dir, split, skip_bad_rows=False, limit=None):
             if len(fields) < needed:
                 raise tasks.DataFormatError(
                     f"{where}: {len(fields)} columns, expected at least {needed}"
+                    + ("" if skip_bad_rows else " (--skip_bad_rows skips and counts such rows)")
+                )
+            if width is not None and len(fields) > width:
+                raise tasks.DataFormatError(
+                    f"{where}: {len(fields)} columns, but the file's first row has {width} "
+                    "(a tab or separator inside a text?)"
                     + ("" if skip_bad_rows else " (--skip_bad_rows skips and counts such rows)")
                 )
             text_a_col, text_b_col, label_col, guid_col = columns
