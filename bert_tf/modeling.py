@@ -127,10 +127,8 @@ class BertConfig:
                 raise ConfigError(
                     f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}"
                 )
-        try:
-            get_activation(
-                self.hidden_act
-            )  # Fails early, naming the field, on an unknown activation.
+        try:  # fails early, naming the field, on an unknown activation
+            get_activation(self.hidden_act)
         except ValueError as e:
             raise ConfigError(f"BertConfig.hidden_act: {e}") from e
         if not isinstance(self.do_lower_case, bool):
