@@ -1,30 +1,49 @@
-"""Inference cost on real sentences: our exported classifier (strings in) against its peers, same run.
+"""Inference cost on real sentences: our exports (strings in) against their peers, same run.
 
-Rows, for each model size (`--sizes`: minilm = all-MiniLM-L6-v2's real weights, 6 layers H384;
-base = BERT-base's shape, 12 layers H768, random weights: speed does not depend on their values)
-and each `--max_seq_lengths`:
+Two tasks (`--tasks`), for each model size (`--sizes`: minilm = all-MiniLM-L6-v2's real weights,
+6 layers H384; base = BERT-base's shape, 12 layers H768, random weights: speed does not depend on
+their values) and each `--max_seq_lengths`.
+
+classifier, rows:
   - ours: `bert_tf.export` of a classifier model directory, called through `serving_default`
     with raw strings (tokenization in the graph), each batch padded to its longest input,
     float32 and, with `--precisions`, bfloat16; and XLA-compiled (`--jit_compile`, float32,
     lengths rounded up to 16);
   - ours, static: the same export with --pad_to_max_seq_length (every batch padded to
-    max_seq_length, as every export was before issue 12);
+    max_seq_length);
   - keras-hub: `BertTextClassifier` with its `BertTextClassifierPreprocessor` at the same
     sequence_length, strings in (preprocessor, then the model in one tf.function);
   - Hugging Face: `BertForSequenceClassification` on PyTorch with its fast tokenizer and
-    dynamic padding (`padding=True`, as its pipelines do), in `--torch_python` (a separate
-    interpreter with torch + transformers, e.g. /tmp/refvenv/bin/python), 2 threads.
-Each row reports batch-1 p50 latency over `--sentences` sentences (one request each, after a
-warm-up pass) and batch-32 throughput over the same sentences (best of `--rounds`), and the
-ratio to Hugging Face's figure. The rows are timed in pairs (latency.paired_timings): every row
-runs each sentence and each batch back to back with the others, Hugging Face's in its own
-interpreter kept waiting on a pipe, so the machine's drift falls on all rows alike. With the
-static or keras_hub rows, every row's batch-32 figure covers the first --static_batches batches.
-The sentences are real English: the first `--sentences` lines of the embedded corpus
+    dynamic padding (`padding=True`, as its pipelines do), 2 threads.
+
+fill_mask (rows ours and hf of `--rows`): the model is a Hugging Face `BertForMaskedLM` (MiniLM's
+encoder, or BERT-base's shape at random, with a randomly initialized MLM head) saved with
+save_pretrained, and the same directory converted with `bert_tf.checkpoints.convert`, so both
+sides hold the same weights; each sentence has its middle word replaced by [MASK]. Rows:
+  - ours: the export's `fill_mask` signature called with raw strings and top_k=5 (tokens, ids,
+    probabilities, positions and the filled texts, all fetched);
+  - Hugging Face: the model called directly with its fast tokenizer (`padding=True`; the [MASK]
+    positions' logits gathered, softmax, top 5), and `transformers.pipeline("fill-mask",
+    top_k=5)` (a batch as one call with batch_size=32), 2 threads each.
+  Before timing, our top-5 ids on the first 4 masked sentences are compared with the Hugging Face
+  model's (printed under the table).
+
+The Hugging Face rows run benchmarks/hf_peer.py in `--torch_python` (a separate interpreter with
+torch + transformers, e.g. /tmp/refvenv/bin/python), which also builds fill_mask's model: without
+it, fill_mask is skipped. Each row reports batch-1 p50 latency over `--sentences` sentences (one
+request each, after a warm-up pass) and batch-32 throughput over the same sentences (best of
+`--rounds`), and the ratio to each Hugging Face row's figure. The rows are timed in pairs
+(latency.paired_timings): every row runs each sentence and each batch back to back with the
+others, Hugging Face's in its own interpreter kept waiting on a pipe, so the machine's drift falls
+on all rows alike. With the static or keras_hub rows, every classifier row's batch-32 figure
+covers the first --static_batches batches. `--intra_op_threads` sets our rows' threads (one value
+per run). The sentences are real English: the first `--sentences` lines of the embedded corpus
 (standard-library docstrings, bert_tf.corpus) of 5 to 60 words.
 
     .venv/bin/python benchmarks/bench_inference.py --torch_python=/tmp/refvenv/bin/python
     .venv/bin/python benchmarks/bench_inference.py --quick   # minilm at 128 only
+    .venv/bin/python benchmarks/bench_inference.py --tasks=fill_mask --sizes=minilm \\
+        --max_seq_lengths=128 --rows=ours,hf [--intra_op_threads=1]
 """
 
 import itertools
@@ -46,6 +65,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import latency  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_list(
+    "tasks",
+    ["classifier", "fill_mask"],
+    "Which tasks to time: classifier (serving_default of a classifier export), fill_mask (the "
+    "fill_mask signature of a model with an MLM head; rows ours and hf only).",
+)
 flags.DEFINE_list("sizes", ["minilm", "base"], "Model sizes: minilm (real weights), base.")
 flags.DEFINE_list("max_seq_lengths", ["128", "256", "512"], "Export max_seq_length values.")
 flags.DEFINE_list("precisions", ["float32"], "Our export precisions (float32, bfloat16).")
@@ -76,7 +101,13 @@ flags.DEFINE_string(
 )
 
 BATCH = 32
+TOP_K = 5
+MASK = "[MASK]"
+CHECK_SENTENCES = 4  # fill-mask: our top-5 ids are compared with the HF model's on this many
 HF_ROW = "HF PyTorch, dynamic padding"
+HF_MASKED_LM_ROW = "HF BertForMaskedLM + fast tokenizer, dynamic padding"
+HF_PIPELINE_ROW = 'HF pipeline("fill-mask")'
+HF_PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_peer.py")
 NUM_LABELS = 2
 BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
 
@@ -124,8 +155,8 @@ def classifier_model_dir(size, work):
     return path, config
 
 
-def ours(model_dir, seq_length, work, **options):
-    """Exports MODEL_DIR with export `options` and returns a call of its serving_default on strings."""
+def export_signature(model_dir, seq_length, work, signature, **options):
+    """Exports MODEL_DIR with export `options` and returns its loaded `signature`."""
     from bert_tf import export
 
     # No brackets or quotes in the name: the checkpoint reader takes the path as a glob.
@@ -134,8 +165,26 @@ def ours(model_dir, seq_length, work, **options):
     path, _ = export.export(
         model_dir, os.path.join(work, name), max_seq_length=seq_length, **options
     )
-    serving = tf.saved_model.load(path).signatures["serving_default"]
+    return tf.saved_model.load(path).signatures[signature]
+
+
+def ours(model_dir, seq_length, work, **options):
+    """Exports MODEL_DIR with export `options` and returns a call of its serving_default on strings."""
+    serving = export_signature(model_dir, seq_length, work, "serving_default", **options)
     return lambda texts: serving(text=tf.constant(texts))["probabilities"].numpy()
+
+
+def ours_fill_mask(model_dir, seq_length, work, **options):
+    """Exports MODEL_DIR (with its MLM head) and returns a call of its fill_mask signature on strings,
+    top_k=5, that returns every output as numpy."""
+    fill_mask = export_signature(model_dir, seq_length, work, "fill_mask", **options)
+    top_k = tf.constant(TOP_K)
+
+    def call(texts):
+        outputs = fill_mask(text=tf.constant(texts), top_k=top_k)
+        return {name: value.numpy() for name, value in outputs.items()}
+
+    return call
 
 
 def keras_hub_classifier(config, seq_length):
@@ -165,54 +214,57 @@ def keras_hub_classifier(config, seq_length):
     return lambda texts: predict(tf.constant(texts)).numpy()
 
 
-_TORCH_SCRIPT = r"""
-import json, os, sys
-# stdout carries the replies alone: whatever the libraries print goes to stderr.
-protocol = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-import torch, transformers
-request = json.loads(sys.argv[1])
-torch.set_num_threads(2)
-tokenizer = transformers.BertTokenizerFast(request["vocab"], do_lower_case=True)
-if request["size"] == "minilm":
-    model = transformers.BertForSequenceClassification.from_pretrained(request["minilm"], num_labels=2)
-else:
-    config = transformers.BertConfig(num_labels=2, **request["shape"])
-    model = transformers.BertForSequenceClassification(config)
-model.eval()
-def call(texts):
-    encoded = tokenizer(texts, padding=True, truncation=True, max_length=request["seq_length"], return_tensors="pt")
-    with torch.inference_mode():
-        return model(**encoded).logits.softmax(-1).numpy()
-sys.path.insert(0, request["benchmarks"])
-from latency import serve_timed_calls
-print(json.dumps(f"torch {torch.__version__}, transformers {transformers.__version__}"), file=protocol, flush=True)
-serve_timed_calls(call, stdout=protocol)
-"""
-
-
-def hugging_face(size, seq_length):
-    """(row name, the Hugging Face peer as a latency.PeerProcess) in FLAGS.torch_python, or None."""
-    request = dict(
-        size=size,
-        minilm=minilm_dir(),
-        vocab=os.path.join(minilm_dir(), "vocab.txt"),
-        shape=BASE_SHAPE,
-        seq_length=seq_length,
-        benchmarks=os.path.dirname(os.path.abspath(__file__)),
-    )
+def hugging_face(row, **request):
+    """(row name, the Hugging Face peer hf_peer.py serving `request` as a latency.PeerProcess) in
+    FLAGS.torch_python, or None (it says why) when the peer does not start."""
     process = subprocess.Popen(
-        [FLAGS.torch_python, "-c", _TORCH_SCRIPT, json.dumps(request)],
+        [FLAGS.torch_python, HF_PEER, json.dumps(request)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     version = process.stdout.readline()
     if not version:
-        print(f"hf row skipped: its peer exited with {process.wait()}", file=sys.stderr)
+        print(f"{row} skipped: its peer exited with {process.wait()}", file=sys.stderr)
         return None
-    return f"{HF_ROW} ({json.loads(version)})", latency.PeerProcess(process)
+    return f"{row} ({json.loads(version)})", latency.PeerProcess(process)
+
+
+def masked_sentences(sentences):
+    """Each sentence with one word, its middle one, replaced by [MASK]."""
+    result = []
+    for sentence in sentences:
+        words = sentence.split()
+        words[len(words) // 2] = MASK
+        result.append(" ".join(words))
+    return result
+
+
+def fill_mask_model_dir(size, work, check_texts):
+    """A Hugging Face BertForMaskedLM directory of `size` (MiniLM's encoder, or BERT-base's shape at
+    random, with a random MLM head), written by hf_peer.py in FLAGS.torch_python, and the same
+    weights converted into a model directory with the MLM head; returns (model_dir, hf_dir, the HF
+    model's top-5 ids of each of `check_texts`)."""
+    from bert_tf import checkpoints
+
+    hf_dir = os.path.join(work, f"{size}_hf_masked_lm")
+    request = dict(
+        task="prepare_fill_mask",
+        size=size,
+        hf_dir=hf_dir,
+        minilm=minilm_dir(),
+        shape=BASE_SHAPE,
+        check_texts=check_texts,
+    )
+    prepared = subprocess.run(
+        [FLAGS.torch_python, HF_PEER, json.dumps(request)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    model_dir = os.path.join(work, f"{size}_masked_lm")
+    checkpoints.convert("huggingface", hf_dir, model_dir)
+    return model_dir, hf_dir, json.loads(prepared.stdout)
 
 
 def main(argv):
@@ -227,6 +279,10 @@ def main(argv):
     )
     if FLAGS.quick:
         sizes, seq_lengths, count = ["minilm"], [128], 32
+    tables = {"classifier": classifier_table, "fill_mask": fill_mask_table}
+    unknown = set(FLAGS.tasks) - set(tables)
+    if unknown:
+        raise app.UsageError(f"unknown --tasks {', '.join(sorted(unknown))}")
     tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     sentences = real_sentences(count)
     print(
@@ -236,20 +292,49 @@ def main(argv):
         f"{FLAGS.intra_op_threads or 'TensorFlow default'}; {len(sentences)} sentences, mean "
         f"{np.mean([len(s.split()) for s in sentences]):.1f} words"
     )
-    print(
-        "\n| model | max_seq_length | row | batch-1 p50 ms | vs HF | batch-32 sentences/s | vs HF |"
-    )
-    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as work:
-        for size in sizes:
-            model_dir, config = classifier_model_dir(size, work)
-            for seq_length in seq_lengths:
-                runs = row_calls(size, seq_length, model_dir, config, work)
-                print_rows(size, seq_length, runs, sentences)
+        for task in FLAGS.tasks:
+            tables[task](sizes, seq_lengths, sentences, work)
+
+
+def classifier_table(sizes, seq_lengths, sentences, work):
+    """Times the classifier's rows and prints their table."""
+    print("\nclassifier:\n")
+    print_header(["HF"])
+    # The padded rows take seconds per batch at 512; then every row times the same few batches.
+    slow = {"static", "keras_hub"} & set(FLAGS.rows)
+    max_batches = FLAGS.static_batches if slow else None
+    for size in sizes:
+        model_dir, config = classifier_model_dir(size, work)
+        for seq_length in seq_lengths:
+            runs, references = row_calls(size, seq_length, model_dir, config, work)
+            print_rows(size, seq_length, runs, sentences, references, max_batches)
+
+
+def fill_mask_table(sizes, seq_lengths, sentences, work):
+    """Times the fill-mask rows on `sentences` with their middle word masked and prints their table,
+    then whether our top-5 ids equal the HF model's on the first few."""
+    if not FLAGS.torch_python:
+        print("fill_mask skipped: its model is built with --torch_python", file=sys.stderr)
+        return
+    print("\nfill_mask:\n")
+    print_header(["HF model", "HF pipeline"])
+    texts = masked_sentences(sentences)
+    check_texts = texts[:CHECK_SENTENCES]
+    notes = []
+    for size in sizes:
+        model_dir, hf_dir, hf_ids = fill_mask_model_dir(size, work, check_texts)
+        for seq_length in seq_lengths:
+            runs, references = fill_mask_row_calls(
+                size, seq_length, model_dir, hf_dir, work, check_texts, hf_ids, notes
+            )
+            print_rows(size, seq_length, runs, texts, references)
+    print("\n" + "\n".join(notes))
 
 
 def row_calls(size, seq_length, model_dir, config, work):
-    """{row name: texts -> seconds} of the rows FLAGS.rows asks for, HF's last."""
+    """The classifier's rows that FLAGS.rows asks for: ({row name: texts -> seconds}, HF's last;
+    [HF's row name or None])."""
     calls = {}
     if "ours" in FLAGS.rows:
         for precision in FLAGS.precisions:
@@ -261,7 +346,7 @@ def row_calls(size, seq_length, model_dir, config, work):
             model_dir, seq_length, work, jit_compile=True
         )
     if "static" in FLAGS.rows:
-        calls["bert_tf export, padded to max_seq_length (before)"] = ours(
+        calls["bert_tf export, --pad_to_max_seq_length"] = ours(
             model_dir, seq_length, work, pad_to_max_seq_length=True
         )
     if "keras_hub" in FLAGS.rows:
@@ -269,32 +354,87 @@ def row_calls(size, seq_length, model_dir, config, work):
             config, seq_length
         )
     runs = {name: latency.timed(call) for name, call in calls.items()}
-    peer = hugging_face(size, seq_length) if "hf" in FLAGS.rows and FLAGS.torch_python else None
-    if peer:
-        name, process = peer
-        runs[name] = process
-    return runs
+    peers = []
+    if "hf" in FLAGS.rows and FLAGS.torch_python:
+        peers.append(
+            hugging_face(
+                HF_ROW,
+                task="classifier",
+                size=size,
+                minilm=minilm_dir(),
+                vocab=os.path.join(minilm_dir(), "vocab.txt"),
+                shape=BASE_SHAPE,
+                seq_length=seq_length,
+            )
+        )
+    return with_peers(runs, peers)
 
 
-def print_rows(size, seq_length, runs, sentences):
-    """Times `runs` in pairs (latency.paired_timings) and prints their table rows, HF's as 1.00x."""
-    # The padded rows take seconds per batch at 512; then every row times the same few batches.
-    slow = {"static", "keras_hub"} & set(FLAGS.rows)
-    max_batches = FLAGS.static_batches if slow else None
+def fill_mask_row_calls(size, seq_length, model_dir, hf_dir, work, check_texts, hf_ids, notes):
+    """The fill-mask rows that FLAGS.rows asks for (ours, hf): ({row name: texts -> seconds}, HF's
+    last; [the HF model's row name or None, the HF pipeline's]). Appends to `notes` whether our
+    top-5 ids on `check_texts` equal the HF model's `hf_ids`."""
+    calls = {}
+    if "ours" in FLAGS.rows:
+        for precision in FLAGS.precisions:
+            call = ours_fill_mask(model_dir, seq_length, work, precision=precision)
+            calls[f"bert_tf export fill_mask, {precision}"] = call
+            ids = call(check_texts)["token_ids"][:, 0].tolist()
+            same = sum(a == b for a, b in zip(ids, hf_ids))
+            notes.append(
+                f"- {size} at {seq_length}, {precision}: top-5 ids equal to the HF model's on "
+                f"{same} of {len(check_texts)} sentences"
+            )
+            notes += [
+                f"  - {text!r}: ours {a}, HF {b}" for text, a, b in zip(check_texts, ids, hf_ids)
+            ]
+    runs = {name: latency.timed(call) for name, call in calls.items()}
+    peers = []
+    if "hf" in FLAGS.rows:
+        for row, task in (
+            (HF_MASKED_LM_ROW, "fill_mask_model"),
+            (HF_PIPELINE_ROW, "fill_mask_pipeline"),
+        ):
+            peers.append(hugging_face(row, task=task, hf_dir=hf_dir, seq_length=seq_length))
+    return with_peers(runs, peers)
+
+
+def with_peers(runs, peers):
+    """`runs` with the started ones of `peers` [(name, PeerProcess) or None] added last, and the
+    peers' names (None for one that did not start)."""
+    references = []
+    for peer in peers:
+        name, process = peer or (None, None)
+        if peer:
+            runs[name] = process
+        references.append(name)
+    return runs, references
+
+
+def print_header(labels):
+    """The table's header, with a "vs LABEL" column after each figure for each reference."""
+    vs = [f"vs {label}" for label in labels]
+    columns = ["model", "max_seq_length", "row", "batch-1 p50 ms", *vs, "batch-32 sentences/s", *vs]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
+def print_rows(size, seq_length, runs, sentences, references, max_batches=None):
+    """Times `runs` in pairs (latency.paired_timings; batch 32 on the first `max_batches` batches
+    when given) and prints their table rows, with each figure's ratio to each of `references`
+    (row names, None for one missing)."""
     try:
         results = latency.paired_timings(runs, sentences, BATCH, FLAGS.rounds, max_batches)
     finally:
         for run in runs.values():
             if isinstance(run, latency.PeerProcess):
                 run.close()
-    hf = next((value for name, value in results.items() if name.startswith(HF_ROW)), None)
     for name, (p50, per_s) in results.items():
-        vs_p50 = f"{p50 / hf[0]:.2f}x" if hf else "-"
-        vs_per_s = f"{per_s / hf[1]:.2f}x" if hf else "-"
-        print(
-            f"| {size} | {seq_length} | {name} | {p50:.2f} | {vs_p50} | {per_s:.1f} | {vs_per_s} |",
-            flush=True,
-        )
+        cells = [size, seq_length, name, f"{p50:.2f}"]
+        cells += [f"{p50 / results[ref][0]:.2f}x" if ref else "-" for ref in references]
+        cells.append(f"{per_s:.1f}")
+        cells += [f"{per_s / results[ref][1]:.2f}x" if ref else "-" for ref in references]
+        print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,11 +78,9 @@ def paired_timings(runs, sentences, batch_size, rounds, max_batches=None, block=
     `block` sentences; the median per row. Batches of `batch_size` (the first `max_batches` of
     them when given, for every row alike): the rows take turns on each batch; the best of
     `rounds` passes per row. A warm-up pass runs first: every row on every sentence and every
-    batch, as a server in steady state has seen requests of every length. (The first call of a
-    TensorFlow graph at a new length pays about 1.5 ms more, for oneDNN's kernels of that shape;
-    warming only the first block left a quarter of the timed batch-1 calls at new lengths, which
-    moved a MiniLM export's median from 4.3-4.5 ms to 5.2-5.3 ms: benchmarks/RESULTS.md, session
-    13.)
+    batch, as a server in steady state has seen requests of every length: the first call of a
+    TensorFlow graph at a new length pays about 1.5 ms more, for oneDNN's kernels of that shape
+    (benchmarks/RESULTS.md, "Inference: what each export choice buys").
     """
     names = list(runs)
     batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]

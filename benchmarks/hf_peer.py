@@ -1,0 +1,144 @@
+"""bench_inference's Hugging Face peer: run by a Python with torch + transformers (`--torch_python`).
+
+    TORCH_PYTHON benchmarks/hf_peer.py '{"task": ..., ...}'
+
+It writes one JSON line (its torch and transformers versions), then serves latency.serve_timed_calls
+on stdin/stdout: one JSON list of texts in, the seconds its call took out, until stdin closes.
+Tasks (the request's "task"), 2 threads each:
+  - classifier: BertForSequenceClassification (MiniLM's weights, or BERT-base's shape at random),
+    its fast tokenizer, dynamic padding, softmax;
+  - fill_mask_model: BertForMaskedLM from "hf_dir" called directly with its fast tokenizer
+    (padding=True), the [MASK] positions' logits gathered, softmax, top 5;
+  - fill_mask_pipeline: transformers.pipeline("fill-mask", model=hf_dir, top_k=5), a list of texts
+    as one batch;
+  - prepare_fill_mask: not a peer. Writes "hf_dir", a BertForMaskedLM (MiniLM's encoder, or
+    BERT-base's shape at random, with a randomly initialized MLM head, seeded) saved with
+    save_pretrained (safetensors) and the tokenizer files, then writes the top-5 token ids of each
+    of "check_texts" (one [MASK] each: [text][k], as the fill_mask_model row computes them), exits.
+No TensorFlow here.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+TOP_K = 5
+
+
+def main(request):
+    # stdout carries the replies alone: whatever the libraries print goes to stderr.
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    task = request["task"]
+    if task == "prepare_fill_mask":
+        ids = prepare_fill_mask(request)
+        print(json.dumps(ids), file=protocol, flush=True)
+        return
+    call = {
+        "classifier": classifier,
+        "fill_mask_model": fill_mask_model,
+        "fill_mask_pipeline": fill_mask_pipeline,
+    }[task](request)
+    from latency import serve_timed_calls
+
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    print(json.dumps(versions), file=protocol, flush=True)
+    serve_timed_calls(call, stdout=protocol)
+
+
+def classifier(request):
+    import torch
+    import transformers
+
+    tokenizer = transformers.BertTokenizerFast(request["vocab"], do_lower_case=True)
+    if request["size"] == "minilm":
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            request["minilm"], num_labels=2
+        )
+    else:
+        config = transformers.BertConfig(num_labels=2, **request["shape"])
+        model = transformers.BertForSequenceClassification(config)
+    model.eval()
+
+    def call(texts):
+        encoded = tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=request["seq_length"],
+            return_tensors="pt",
+        )
+        with torch.inference_mode():
+            return model(**encoded).logits.softmax(-1).numpy()
+
+    return call
+
+
+def masked_lm_call(model, tokenizer, max_length):
+    """texts -> (top-k probabilities, top-k ids) [masks, k] of every [MASK], as numpy."""
+    import torch
+
+    def call(texts):
+        encoded = tokenizer(
+            texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+        )
+        with torch.inference_mode():
+            logits = model(**encoded).logits
+            masked = logits[encoded["input_ids"] == tokenizer.mask_token_id]
+            probabilities, ids = masked.softmax(-1).topk(TOP_K, dim=-1)
+        return probabilities.numpy(), ids.numpy()
+
+    return call
+
+
+def fill_mask_model(request):
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(request["hf_dir"])
+    model = transformers.BertForMaskedLM.from_pretrained(request["hf_dir"]).eval()
+    return masked_lm_call(model, tokenizer, request["seq_length"])
+
+
+def fill_mask_pipeline(request):
+    import transformers
+
+    pipe = transformers.pipeline(
+        "fill-mask",
+        model=request["hf_dir"],
+        top_k=TOP_K,
+        device="cpu",
+        tokenizer_kwargs=dict(truncation=True, max_length=request["seq_length"]),
+    )
+    return lambda texts: pipe(texts, batch_size=len(texts))
+
+
+def prepare_fill_mask(request):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    hf_dir, minilm = request["hf_dir"], request["minilm"]
+    if request["size"] == "minilm":
+        # MiniLM's checkpoint is a BertModel: its encoder loads, the MLM head is initialized.
+        model = transformers.BertForMaskedLM.from_pretrained(minilm)
+    else:
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**request["shape"]))
+    model.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer.save_pretrained(hf_dir)
+    for name in ("vocab.txt", "tokenizer_config.json"):  # what bert_tf's converter reads
+        if not os.path.exists(os.path.join(hf_dir, name)):
+            shutil.copy(os.path.join(minilm, name), hf_dir)
+    _, ids = masked_lm_call(model, tokenizer, 512)(request["check_texts"])
+    return ids.tolist()  # one [MASK] per text: [text][k]
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
