@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import modeling, tasks, tokenization
-from bert_tf.model_dir import MLM_HEAD, NSP_HEAD, ModelDir
+from bert_tf.model_dir import MLM_HEAD, NSP_HEAD, ModelDir, ModelDirError, describe_heads
 from bert_tf.objective import Objective
 
 MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
@@ -38,6 +38,7 @@ MASK_TOKEN = "[MASK]"
 # The literal tokens a fill-mask text may hold, as Hugging Face's tokenizers keep them whole.
 TEXT_SPECIAL_TOKENS = ("[MASK]", "[SEP]")
 DEFAULT_TOP_K = 5
+_NEEDS = {MLM_HEAD: "fill-mask needs its MLM head", NSP_HEAD: "next-sentence needs its NSP head"}
 
 
 class PretrainingObjective(Objective):
@@ -183,7 +184,9 @@ class MaskedLM:
     def _pretraining_model(self, head):
         """The pretraining model (loaded once), refusing a directory that lacks `head`."""
         if head not in self.heads:
-            self.directory.load_pretraining_model(require=(head,))  # raises, naming the head
+            raise ModelDirError(
+                f"{self.directory.path} has {describe_heads(self.heads)}; {_NEEDS[head]}"
+            )
         if self._model is None:
             self._model, _ = self.directory.load_pretraining_model(require=(head,))
             self._mlm_logits = tf.function(
@@ -265,14 +268,8 @@ class MaskedLM:
         if not len(texts_a):
             return np.zeros([0], np.float32)
         self._pretraining_model(NSP_HEAD)
-        tokenize = self.tokenizer.tokenize
-        segments = [
-            [
-                self.tokenizer.convert_tokens_to_ids(tokenize(a)),
-                self.tokenizer.convert_tokens_to_ids(tokenize(b)),
-            ]
-            for a, b in zip(texts_a, texts_b)
-        ]
+        encode = self.tokenizer.encode
+        segments = [[encode(a), encode(b)] for a, b in zip(texts_a, texts_b)]
         inputs = self._pack(segments)
         inputs["masked_lm_positions"] = np.zeros([len(segments), 1], np.int32)
         # Label 0 is IsNext, as in the original's create_pretraining_data.

@@ -269,6 +269,13 @@ class Page:
             text,
         )
 
+    def set_pair(self, text_a, text_b):
+        """Sentences A and B, which every view reads, as a test that runs alone needs them."""
+        self.open("represent")
+        for selector, text in (("#text-a", text_a), ("#text-b", text_b)):
+            if self.find(selector).get_attribute("value") != text:
+                self.act("represent", lambda s=selector, t=text: self.set_value(s, t))
+
     def message(self, view):
         return self.find(f"#view-{view} > .message").text
 
@@ -508,6 +515,7 @@ def test_records_decode_to_what_the_file_holds(page, files):
 
 
 def test_attention_rows_sum_to_one(page, files):
+    page.set_pair(TEXT_A, TEXT_B)
     page.open("attention")
     layer, head = page.find("#att-layer"), page.find("#att-head")
     page.act("attention", lambda: layer.send_keys(page.Keys.ARROW_DOWN))  # layer 2 of 2
@@ -562,7 +570,7 @@ def test_a_model_without_heads_shows_its_layers_and_says_the_heads_are_missing(t
 
 
 def test_bad_input_gets_a_message_never_a_server_error(page, files):
-    page.open("represent")
+    page.set_pair(TEXT_A, TEXT_B)
     assert page.act("represent", lambda: page.set_value("#text-a", "")) == "error"
     assert "Sentence A is empty" in page.message("represent")
     page.act("represent", lambda: page.set_value("#text-a", "walk " * 200_000))  # 1 MB
