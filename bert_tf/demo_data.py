@@ -79,7 +79,6 @@ def write_demo_glue_dir(path, num_train=400, num_dev=100, num_test=100, seed=123
     Deterministic for a given seed; labels are balanced. Returns `path`.
     """
     rng = random.Random(seed)
-    os.makedirs(path, exist_ok=True)
     for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
         labels = [i % 2 for i in range(count)]
         rng.shuffle(labels)
@@ -144,7 +143,6 @@ def write_demo_swag_dir(path, num_train=400, num_dev=100, num_test=100, seed=432
     """Writes train.csv, val.csv and test.csv in SWAG's layout (a learnable toy task); returns `path`."""
     rng = np.random.default_rng(seed)
     topics = sorted(_SWAG_TOPICS)
-    os.makedirs(path, exist_ok=True)
     for split, count in (("train", num_train), ("dev", num_dev), ("test", num_test)):
         rows = []
         for i in range(count):

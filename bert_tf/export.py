@@ -61,7 +61,7 @@ from absl import logging
 
 from bert_tf import cli, io_utils, masked_lm, masked_lm_serving, modeling, warmup
 from bert_tf.cli import arg
-from bert_tf.inference_encoder import with_inference_encoder
+from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
 from bert_tf.model_dir import MLM_HEAD, ModelDir
 from bert_tf.model_versions import list_versions
 from bert_tf.tasks import export_graph, length_multiple, models, pack_inputs, registry
@@ -273,11 +273,9 @@ def build_serving_modules(
     compiled = export_graph.CompiledModel if jit_compile else lambda model: model
     with dtype_policy(PRECISION_POLICIES[precision]):
         if spec is None:
-            heads = pretraining_heads(directory, config, seq_length, pad_to_max_seq_length)
-            encoder = directory.load_encoder()
-            encoder = compiled(with_inference_encoder(encoder, config))
+            encoder, heads = pretrained_models(directory, config, seq_length, pad_to_max_seq_length)
             return {
-                "": EncoderModule(encoder, assets, packer, heads),
+                "": EncoderModule(compiled(encoder), assets, packer, heads),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
         model, encoder, _, spec = models.load_task_model(directory)
@@ -286,9 +284,9 @@ def build_serving_modules(
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
 
 
-def pretraining_heads(directory, config, seq_length, pad_to_max_seq_length):
-    """The fill_mask / next_sentence signatures of a pretrained model directory with heads, or None
-    (logged) when it has none."""
+def pretrained_models(directory, config, seq_length, pad_to_max_seq_length):
+    """(the inference encoder, the fill_mask / next_sentence signatures or None) of a pretrained
+    model directory; one InferenceEncoder serves both, so its weights are saved once."""
     heads = directory.pretraining_heads()
     if not heads:
         logging.warning(
@@ -296,11 +294,11 @@ def pretraining_heads(directory, config, seq_length, pad_to_max_seq_length):
             "next-sentence signatures",
             directory.path,
         )
-        return None
-    missing = {"[MASK]"} - set(load_vocab(directory.vocab_file))
-    if MLM_HEAD in heads and missing:
+        return with_inference_encoder(directory.load_encoder(), config), None
+    if MLM_HEAD in heads and "[MASK]" not in load_vocab(directory.vocab_file):
         raise io_utils.UsageError(f"{directory.vocab_file} has no [MASK] token for fill-mask")
     model, encoder = directory.load_pretraining_model(require=heads)
+    fast = InferenceEncoder(encoder, config)
     packer = export_graph.TextPacker(
         directory.path,
         config,
@@ -308,10 +306,14 @@ def pretraining_heads(directory, config, seq_length, pad_to_max_seq_length):
         dynamic_length=not pad_to_max_seq_length,
         special_tokens=masked_lm.TEXT_SPECIAL_TOKENS,
     )
-    model = with_inference_encoder(encoder, config, model)
-    return masked_lm_serving.HeadsModule(
-        model, heads, packer, directory.vocab_file, config.vocab_size
+    heads_module = masked_lm_serving.HeadsModule(
+        with_inference_encoder(encoder, config, model, fast=fast),
+        heads,
+        packer,
+        directory.vocab_file,
+        config.vocab_size,
     )
+    return with_inference_encoder(encoder, config, fast=fast), heads_module
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from bert_tf import job_process  # noqa: F401  (first: it sets the process up be
 
 import dataclasses
 
-from bert_tf import cli, io_utils, masked_lm, tasks
+from bert_tf import cli, io_utils, masked_lm, tasks, tokenization
 from bert_tf.cli import arg
 
 
@@ -89,7 +89,9 @@ def run(args, texts=()):
     inputs = read_texts(args, texts)
     try:
         model = masked_lm.MaskedLM(args.model_dir, args.max_seq_length or None)
-    except ValueError as e:
+    except tokenization.VocabError as e:  # a vocabulary without [MASK], or a duplicated line
+        raise io_utils.UsageError(str(e)) from e
+    except ValueError as e:  # the only other: max_seq_length outside the model's range
         raise io_utils.UsageError(f"--max_seq_length: {e}") from e
     if args.next_sentence:
         probabilities = model.next_sentence([a for a, _ in inputs], [b for _, b in inputs])

@@ -228,13 +228,12 @@ class Finetuner(TrainingJob):
 
     def train(self, log_fn=print):
         """Trains to num_train_steps (resuming where OUTPUT_DIR left off); returns the last metrics."""
-        if self.finished:
-            return super().train(log_fn=log_fn)  # says that there is nothing to train
-        log_fn(
-            f"training {self.spec.kind} for {self.num_train_steps} steps "
-            f"(global batch {self.config.train_batch_size}, "
-            f"{self.strategy.num_replicas_in_sync} replicas)"
-        )
+        if not self.finished:  # (a finished run says so in TrainingJob.train)
+            log_fn(
+                f"training {self.spec.kind} for {self.num_train_steps} steps "
+                f"(global batch {self.config.train_batch_size}, "
+                f"{self.strategy.num_replicas_in_sync} replicas)"
+            )
         return super().train(log_fn=log_fn)
 
     def _predict_fn(self, has_labels):

@@ -132,7 +132,10 @@ def check_apart(model_dir, output_dir):
 
 def read_vocab(vocab_file):
     """The vocabulary (token -> id); one that lacks a special token BERT tokenizers need is refused."""
-    vocab = tokenizer_rules.load_vocab(vocab_file)
+    try:
+        vocab = tokenizer_rules.load_vocab(vocab_file)
+    except tokenizer_rules.VocabError as e:  # a duplicated or empty line: the user's to fix
+        raise io_utils.UsageError(str(e)) from e
     missing = [token for token in SPECIAL_TOKENS.values() if token not in vocab]
     if missing:
         raise io_utils.UsageError(

@@ -272,10 +272,14 @@ class InferenceEncoder(keras.layers.Layer):
         }
 
 
-def with_inference_encoder(encoder, config, model=None, shards=SHARDS):
-    """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place."""
+def with_inference_encoder(encoder, config, model=None, shards=SHARDS, fast=None):
+    """A task `model` on `encoder` (or, if None, the encoder) with InferenceEncoder in its place.
+
+    `fast`: an InferenceEncoder of `encoder` to use, so that several models share one copy of its
+    weights (the pretrained export's encoder and heads); else a new one.
+    """
     # `shards`: how many parts each layer is split into (SHARDS, above).
-    fast = InferenceEncoder(encoder, config, shards)
+    fast = fast or InferenceEncoder(encoder, config, shards)
     if model is None:
         inputs = modeling.encoder_inputs()
         return keras.Model(inputs, fast(inputs), name=encoder.name)

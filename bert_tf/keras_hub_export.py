@@ -36,7 +36,7 @@ import keras
 import keras_hub
 import numpy as np
 
-from bert_tf import checkpoints, io_utils, modeling, tokenizer_rules
+from bert_tf import checkpoints, hf_export, io_utils, modeling
 from bert_tf.model_dir import ModelDir, describe_heads
 from bert_tf.tasks import models
 
@@ -45,8 +45,6 @@ CLASSIFIER_KINDS = ("classifier", "regressor")
 # How far keras-hub's outputs may be from ours when nothing was changed.
 TOLERANCE = 1e-5
 _GELU_FORMS = {"gelu": "tanh-approximation", "gelu_exact": "exact (erf)"}
-# The special tokens keras-hub's BertTokenizer requires in the vocabulary.
-_SPECIAL_TOKENS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
 
 
 @dataclasses.dataclass
@@ -150,12 +148,7 @@ def _load(directory, allow_gelu_change):
             "BertTextClassifier and BertMaskedLM), so this model cannot be exported exactly; "
             "export it with --to=huggingface"
         )
-    settings = checkpoints.unportable_settings(config)
-    if settings:
-        raise io_utils.UsageError(
-            f"{', '.join(settings)}: keras-hub's BERT has no such setting, so the model cannot "
-            "be exported exactly"
-        )
+    hf_export.check_exportable(config, "keras-hub")
     backbone = build_backbone(config)
     gelu_changed = check_activation(config, backbone, allow_gelu_change)
     if spec is not None:
@@ -186,18 +179,8 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
     """
     directory = ModelDir(model_dir)
     directory.check()
-    if not io_utils.is_remote(model_dir):
-        source, out = os.path.realpath(model_dir), os.path.realpath(output_dir)
-        if source == out or source.startswith(out + os.sep):
-            raise io_utils.UsageError(
-                f"--output_dir={output_dir} would replace the model directory {model_dir}"
-            )
-    vocab = tokenizer_rules.load_vocab(directory.vocab_file)
-    missing = [token for token in _SPECIAL_TOKENS if token not in vocab]
-    if missing:
-        raise io_utils.UsageError(
-            f"{directory.vocab_file} has no {', '.join(missing)}: keras-hub's BertTokenizer needs them"
-        )
+    hf_export.check_apart(model_dir, output_dir)
+    vocab = hf_export.read_vocab(directory.vocab_file)
     with io_utils.atomic_directory(output_dir, overwrite=overwrite) as tmp:
         config, spec, model, encoder, left_out, backbone, gelu_changed = _load(
             directory, allow_gelu_change

@@ -113,14 +113,14 @@ class HeadsModule(tf.Module):
             inputs = self.packer.pack_ids([ids])
         positions = _ragged_positions(tf.equal(inputs["input_word_ids"], self.mask_id))
         surviving = positions.row_lengths()
-        width = tf.maximum(tf.reduce_max(tf.concat([surviving, [0]], 0)), 1)
+        masks = tf.reduce_max(tf.concat([surviving, [0]], 0))  # (0 for an empty batch)
+        width = tf.maximum(masks, 1)
         rows = positions.nrows(out_type=tf.int32)
         model_positions = positions.to_tensor(default_value=0, shape=tf.stack([rows, width]))
         logits = self.model(dict(inputs, masked_lm_positions=model_positions), training=False)[
             "mlm_logits"
         ]
         probabilities, token_ids = tf.math.top_k(tf.nn.softmax(logits, axis=-1), k=top_k)
-        masks = tf.reduce_max(tf.concat([surviving, [0]], 0))
         valid = tf.sequence_mask(surviving, masks)[:, :, tf.newaxis]
         token_ids = tf.where(valid, token_ids[:, :masks], -1)
         tokens = tf.where(valid, tf.gather(self.vocab_tokens, tf.maximum(token_ids, 0)), "")

@@ -187,7 +187,7 @@ def test_cli_prints_a_table_for_each_mask_and_exits_2_on_bad_input(sources, tmp_
     assert [f"IsNext {p:.4f}" in result.stdout for p in probabilities] == [True, True]
     for flags, message in (
         (["w1 w2"], "row 0 has no [MASK]"),
-        (["--top_k=0", "w1 [MASK]"], "--top_k must be in [1, 23]"),
+        (["--top_k=0", "w1 [MASK]"], f"--top_k must be in [1, {TINY_CONFIG.vocab_size}]"),
         (["--next_sentence", "w1"], "pairs of texts"),
         ([], "give the texts"),
     ):
@@ -337,3 +337,20 @@ def test_warm_up_words_come_from_any_vocabulary(tmp_path):
     path.write_text("\n".join(SPECIAL_TOKENS + ["##a", "A", "é"]) + "\n")
     with pytest.raises(io_utils.UsageError, match="no whole word"):
         warmup.filler_word(str(path))
+
+
+def test_a_big_fill_mask_request_runs_in_chunks_with_the_same_answers(exported):
+    # top_k, a scalar, goes whole to every chunk; rows with more [MASK]s pad the others as one
+    # call would (the server evens the chunks' outputs out).
+    path, loaded = exported
+    texts = TEXTS + ["w1 [MASK] w2", "w3 w4 [MASK] [MASK] [MASK] w5"]
+    expected = loaded.signatures["fill_mask"](text=tf.constant(texts), top_k=tf.constant(2))
+    with model_server({"bert": os.path.dirname(path)}, max_batch_size=2, warmup=False) as server:
+        body = {"signature_name": "fill_mask", "inputs": {"text": texts, "top_k": 2}}
+        status, reply = post(server.port, body)
+    assert status == 200, reply
+    assert reply["outputs"]["token_ids"] == expected["token_ids"].numpy().tolist()
+    assert reply["outputs"]["mask_positions"] == expected["mask_positions"].numpy().tolist()
+    np.testing.assert_allclose(
+        reply["outputs"]["probabilities"], expected["probabilities"].numpy(), atol=1e-5
+    )

@@ -128,11 +128,8 @@ def check_tensor_proto(proto, where, max_rows=0):
         elements *= size  # Python ints: a product past int64 is seen, not wrapped.
     if elements > _INT64_MAX:
         raise errors.invalid_argument(f"{prefix}: shape {dims} has more elements than int64 holds")
-    if dims and max_rows and dims[0] > max_rows:
-        raise errors.invalid_argument(
-            f"the request has {dims[0]} instances; this server takes at most {max_rows} "
-            "per request (--max_instances_per_request)"
-        )
+    if dims:
+        methods.check_instances(dims[0], max_rows)
     if elements > MAX_TENSOR_ELEMENTS:
         raise errors.invalid_argument(
             f"{prefix}: shape {dims} has {elements} elements; this server takes at most "

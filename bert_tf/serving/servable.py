@@ -165,7 +165,7 @@ class Servable:
                         f"the request was cancelled or its deadline passed; stopped after {start} "
                         f"of its {rows} rows",
                     )
-                part = {name: value[start : start + max_rows] for name, value in tensors.items()}
+                part = _take(tensors, start, start + max_rows)
                 try:
                     outputs = self._run_once(signature, part, batching_options)
                 except (
@@ -174,10 +174,10 @@ class Servable:
                     raise errors.ServingError(
                         e.code,
                         f"{e.message} (in rows {start} to "
-                        f"{start + len(next(iter(part.values()))) - 1} of the "
+                        f"{start + _count(part) - 1} of the "
                         f"request, which runs {max_rows} rows at a time)",
                     ) from e
-                if not _one_per_row(outputs, len(next(iter(part.values())))):
+                if not _one_per_row(outputs, _count(part)):
                     raise _Unchunkable(f"outputs of {signature.name!r} are not one per row")
                 chunks.append((part, outputs))
             chunks = self._even_out(signature, chunks, batching_options)
@@ -238,15 +238,11 @@ class Servable:
                     f"output {name!r} of {signature.name!r} depends on more than each row"
                 )
             witnesses.append(row)
-        extra = {name: np.concatenate([row[name] for row in witnesses]) for name in witnesses[0]}
+        extra = _join(witnesses)
         for i in short:
             part, _ = chunks[i]
-            rows = len(next(iter(part.values())))
-            outputs = self._run_once(
-                signature,
-                {n: np.concatenate([v, extra[n]]) for n, v in part.items()},
-                batching_options,
-            )
+            rows = _count(part)
+            outputs = self._run_once(signature, _join([part, extra]), batching_options)
             outputs = {name: value[:rows] for name, value in outputs.items()}
             if any(outputs[name].shape[1:] != target[name] for name in names):
                 raise _Unchunkable(f"outputs of {signature.name!r} depend on more than each row")
@@ -259,17 +255,15 @@ class Servable:
         A call's output is as long as its longest row's, so of two halves of rows that reach it,
         one does.
         """
-        low, high = 0, len(next(iter(part.values())))
+        low, high = 0, _count(part)
         while high - low > 1:
             middle = (low + high) // 2
-            outputs = self._run_once(
-                signature, {n: v[low:middle] for n, v in part.items()}, batching_options
-            )
+            outputs = self._run_once(signature, _take(part, low, middle), batching_options)
             if outputs[name].shape[1 + axis] >= size:
                 high = middle
             else:
                 low = middle
-        return {n: v[low : low + 1] for n, v in part.items()}
+        return _take(part, low, low + 1)
 
     def _run_once(self, signature, tensors, batching_options):
         """One call of the signature: through its batcher when batching applies, else directly."""
@@ -300,17 +294,36 @@ class _Unchunkable(Exception):
     """A signature's outputs cannot be split into rows and joined again (say why)."""
 
 
+def _take(tensors, start, stop):
+    """Rows start..stop of a request's inputs; a scalar setting (top_k) goes to every part whole."""
+    return {n: v if np.ndim(v) == 0 else v[start:stop] for n, v in tensors.items()}
+
+
+def _join(parts):
+    """Parts of a request's inputs joined row-wise (a scalar setting taken from the first)."""
+    first = parts[0]
+    return {
+        n: v if np.ndim(v) == 0 else np.concatenate([part[n] for part in parts])
+        for n, v in first.items()
+    }
+
+
+def _count(tensors):
+    """The rows of a request's inputs (of its first non-scalar one)."""
+    return next(len(v) for v in tensors.values() if np.ndim(v) >= 1)
+
+
 def _rows(signature, tensors):
-    """The rows of a request that can run in chunks: every input and output batch-major, else None."""
-    specs = list(signature.inputs.values()) + list(signature.outputs.values())
-    if not signature.inputs or not all(
+    """The rows of a request that can run in chunks: every input (but scalar settings, such as
+    fill_mask's top_k, which every chunk gets whole) and output batch-major; else None."""
+    specs = [s for s in signature.inputs.values() if s.shape.rank != 0]
+    specs += list(signature.outputs.values())
+    if not specs or not all(
         s.shape.rank is not None and s.shape.rank >= 1 and s.shape[0] is None for s in specs
     ):
         return None
     rows = {len(value) for value in tensors.values() if np.ndim(value) >= 1}
-    if len(rows) != 1 or any(np.ndim(value) == 0 for value in tensors.values()):
-        return None
-    return rows.pop()
+    return rows.pop() if len(rows) == 1 else None
 
 
 def _one_per_row(outputs, rows):

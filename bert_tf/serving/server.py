@@ -176,7 +176,8 @@ class ModelServer:
                 channel_arguments=self.options.grpc_channel_arguments,
                 max_threads=self.options.grpc_max_threads,
                 metrics=self.metrics,
-                max_receive_bytes=self.options.max_request_bytes,
+                # gRPC takes an int32: a REST body limit past 2 GiB stops at gRPC's own maximum.
+                max_receive_bytes=min(self.options.max_request_bytes, 2**31 - 1),
             ).start()
             logging.info("gRPC API at %s:%d", self.options.grpc_host, self.grpc_port)
         return self
