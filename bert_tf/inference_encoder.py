@@ -242,8 +242,8 @@ class InferenceEncoder(keras.layers.Layer):
             + self.position_embeddings[tf.newaxis, :length]
             + tf.gather(self.segment_embeddings, inputs["input_type_ids"])
         )
-        x = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
-        x = tf.reshape(x, [-1, self.hidden_size])
+        embedding_output = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
+        x = tf.reshape(embedding_output, [-1, self.hidden_size])
         # A key is real where its int32 mask is positive (Keras' masked softmax keeps mask > 0.5).
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         encoder_outputs = []
@@ -256,6 +256,7 @@ class InferenceEncoder(keras.layers.Layer):
             "sequence_output": sequence_output,
             "pooled_output": pooled_output,
             "encoder_outputs": encoder_outputs,
+            "embedding_output": embedding_output,
         }
 
     def compute_output_spec(self, inputs, training=False, mask=None):
@@ -269,6 +270,9 @@ class InferenceEncoder(keras.layers.Layer):
             "sequence_output": encoder_outputs[-1],
             "pooled_output": keras.KerasTensor((batch, self.hidden_size), dtype=self.compute_dtype),
             "encoder_outputs": encoder_outputs,
+            "embedding_output": keras.KerasTensor(
+                (batch, length, self.hidden_size), dtype=self.compute_dtype
+            ),
         }
 
 

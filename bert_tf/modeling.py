@@ -63,6 +63,12 @@ NAMED_SIZES = {
 # bert_config.json, Hugging Face's config.json) never carry it and are read as the current version.
 CONFIG_VERSION = 2
 
+# How far each token sees. "left_to_right" is the paper's LTR ablation (Table 5, "LTR & No NSP"):
+# position i attends to positions <= i only, in pretraining, fine-tuning and every export.
+BIDIRECTIONAL = "bidirectional"
+LEFT_TO_RIGHT = "left_to_right"
+ATTENTION_DIRECTIONS = (BIDIRECTIONAL, LEFT_TO_RIGHT)
+
 _INT_FIELDS = (
     "vocab_size",
     "hidden_size",
@@ -110,6 +116,7 @@ class BertConfig:
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     do_lower_case: bool = True
+    attention_direction: str = BIDIRECTIONAL
     config_version: int = CONFIG_VERSION
 
     def __post_init__(self):
@@ -135,12 +142,22 @@ class BertConfig:
             raise ConfigError(
                 f"BertConfig.do_lower_case must be true or false, got {self.do_lower_case!r}"
             )
+        if self.attention_direction not in ATTENTION_DIRECTIONS:
+            raise ConfigError(
+                f"BertConfig.attention_direction must be one of {', '.join(ATTENTION_DIRECTIONS)}, "
+                f"got {self.attention_direction!r}"
+            )
         if self.config_version != CONFIG_VERSION:
             # A newer bert_tf may give a name a new meaning; guessing would change outputs silently.
             raise ConfigError(
                 f"BertConfig.config_version must be {CONFIG_VERSION} (this bert_tf's), "
                 f"got {self.config_version!r}"
             )
+
+    @property
+    def left_to_right(self):
+        """Whether each position attends to itself and the positions before it only."""
+        return self.attention_direction == LEFT_TO_RIGHT
 
     @classmethod
     def from_size(cls, name, vocab_size, **overrides):
@@ -315,12 +332,19 @@ def build_encoder(config):
         [tokens, position_embeddings(tokens), segment_embeddings(inputs["input_type_ids"])]
     )
     x = embeddings_dropout(embeddings_layer_norm(x))
+    # What the first transformer layer reads: the feature-based approach's "embeddings" layer.
+    embedding_output = x
     encoder_outputs = []
     for layer in transformer_layers:
         x = layer(x, padding_mask=inputs["input_mask"])
         encoder_outputs.append(x)
     pooled = pooler(x[:, 0, :])
-    outputs = {"sequence_output": x, "pooled_output": pooled, "encoder_outputs": encoder_outputs}
+    outputs = {
+        "sequence_output": x,
+        "pooled_output": pooled,
+        "encoder_outputs": encoder_outputs,
+        "embedding_output": embedding_output,
+    }
     return keras.Model(inputs=inputs, outputs=outputs, name="bert_encoder")
 
 

@@ -147,6 +147,7 @@ class NumpyBert:
         x = np_layer_norm(
             x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"]
         )
+        self.embedding_output = x
         adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
         self.layers = []
         for n in range(c["num_hidden_layers"]):

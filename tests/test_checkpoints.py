@@ -10,6 +10,7 @@ import tensorflow as tf
 from helpers import FIXTURES, run_module_cli, tiny_inputs
 from helpers_google import (
     GOOGLE_TINY,
+    NumpyBert,
     np_bert,
     np_gelu_exact,
     original_shapes,
@@ -61,6 +62,9 @@ def test_google_checkpoint_matches_numpy_bert(tmp_path):
     assert len(enc["encoder_outputs"]) == GOOGLE_TINY["num_hidden_layers"]
     for mine, ref in zip(enc["encoder_outputs"], layers):
         np.testing.assert_allclose(mine.numpy(), ref, atol=1e-5)
+    # The embedding layer's output (the feature-based approach's "embeddings" choice).
+    embedded = NumpyBert(weights, GOOGLE_TINY, ids, mask, types).embedding_output
+    np.testing.assert_allclose(enc["embedding_output"].numpy(), embedded, atol=1e-5)
     np.testing.assert_allclose(got["mlm_logits"].numpy(), mlm, atol=1e-5)
     np.testing.assert_allclose(got["nsp_logits"].numpy(), nsp, atol=1e-5)
     # 1e-5 tells the GELU forms apart: the erf form is much further from the original than that.

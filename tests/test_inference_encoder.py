@@ -43,6 +43,7 @@ def assert_same_encoder_outputs(got, want, num_layers):
     assert sorted(got) == sorted(want)
     np.testing.assert_allclose(got["sequence_output"], want["sequence_output"], **TOLERANCE)
     np.testing.assert_allclose(got["pooled_output"], want["pooled_output"], **TOLERANCE)
+    np.testing.assert_allclose(got["embedding_output"], want["embedding_output"], **TOLERANCE)
     assert len(got["encoder_outputs"]) == num_layers
     for layer, (g, w) in enumerate(zip(got["encoder_outputs"], want["encoder_outputs"])):
         np.testing.assert_allclose(g, w, err_msg=f"layer {layer}", **TOLERANCE)
