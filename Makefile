@@ -66,6 +66,11 @@ demo: $(STAMP)
 	@# Ask the pretrained model what it was trained on: fill a mask, score a sentence pair.
 	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --top_k=3 "$(DEMO_FILL_MASK)"
 	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --next_sentence $(DEMO_PAIR)
+	@# The paper's Table 7 in miniature: the demo model fine-tuned for tagging, against its frozen
+	@# layers feeding a BiLSTM (python -m bert_tf.experiments; RESULTS.md and charts in its dir).
+	$(PY) -m bert_tf.experiments --study=features --init_checkpoint=$(DEMO_DIR)/pretrained \
+	  --input_file=$(DEMO_DIR)/corpus.txt --output_dir=$(DEMO_DIR)/experiments/features
+	head -13 $(DEMO_DIR)/experiments/features/RESULTS.md
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/pretrained --export_dir=$(DEMO_DIR)/export/demo_bert
 	@# Serve both exports over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
 	printf 'model_config_list {\n  config { name: "demo_sst2" base_path: "%s" model_platform: "tensorflow" }\n  config { name: "demo_bert" base_path: "%s" model_platform: "tensorflow" }\n}\n' \

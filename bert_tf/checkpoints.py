@@ -304,6 +304,12 @@ def heads_in(names):
     )
 
 
+def without_heads(shapes, heads):
+    """`shapes` ({original name: shape}) less the variables of `heads` (their `cls/` scopes)."""
+    scopes = tuple(_HEAD_SCOPES[head] for head in as_heads(heads))
+    return {name: shape for name, shape in shapes.items() if not name.startswith(scopes)}
+
+
 # ----------------------------------------------------------------------------------------------
 # Google's original checkpoints
 # ----------------------------------------------------------------------------------------------
@@ -368,6 +374,9 @@ def huggingface_config(hf_config, do_lower_case, source="config.json"):
         problems.append(
             f"position_embedding_type {hf_config['position_embedding_type']!r} is not 'absolute'"
         )
+    if hf_config.get("is_decoder", False):
+        # transformers then masks attention causally but pools [CLS]: neither direction here.
+        problems.append("is_decoder is true (causal attention)")
     eps = hf_config.get("layer_norm_eps", modeling.LAYER_NORM_EPSILON)
     if not np.isclose(eps, modeling.LAYER_NORM_EPSILON, rtol=1e-3, atol=0):
         problems.append(f"layer_norm_eps is {eps}, this BERT uses {modeling.LAYER_NORM_EPSILON}")
@@ -489,7 +498,8 @@ ORIGINAL_CONFIG_FIELDS = (
     "type_vocab_size",
     "initializer_range",
 )
-# With the casing and the file's version: a BertConfig field added later sets something else.
+# With the casing and the file's version: a BertConfig field added later sets something else
+# (attention_direction: Google's, Hugging Face's and keras-hub's BERT attend both ways only).
 _PORTABLE_FIELDS = frozenset(ORIGINAL_CONFIG_FIELDS) | {"do_lower_case", "config_version"}
 
 

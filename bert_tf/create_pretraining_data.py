@@ -4,7 +4,8 @@
       --output_dir=tfrecords --num_shards=8 --dupe_factor=5
 
 The flags are the original script's, plus --output_dir/--num_shards/--output_prefix, --num_workers,
---compression, --overwrite, --input_tfds and --runner.
+--compression, --overwrite, --input_tfds, --runner and --random_next_prob (the original's 0.5
+chance of a random B; 0 for the paper's No NSP ablations).
 
   * output file k of N holds the k-th of N equal byte ranges of the input, cut into work units of
     about 1 MiB that --num_workers processes run (1: this process); the output is byte-identical

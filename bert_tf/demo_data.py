@@ -1,11 +1,15 @@
 """The demo's labelled task data, written in the tasks' real file formats.
 
 `make demo` and the tests fine-tune on these: a sentiment task in GLUE SST-2's layout
-(train/dev/test.tsv) and a multiple choice task in SWAG's (train/val/test.csv). Both are templated
-from small word lists, deterministic for a seed, and learnable by a tiny model in seconds.
+(train/dev/test.tsv) and a multiple choice task in SWAG's (train/val/test.csv), both templated
+from small word lists and learnable by a tiny model in seconds; and a tagging task in CoNLL-2003's
+layout (train/dev/test.txt) on a corpus's own sentences: the standard library's module names (MOD)
+and the built-in type names (TYPE) where the sentences use them. All are deterministic for a seed
+(the tagging task for a seed and a Python version: the module names are its standard library's).
 
 CLI:
-  python -m bert_tf.demo_data --glue_dir=build/demo/glue --swag_dir=build/demo/swag
+  python -m bert_tf.demo_data --glue_dir=build/demo/glue --swag_dir=build/demo/swag \
+      --conll_dir=build/demo/conll --corpus_file=build/demo/corpus.txt
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -17,6 +21,8 @@ import dataclasses
 import io
 import os
 import random
+import re
+import sys
 
 import numpy as np
 
@@ -162,21 +168,105 @@ def write_demo_swag_dir(path, num_train=400, num_dev=100, num_test=100, seed=432
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# Tagging in CoNLL-2003's layout: code names in prose. A module name that is also a common English
+# word ("string", "time") is left untagged, as is any name of three letters or fewer.
+# ---------------------------------------------------------------------------------------------
+
+_ENGLISH_MODULE_NAMES = frozenset(
+    "abc array code copy queue random select signal site string test this time token types "
+    "keyword numbers operator secrets struct symtable calendar glob math platform resource shelve "
+    "socket stat wave warnings errno enum sched email html json uuid zipimport".split()
+)
+_TYPE_NAMES = frozenset("int str float bytes bytearray dict tuple frozenset bool".split())
+CONLL_TAGS = ("O", "B-MOD", "B-TYPE")
+
+
+def conll_words(sentence):
+    """A sentence's words and punctuation marks, CoNLL's one token per line."""
+    return re.findall(r"\w+|[^\w\s]", sentence)
+
+
+def code_name_tags(words):
+    """Each word's tag: B-MOD for a standard library module's name, B-TYPE for a built-in type's."""
+    modules = set(sys.stdlib_module_names) - _ENGLISH_MODULE_NAMES
+    return [
+        "B-MOD"
+        if word.lower() in modules and len(word) > 3
+        else "B-TYPE"
+        if word in _TYPE_NAMES
+        else "O"
+        for word in words
+    ]
+
+
+def code_name_sentences(sentences, count, rng):
+    """`count` of `sentences` in a random order, two thirds of them naming a module or type."""
+    unique = sorted(set(sentences))
+    rng.shuffle(unique)
+    tagged = [s for s in unique if set(code_name_tags(conll_words(s))) != {"O"}]
+    tagged_set = set(tagged)
+    wanted = count * 2 // 3
+    if len(tagged) < wanted:
+        raise io_utils.UsageError(
+            f"the corpus has {len(tagged)} sentences naming a module or type; {wanted} are needed"
+        )
+    chosen = tagged[:wanted] + [s for s in unique if s not in tagged_set][: count - wanted]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def conll_text(sentences):
+    """CoNLL-2003's layout: -DOCSTART-, then `word POS chunk tag` per line, a blank line after each
+    sentence (the POS and chunk columns are placeholders: the tagger reads the last column)."""
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for sentence in sentences:
+        words = conll_words(sentence)
+        lines += [f"{w} NN O {t}" for w, t in zip(words, code_name_tags(words))] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def write_demo_conll_dir(path, corpus_file, num_train=600, num_dev=200, num_test=100, seed=99):
+    """Writes train.txt, dev.txt and test.txt tagging code names in `corpus_file`'s sentences (one
+    per line, as bert_tf.corpus writes them); returns `path`."""
+    with open(corpus_file, encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if 3 <= len(line.split()) <= 40]
+    chosen = code_name_sentences(sentences, num_train + num_dev + num_test, random.Random(seed))
+    splits = {
+        "train": chosen[:num_train],
+        "dev": chosen[num_train : num_train + num_dev],
+        "test": chosen[num_train + num_dev :],
+    }
+    for split, rows in splits.items():
+        io_utils.atomic_write_text(os.path.join(path, f"{split}.txt"), conll_text(rows))
+    return path
+
+
 @dataclasses.dataclass
 class DemoDataArgs:
     """Where the demo's task files go (each optional)."""
 
     glue_dir: str = arg("", "Write the sentiment task here, in GLUE SST-2's layout.")
     swag_dir: str = arg("", "Write the multiple choice task here, in SWAG's layout.")
+    conll_dir: str = arg("", "Write the tagging task here, in CoNLL-2003's layout (--corpus_file).")
+    corpus_file: str = arg("", "The sentences --conll_dir tags, one per line (bert_tf.corpus).")
 
 
 def run(args):
     """Writes the task directories `args` name."""
-    if not (args.glue_dir or args.swag_dir):
-        raise io_utils.UsageError("give --glue_dir, --swag_dir or both")
+    if not (args.glue_dir or args.swag_dir or args.conll_dir):
+        raise io_utils.UsageError("give one or more of --glue_dir, --swag_dir and --conll_dir")
+    if bool(args.conll_dir) != bool(args.corpus_file):
+        raise io_utils.UsageError(
+            "--conll_dir and --corpus_file (the sentences to tag) go together"
+        )
+    if args.corpus_file and not os.path.isfile(args.corpus_file):
+        raise io_utils.UsageError(f"--corpus_file={args.corpus_file} is not a file")
     for path, write in ((args.glue_dir, write_demo_glue_dir), (args.swag_dir, write_demo_swag_dir)):
         if path:
             print(f"wrote {write(path)}", flush=True)
+    if args.conll_dir:
+        print(f"wrote {write_demo_conll_dir(args.conll_dir, args.corpus_file)}", flush=True)
 
 
 if __name__ == "__main__":

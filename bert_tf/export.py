@@ -15,7 +15,8 @@ A pretrained model directory (no task.json) follows the TF Hub text convention, 
 one version, so they always match:
 - EXPORT_DIR/N/ is the encoder. `__call__` maps a dict of input_word_ids, input_mask and
   input_type_ids (int32 [b, s]) to sequence_output [b, s, h], pooled_output [b, h], default
-  (= pooled_output) and encoder_outputs (a list of [b, s, h], one per layer). Its
+  (= pooled_output), encoder_outputs (a list of [b, s, h], one per layer) and embedding_output
+  [b, s, h] (what the first layer reads). Its
   `serving_default` signature takes the three inputs by name and returns the same, with
   encoder_outputs stacked batch-first, [b, layers, s, h] (TF Serving's row format needs every
   output batch-first).
@@ -64,7 +65,14 @@ from bert_tf.cli import arg
 from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
 from bert_tf.model_dir import MLM_HEAD, ModelDir
 from bert_tf.model_versions import list_versions
-from bert_tf.tasks import export_graph, length_multiple, models, pack_inputs, registry
+from bert_tf.tasks import (
+    export_graph,
+    length_multiple,
+    models,
+    pack_inputs,
+    registry,
+    representations,
+)
 from bert_tf.tokenizer_rules import VocabError, load_vocab
 
 ENCODER_KIND = "encoder"
@@ -127,7 +135,8 @@ class ExportArgs:
 
 
 class EncoderModule(export_graph.ServingModule):
-    """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output, encoder_outputs, default."""
+    """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output,
+    encoder_outputs, embedding_output, default."""
 
     def __init__(self, encoder, assets, packer, heads=None):
         super().__init__(assets)
@@ -157,6 +166,7 @@ class EncoderModule(export_graph.ServingModule):
             "sequence_output": sequence_output,
             "pooled_output": pooled_output,
             "encoder_outputs": [tf.cast(x, tf.float32) for x in outputs["encoder_outputs"]],
+            "embedding_output": tf.cast(outputs["embedding_output"], tf.float32),
             "default": pooled_output,
         }
 
@@ -279,7 +289,13 @@ def build_serving_modules(
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
         model, encoder, _, spec = models.load_task_model(directory)
-        model = with_inference_encoder(encoder, config, model)
+        # A feature-based model runs its encoder inside a FrozenEncoder: that layer is replaced.
+        model = with_inference_encoder(
+            representations.encoder_layer(model, encoder),
+            config,
+            model,
+            fast=InferenceEncoder(encoder, config),
+        )
     serving_module = registry.serving_module(spec.kind)
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
 
@@ -288,12 +304,21 @@ def pretrained_models(directory, config, seq_length, pad_to_max_seq_length):
     """(the inference encoder, the fill_mask / next_sentence signatures or None) of a pretrained
     model directory; one InferenceEncoder serves both, so its weights are saved once."""
     heads = directory.pretraining_heads()
-    if not heads:
+    if config.left_to_right and MLM_HEAD in heads:
+        # Its tied LM head was trained to predict the next token: a fill_mask would mislead.
+        logging.warning(
+            "%s is a left-to-right language model: its LM head predicts the next token, so the "
+            "export has no fill_mask signature",
+            directory.path,
+        )
+        heads = heads - {MLM_HEAD}
+    elif not heads:
         logging.warning(
             "%s has no pretraining heads: the export has the encoder, and no fill-mask or "
             "next-sentence signatures",
             directory.path,
         )
+    if not heads:
         return with_inference_encoder(directory.load_encoder(), config), None
     if MLM_HEAD in heads and "[MASK]" not in load_vocab(directory.vocab_file):
         raise io_utils.UsageError(f"{directory.vocab_file} has no [MASK] token for fill-mask")

@@ -10,7 +10,8 @@ JSON object per input line, in the original layout:
 
 one entry per token of the packed input ([CLS] a [SEP] (b [SEP]), b only when it has tokens,
 truncated by the original rule), values rounded to 6 decimals. Layer -1 is the last transformer
-layer, -2 the one before.
+layer, -2 the one before; `embeddings` (its "index" the string "embeddings") is the embedding
+layer's output, what the first transformer layer reads (the encoder's embedding_output).
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -39,7 +40,11 @@ class ExtractArgs:
     bert_config_file: str = cli.inherit(FinetuneArgs, "bert_config_file")
     vocab_file: str = cli.inherit(FinetuneArgs, "vocab_file")
     do_lower_case: bool = cli.inherit(FinetuneArgs, "do_lower_case")
-    layers: str = arg("-1,-2,-3,-4", "The layers to output, comma-separated (-1 is the last).")
+    layers: str = arg(
+        "-1,-2,-3,-4",
+        "The layers to output, comma-separated (-1 is the last; `embeddings` is the embedding "
+        "layer's output, what the first layer reads).",
+    )
     max_seq_length: int = arg(
         128,
         "The maximum total input sequence length after WordPiece tokenization; longer "
@@ -48,18 +53,25 @@ class ExtractArgs:
     batch_size: int = arg(32, "Batch size for predictions.")
 
 
+# The --layers name of the embedding layer's output (the encoder's embedding_output).
+EMBEDDINGS = "embeddings"
+
+
 def parse_layers(text, num_layers):
-    """The --layers indices as ints; each must name one of the model's layers (-1 the last)."""
+    """The --layers entries: ints naming the model's layers (-1 the last), or EMBEDDINGS."""
     try:
-        layers = [int(x) for x in text.split(",") if x.strip()]
+        layers = [
+            EMBEDDINGS if x.strip() == EMBEDDINGS else int(x) for x in text.split(",") if x.strip()
+        ]
     except ValueError:
         raise io_utils.UsageError(
-            f"--layers={text}: expected comma-separated integers such as -1,-2,-3,-4"
+            f"--layers={text}: expected comma-separated integers such as -1,-2,-3,-4, "
+            f"or {EMBEDDINGS}"
         ) from None
     if not layers:
         raise io_utils.UsageError("--layers is empty")
     for layer in layers:
-        if not -num_layers <= layer < num_layers:
+        if layer != EMBEDDINGS and not -num_layers <= layer < num_layers:
             raise io_utils.UsageError(
                 f"--layers: {layer} is out of range for a model with {num_layers} layers"
             )
@@ -124,9 +136,13 @@ def run(args):
     @tf.function
     def selected_layers(batch):
         outputs = encoder({name: batch[name] for name in modeling.ENCODER_INPUTS}, training=False)
-        return tf.stack(
-            [tf.cast(outputs["encoder_outputs"][layer], tf.float32) for layer in layers], axis=1
-        )
+        chosen = [
+            outputs["embedding_output"]
+            if layer == EMBEDDINGS
+            else outputs["encoder_outputs"][layer]
+            for layer in layers
+        ]
+        return tf.stack([tf.cast(x, tf.float32) for x in chosen], axis=1)
 
     with io_utils.atomic_path(args.output_file) as tmp, tf.io.gfile.GFile(tmp, "w") as out:
         dataset = tasks.features_dataset(features, args.batch_size)

@@ -26,6 +26,8 @@ but one core's share on a TPU, where the cores' gradients are then summed, each 
 """
 
 import dataclasses
+import json
+import math
 import os
 
 import numpy as np
@@ -64,6 +66,8 @@ class FinetuneConfig:
     length_bucket: int = 1
     # Training batches of similar lengths (with a length_bucket); off: plain shuffled batches.
     group_by_length: bool = True
+    # Evaluate after every epoch too (eval_history.jsonl: the learning curve), not only at the end.
+    eval_every_epoch: bool = False
     # The loop's cadence, clipping and compilation; its num_train_steps is set from the data.
     loop: training.LoopConfig = dataclasses.field(
         default_factory=lambda: training.LoopConfig(num_train_steps=0)
@@ -186,8 +190,8 @@ class Finetuner(TrainingJob):
             and not previous.same_head(self.spec)
         ):
             raise io_utils.UsageError(
-                f"--output_dir={output_dir} holds a {previous.kind} model with labels {previous.labels}, "
-                f"not a {self.spec.kind} with labels {self.spec.labels}; use a new --output_dir"
+                f"--output_dir={output_dir} holds a {previous.describe()} model, not a "
+                f"{self.spec.describe()}; use a new --output_dir"
             )
 
     def start(self, make_train_dataset=None):
@@ -226,15 +230,16 @@ class Finetuner(TrainingJob):
             self.source.config, self.source.vocab_file, self.spec
         )
 
-    def train(self, log_fn=print):
-        """Trains to num_train_steps (resuming where OUTPUT_DIR left off); returns the last metrics."""
+    def train(self, log_fn=print, until_step=None):
+        """Trains to num_train_steps, or `until_step` if sooner (resuming where OUTPUT_DIR left
+        off); returns the last metrics."""
         if not self.finished:  # (a finished run says so in TrainingJob.train)
             log_fn(
                 f"training {self.spec.kind} for {self.num_train_steps} steps "
                 f"(global batch {self.config.train_batch_size}, "
                 f"{self.strategy.num_replicas_in_sync} replicas)"
             )
-        return super().train(log_fn=log_fn)
+        return super().train(log_fn=log_fn, until_step=until_step)
 
     def _predict_fn(self, has_labels):
         """The tf.function running one distributed prediction step (traced once per has_labels)."""
@@ -329,6 +334,59 @@ class RunResult:
     finetuner: Finetuner
 
 
+EVAL_HISTORY_FILE = "eval_history.jsonl"
+
+
+def epoch_ends(train_steps, num_train_epochs):
+    """The step at which each epoch ends (a fractional last epoch ends at train_steps)."""
+    per_epoch = train_steps / num_train_epochs
+    ends = [round(k * per_epoch) for k in range(1, math.ceil(num_train_epochs))]
+    return [step for step in ends if 0 < step < train_steps] + [train_steps]
+
+
+class EvalHistory:
+    """OUTPUT_DIR/eval_history.jsonl: one line of eval results per epoch, rewritten atomically.
+
+    A resumed run keeps the lines of the steps it has already passed.
+    """
+
+    def __init__(self, output_dir, current_step, is_chief=True):
+        self.path = os.path.join(output_dir, EVAL_HISTORY_FILE)
+        self.is_chief = is_chief
+        self.entries = [
+            entry for entry in read_eval_history(output_dir) if entry["global_step"] <= current_step
+        ]
+
+    def has(self, step):
+        return any(entry["global_step"] == step for entry in self.entries)
+
+    def add(self, epoch, step, results):
+        self.entries = [e for e in self.entries if e["global_step"] != step]
+        self.entries.append({"epoch": epoch, "global_step": step, **_json_scalars(results)})
+        if self.is_chief:
+            io_utils.atomic_write_text(
+                self.path, "".join(json.dumps(entry) + "\n" for entry in self.entries)
+            )
+
+
+def read_eval_history(output_dir):
+    """The eval_history.jsonl entries of a fine-tuning run ([] without one)."""
+    path = os.path.join(output_dir, EVAL_HISTORY_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _json_scalars(results):
+    """The numeric entries of eval results as plain Python numbers."""
+    return {
+        k: v.item() if isinstance(v, (np.floating, np.integer)) else v
+        for k, v in results.items()
+        if isinstance(v, (int, float, np.floating, np.integer))
+    }
+
+
 def mean_loss(outputs):
     """The weighted mean loss over the rows returned by Finetuner.predict(has_labels=True)."""
     weight = float(np.sum(outputs["example_weight"]))
@@ -354,9 +412,10 @@ def run(
 ):
     """Fine-tunes `spec`'s model as `config` says, then evaluates and predicts; returns a RunResult.
 
-    `train` (a TrainData) is needed with config.do_train. `evaluate_and_predict(finetuner)` returns
-    (eval results, files written): non-empty results get the global step, go to eval_results.txt
-    and are printed under `eval_title`.
+    `train` (a TrainData) is needed with config.do_train. `evaluate_and_predict(finetuner, final)`
+    returns (eval results, files written): non-empty results get the global step, go to
+    eval_results.txt and are printed under `eval_title`. With config.eval_every_epoch it is also
+    called after each epoch but the last with final=False: evaluate only, write nothing.
     """
     train_steps, make_train_dataset = 0, None
     if config.do_train:
@@ -382,10 +441,27 @@ def run(
 
     tuner = Finetuner(config, strategy, source, spec, train_steps)
     tuner.start(make_train_dataset)
-    train_metrics = tuner.train(log_fn) if config.do_train else {}
+    train_metrics, history = {}, None
+    ends = [train_steps] if config.do_train else []
+    if config.do_train and config.eval_every_epoch and evaluate_and_predict:
+        ends = epoch_ends(train_steps, config.num_train_epochs)
+        # Every worker evaluates (the prediction runs under the strategy); the chief writes.
+        history = EvalHistory(config.output_dir, tuner.step, tuner.is_chief)
+    for epoch, end in enumerate(ends, 1):
+        if tuner.step < end:
+            train_metrics = tuner.train(log_fn, until_step=end) or train_metrics
+        elif end == train_steps:
+            train_metrics = tuner.train(log_fn)  # (says the run is already trained)
+        # An epoch's end a resumed run has passed cannot be evaluated any more; one it stopped
+        # at (killed before the evaluation) still can.
+        if history is not None and end < train_steps and tuner.step == end:
+            if not history.has(end):
+                history.add(epoch, end, evaluate_and_predict(tuner, final=False)[0])
     eval_results, output_files = evaluate_and_predict(tuner) if evaluate_and_predict else ({}, [])
     if eval_results:
         eval_results["global_step"] = tuner.step
         tuner.write_eval_results(eval_results)
         print_results(eval_title, eval_results, log_fn)
+        if history is not None and config.do_train:
+            history.add(len(ends), tuner.step, eval_results)
     return RunResult(tuner.step, train_metrics, eval_results, list(output_files), tuner)

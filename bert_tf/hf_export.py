@@ -33,7 +33,7 @@ dropout and Linear(H, 1) on each choice's pooled_output, reshaped to [b, choices
 decoder is tied to the word embeddings and its bias to cls.predictions.bias, as transformers ties them
 (and leaves them out of the file). There is no head here whose form transformers lacks, so no
 refusal for a head; a config setting beyond the original BERT's (checkpoints.unportable_settings)
-is refused.
+is refused: a left_to_right model (attention_direction), for one, since BertModel attends both ways.
 
 The names come from bert_tf.checkpoints' one map: the model's weights under the original names
 (original_weights), each renamed by huggingface_name, which is checked against the importer's
@@ -109,13 +109,26 @@ def architecture(spec, heads):
     return PRETRAINED_ARCHITECTURES[frozenset(heads)]
 
 
-def check_exportable(config, target):
-    """Refuses (UsageError) a config with settings beyond the original BERT's: `target` lacks them."""
+def check_exportable(config, target, model_dir):
+    """Refuses (UsageError) the config of `model_dir` with settings beyond the original BERT's:
+    `target` lacks them (a left_to_right attention_direction: its BERT always attends both ways)."""
     settings = checkpoints.unportable_settings(config)
     if settings:
         raise io_utils.UsageError(
-            f"{', '.join(settings)}: {target}'s BERT has no such setting, so the model cannot "
-            "be exported exactly"
+            f"model directory {model_dir} has {', '.join(settings)}: {target}'s BERT has no such "
+            "setting, so the model cannot be exported exactly"
+        )
+
+
+def check_head_exportable(directory, target, model_dir):
+    """Refuses (UsageError) a fine-tuned model whose head reads more than the encoder's outputs (a
+    BiLSTM, a frozen encoder's chosen layers): `target` has no such head."""
+    spec = models.read_task_spec(directory)
+    if spec is not None and (spec.head != "dense" or spec.features):
+        what = f"features={spec.features}" if spec.features else f"head={spec.head}"
+        raise io_utils.UsageError(
+            f"model directory {model_dir} has a {what} {spec.kind} head (task.json): {target} has "
+            "only dense heads on the encoder, so the model cannot be exported"
         )
 
 
@@ -242,7 +255,8 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
     """
     directory = ModelDir(model_dir)
     directory.check()
-    check_exportable(directory.read_config(), "Hugging Face")
+    check_exportable(directory.read_config(), "Hugging Face", model_dir)
+    check_head_exportable(directory, "Hugging Face", model_dir)
     check_apart(model_dir, output_dir)
     vocab = read_vocab(directory.vocab_file)
     with io_utils.atomic_directory(output_dir, overwrite=overwrite) as tmp:

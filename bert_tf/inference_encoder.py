@@ -16,10 +16,11 @@ by side on TensorFlow's inter-op threads.
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
-tanh(dense(first token)); outputs match the Keras encoder's within float rounding (tests compare
-every output). Inference only: there is no dropout, and the weights are copies of the encoder's in
-this layout (the matmul kernels in the compute dtype), so training goes through bert_tf.modeling's
-Keras encoder.
+tanh(dense(first token)); a left_to_right config's attention sees each position and those before
+it, and its pooler reads the last real token, as modeling.build_encoder's do. Outputs match the
+Keras encoder's within float rounding (tests compare every output). Inference only: there is no
+dropout, and the weights are copies of the encoder's in this layout (the matmul kernels in the
+compute dtype), so training goes through bert_tf.modeling's Keras encoder.
 """
 
 import math
@@ -56,6 +57,7 @@ class InferenceEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
+        self.left_to_right = config.left_to_right
         self.activation = modeling.get_activation(config.hidden_act)
         # The encoder's weights by the original's names, in the original's 2-D shapes (the
         # checkpoint converter's map, read backwards: each Keras layout is a reshape of those).
@@ -161,7 +163,8 @@ class InferenceEncoder(keras.layers.Layer):
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
     def _attention(self, x, layer, shard, keys, batch, length):
-        """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1, s]), its context.
+        """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1 or s, s]): its
+        context.
 
         The context is [b*s, the shard's heads times head_size].
         """
@@ -246,12 +249,19 @@ class InferenceEncoder(keras.layers.Layer):
         x = tf.reshape(embedding_output, [-1, self.hidden_size])
         # A key is real where its int32 mask is positive (Keras' masked softmax keeps mask > 0.5).
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
+        if self.left_to_right:  # [b, 1, s, s]: query i sees the real keys j <= i
+            keys = tf.logical_and(keys, modeling.left_to_right_mask(1, length)[:, tf.newaxis])
         encoder_outputs = []
         for layer in self.transformer_layers:
             x = self._transformer_layer(x, layer, keys, batch, length)
             encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
         sequence_output = encoder_outputs[-1]
-        pooled_output = tf.tanh(self._dense(sequence_output[:, 0], *self.pooler))
+        if self.left_to_right:
+            index = modeling.pooled_token_index(inputs["input_mask"])
+            pooled_token = tf.gather(sequence_output, index, batch_dims=1)
+        else:
+            pooled_token = sequence_output[:, 0]
+        pooled_output = tf.tanh(self._dense(pooled_token, *self.pooler))
         return {
             "sequence_output": sequence_output,
             "pooled_output": pooled_output,

@@ -32,11 +32,11 @@ from absl import logging
 
 from bert_tf import checkpoints, io_utils, modeling, tokenization
 from bert_tf.model_dir import (
-    ALL_HEADS,
     ModelDir,
     checkpoint_root_children,
     describe_heads,
     is_object_checkpoint,
+    model_pretraining_heads,
     pretraining_heads_to_restore,
 )
 from bert_tf.tasks import models
@@ -130,12 +130,21 @@ class ModelSource:
         """Assigns an original checkpoint's weights (see load_weights)."""
         prefix = self.init_prefix
         shapes, reader = checkpoints.read_google_checkpoint_shapes(prefix)
-        with_heads = checkpoints.heads_in(shapes) if pretraining_model is not None else frozenset()
-        if pretraining_model is not None and with_heads != ALL_HEADS:
-            logging.warning("%s has %s: the others start fresh", prefix, describe_heads(with_heads))
+        found = checkpoints.heads_in(shapes)
+        model_heads = (
+            model_pretraining_heads(pretraining_model)
+            if pretraining_model is not None
+            else frozenset()
+        )
+        with_heads = found & model_heads
+        if with_heads != model_heads:
+            logging.warning("%s has %s: the others start fresh", prefix, describe_heads(found))
         if not with_heads:
             # The encoder alone: pretraining heads (cls/) and any old task head are dropped.
             shapes = {name: shape for name, shape in shapes.items() if name.startswith("bert/")}
+        else:
+            # A model built without its NSP head takes the checkpoint's MLM head only.
+            shapes = checkpoints.without_heads(shapes, found - with_heads)
         try:
             checkpoints.assign_original_weights(
                 prefix,
@@ -159,20 +168,25 @@ def resolve(
     model_size=None,
     output_dir="",
     max_seq_length=None,
+    model_size_attention_direction=modeling.BIDIRECTIONAL,
 ):
     """The ModelSource for a job's flags (see the module docstring); bad flags are UsageErrors naming them.
 
-    `model_size` is None for jobs without a --model_size flag. `output_dir` is the job's own
-    model directory (a rerun resumes it); `max_seq_length` must fit max_position_embeddings.
+    `model_size` is None for jobs without a --model_size flag; a --model_size config gets
+    `model_size_attention_direction` (pretraining's --objective=ltr: left_to_right). `output_dir` is the
+    job's own model directory (a rerun resumes it); `max_seq_length` must fit
+    max_position_embeddings.
     """
     init_dir = ModelDir(init_checkpoint)
     flags = (bert_config_file, vocab_file, do_lower_case, model_size)
     if init_dir.exists():
         source = _from_model_dir(init_dir, *flags)
     elif init_checkpoint:
-        source = _from_google_checkpoint(init_checkpoint, *flags, output_dir)
+        source = _from_google_checkpoint(
+            init_checkpoint, *flags, output_dir, model_size_attention_direction
+        )
     else:
-        source = _from_flags(*flags, output_dir)
+        source = _from_flags(*flags, output_dir, model_size_attention_direction)
     _check_fits(source, max_seq_length, output_dir)
     return source
 
@@ -197,12 +211,12 @@ def _from_model_dir(init_dir, bert_config_file, vocab_file, do_lower_case, model
 
 
 def _from_google_checkpoint(
-    init, bert_config_file, vocab_file, do_lower_case, model_size, output_dir
+    init, bert_config_file, vocab_file, do_lower_case, model_size, output_dir, direction
 ):
     """An original checkpoint as --init_checkpoint: its weights, with the config the flags give."""
     prefix, not_found = _find_google_checkpoint(init)
     config, vocab_file = _config_from_flags(
-        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init
+        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init, direction
     )
     if not_found is not None:
         raise io_utils.UsageError(
@@ -218,11 +232,11 @@ def _from_google_checkpoint(
     )
 
 
-def _from_flags(bert_config_file, vocab_file, do_lower_case, model_size, output_dir):
+def _from_flags(bert_config_file, vocab_file, do_lower_case, model_size, output_dir, direction):
     """Random initial weights, with the config --bert_config_file, --model_size or a resumed
     OUTPUT_DIR gives."""
     config, vocab_file = _config_from_flags(
-        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init=""
+        bert_config_file, vocab_file, do_lower_case, model_size, output_dir, "", direction
     )
     return ModelSource(config=config, vocab_file=_required_vocab(vocab_file))
 
@@ -264,8 +278,11 @@ def _find_google_checkpoint(init):
     return prefix, not_found
 
 
-def _config_from_flags(bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init):
-    """(config, vocab file) from --bert_config_file, else --model_size, else a resumed OUTPUT_DIR."""
+def _config_from_flags(
+    bert_config_file, vocab_file, do_lower_case, model_size, output_dir, init, direction
+):
+    """(config, vocab file) from --bert_config_file, else --model_size (its attention direction
+    `direction`), else a resumed OUTPUT_DIR."""
     casing = {} if do_lower_case is None else {"do_lower_case": bool(do_lower_case)}
     if bert_config_file:
         try:
@@ -277,7 +294,10 @@ def _config_from_flags(bert_config_file, vocab_file, do_lower_case, model_size, 
         if not vocab_file:
             raise io_utils.UsageError("--model_size needs --vocab_file (its size sets vocab_size)")
         vocab_size = len(_load_vocab(vocab_file))
-        return modeling.BertConfig.from_size(model_size, vocab_size, **casing), vocab_file
+        config = modeling.BertConfig.from_size(
+            model_size, vocab_size, attention_direction=direction, **casing
+        )
+        return config, vocab_file
     resume_dir = ModelDir(output_dir)
     if resume_dir.exists():
         config = resume_dir.load_config()
@@ -308,9 +328,12 @@ def _check_fits(source, max_seq_length, output_dir):
     if resume_dir.exists():
         previous = resume_dir.read_config()
         if previous != config:
-            requested = config.to_dict()
+            # Every field, attention_direction too (to_dict leaves a bidirectional one's out).
+            requested = dataclasses.asdict(config)
             differences = {
-                k: (v, requested[k]) for k, v in previous.to_dict().items() if requested[k] != v
+                k: (v, requested[k])
+                for k, v in dataclasses.asdict(previous).items()
+                if requested[k] != v
             }
             raise io_utils.UsageError(
                 f"--output_dir={output_dir} holds a run with a different model config "

@@ -151,7 +151,8 @@ class DynamicMasking:
 
 
 def _unmasked_input_ids(batch):
-    """The stored ids with the statically masked positions put back to their original tokens."""
+    """The stored ids with the statically masked positions put back to their original tokens:
+    masked_lm_ids at masked_lm_positions, where masked_lm_weights > 0."""
     ids = batch["input_word_ids"]
     positions = batch["masked_lm_positions"]
     real = batch["masked_lm_weights"] > 0
@@ -265,13 +266,16 @@ def pretraining_dataset(
     input_context=None,
     seed=None,
     dynamic_masking=None,
+    restore_masked_tokens=False,
 ):
     """Batches of pretraining records for ONE input pipeline (one worker) of `batch_size` examples.
 
     Training: each worker takes every n-th file (fewer files than workers: every n-th record),
     files are shuffled and read `MAX_PARALLEL_FILES` at a time, records shuffled, repeated forever.
     Eval: files in order, one pass. With `seed`, the order is deterministic (so a run resumed from
-    a checkpointed iterator sees exactly the batches an uninterrupted run would).
+    a checkpointed iterator sees exactly the batches an uninterrupted run would). With
+    `restore_masked_tokens`, input_word_ids are the text's own tokens, the masked ones put back:
+    what a left-to-right language model reads.
     """
     files = list(files)
     num_pipelines = input_context.num_input_pipelines if input_context else 1
@@ -302,6 +306,12 @@ def pretraining_dataset(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic,
     )
+    if restore_masked_tokens:
+        dataset = dataset.map(
+            lambda batch: dict(batch, input_word_ids=_unmasked_input_ids(batch)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
     if dynamic_masking is not None:
         # Each batch's masks come from (seed, pipeline, batch number): stateless, so checkpointable.
         base_seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
@@ -327,8 +337,10 @@ def distributed_pretraining_dataset(
     is_training,
     seed=None,
     dynamic_masking=None,
+    restore_masked_tokens=False,
 ):
-    """The strategy's distributed dataset: each worker builds its own pipeline of per-replica batches."""
+    """The strategy's distributed dataset: each worker builds its own pipeline of per-replica batches
+    (the arguments are pretraining_dataset's, with the global batch size)."""
     if global_batch_size % strategy.num_replicas_in_sync:
         raise io_utils.UsageError(
             f"the global batch size {global_batch_size} is not divisible by the "
@@ -345,6 +357,7 @@ def distributed_pretraining_dataset(
             input_context=input_context,
             seed=seed,
             dynamic_masking=dynamic_masking,
+            restore_masked_tokens=restore_masked_tokens,
         )
 
     return strategy.distribute_datasets_from_function(dataset_fn)

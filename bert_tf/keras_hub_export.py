@@ -25,6 +25,8 @@ What keras-hub's BERT can hold (keras-hub 0.32, read in keras_hub/src/models/ber
 - Its BertMaskedLM head applies the exact GELU behind a tanh-GELU backbone, a form none of our
   models has: a pretrained model's encoder is exported and its pretraining heads are left out
   (the result says so).
+- BertBackbone always attends both ways and pools the first token: a left_to_right model
+  (attention_direction in bert_config.json) is refused, naming the field and the model directory.
 - Its tokenizer lower-cases with Unicode case folding and keeps control characters; ours (the
   original's) lower-cases with str.lower and drops them: ids differ on such text only.
 """
@@ -148,7 +150,6 @@ def _load(directory, allow_gelu_change):
             "BertTextClassifier and BertMaskedLM), so this model cannot be exported exactly; "
             "export it with --to=huggingface"
         )
-    hf_export.check_exportable(config, "keras-hub")
     backbone = build_backbone(config)
     gelu_changed = check_activation(config, backbone, allow_gelu_change)
     if spec is not None:
@@ -179,6 +180,8 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
     """
     directory = ModelDir(model_dir)
     directory.check()
+    hf_export.check_exportable(directory.read_config(), "keras-hub", model_dir)
+    hf_export.check_head_exportable(directory, "keras-hub", model_dir)
     hf_export.check_apart(model_dir, output_dir)
     vocab = hf_export.read_vocab(directory.vocab_file)
     with io_utils.atomic_directory(output_dir, overwrite=overwrite) as tmp:

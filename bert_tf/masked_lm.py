@@ -11,7 +11,8 @@ two questions it was trained on:
 A literal [MASK] (and [SEP]) in the text is that token, with any casing setting. The MLM head runs
 at the masked positions only: it gathers them before the vocabulary projection, so a call never
 computes [b, s, vocab] logits. Probabilities are the softmax of the logits, as Hugging Face's
-fill-mask pipeline gives them; in the original's NSP, label 0 is IsNext.
+fill-mask pipeline gives them; in the original's NSP, label 0 is IsNext. A left-to-right model
+(run_pretraining --objective=ltr) answers no fill-mask: its head predicts the next token.
 
 The loss is the original's formula taken over the GLOBAL batch: the masked-LM cross-entropy
 averaged over the real (weight 1) predictions, sum(weight * xent) / (sum(weight) + 1e-5), both
@@ -20,7 +21,8 @@ so the per-replica shares add up to the global figure whatever the replicas' mas
 the NSP cross-entropy averaged over the global batch with tf.nn.compute_average_loss. So any number
 of replicas trains as the original does on one device. On a TPU the original computes the loss
 per core, over that core's share of the batch, and sums the cores' gradients, each clipped on
-its own (see bert_tf.optimization).
+its own (see bert_tf.optimization). Without NSP (run_pretraining --nsp=false) the loss is the
+masked-LM term alone; the left-to-right objective is bert_tf.left_to_right_lm's.
 """
 
 import dataclasses
@@ -42,33 +44,29 @@ _NEEDS = {MLM_HEAD: "fill-mask needs its MLM head", NSP_HEAD: "next-sentence nee
 
 
 class PretrainingObjective(Objective):
-    """MLM + NSP losses and their metrics, for training.Trainer."""
+    """MLM + NSP losses and their metrics, for training.Trainer; the MLM's alone without `nsp`
+    (the paper's "No NSP" ablation: `model` then has no NSP head, and nothing of NSP is reported)."""
 
-    stat_names = (
-        "loss",
-        "mlm_loss_sum",
-        "mlm_correct",
-        "mlm_weight",
-        "nsp_loss_sum",
-        "nsp_correct",
-        "examples",
-    )
+    MLM_STATS = ("loss", "mlm_loss_sum", "mlm_correct", "mlm_weight")
+    NSP_STATS = ("nsp_loss_sum", "nsp_correct", "examples")
+    stat_names = MLM_STATS + NSP_STATS
 
-    def __init__(self, model):
+    def __init__(self, model, nsp=True):
         self.model = model
+        self.nsp = nsp
+        self.stat_names = self.MLM_STATS + (self.NSP_STATS if nsp else ())
 
     def denominators(self, batch):
-        """This replica's count of real masked positions and of examples."""
-        return {
-            "mlm_weight": tf.reduce_sum(batch["masked_lm_weights"]),
-            "examples": tf.cast(tf.shape(batch["next_sentence_labels"])[0], tf.float32),
-        }
+        """This replica's count of real masked positions (and, with NSP, of examples)."""
+        counts = {"mlm_weight": tf.reduce_sum(batch["masked_lm_weights"])}
+        if self.nsp:
+            counts["examples"] = tf.cast(tf.shape(batch["next_sentence_labels"])[0], tf.float32)
+        return counts
 
     def loss_and_stats(self, batch, global_denominators, training):
         """This replica's share of the global loss, and its sums for the metrics."""
         outputs = self.model({name: batch[name] for name in MODEL_INPUTS}, training=training)
         mlm_logits = tf.cast(outputs["mlm_logits"], tf.float32)
-        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
         weights = batch["masked_lm_weights"]
         mlm_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(
             batch["masked_lm_ids"], mlm_logits
@@ -76,26 +74,28 @@ class PretrainingObjective(Objective):
         mlm_loss_sum = tf.reduce_sum(weights * mlm_xent)
         # The original's denominator: sum(weights) + 1e-5 (here the global sum over replicas).
         mlm_loss = mlm_loss_sum / (global_denominators["mlm_weight"] + MLM_LOSS_EPSILON)
-        nsp_labels = batch["next_sentence_labels"]
-        nsp_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(nsp_labels, nsp_logits)
-        nsp_loss = tf.nn.compute_average_loss(
-            nsp_xent, global_batch_size=tf.cast(global_denominators["examples"], tf.int32)
-        )
         mlm_hits = tf.cast(
             tf.equal(tf.argmax(mlm_logits, -1, output_type=tf.int32), batch["masked_lm_ids"]),
             tf.float32,
-        )
-        nsp_hits = tf.cast(
-            tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32
         )
         # The local denominators (mlm_weight, examples) are also the metrics' local sums.
         stats = dict(
             self.denominators(batch),
             mlm_loss_sum=mlm_loss_sum,
             mlm_correct=tf.reduce_sum(weights * mlm_hits),
-            nsp_loss_sum=tf.reduce_sum(nsp_xent),
-            nsp_correct=tf.reduce_sum(nsp_hits),
         )
+        if not self.nsp:
+            return mlm_loss, stats
+        nsp_logits = tf.cast(outputs["nsp_logits"], tf.float32)
+        nsp_labels = batch["next_sentence_labels"]
+        nsp_xent = tf.nn.sparse_softmax_cross_entropy_with_logits(nsp_labels, nsp_logits)
+        nsp_loss = tf.nn.compute_average_loss(
+            nsp_xent, global_batch_size=tf.cast(global_denominators["examples"], tf.int32)
+        )
+        nsp_hits = tf.cast(
+            tf.equal(tf.argmax(nsp_logits, -1, output_type=tf.int32), nsp_labels), tf.float32
+        )
+        stats.update(nsp_loss_sum=tf.reduce_sum(nsp_xent), nsp_correct=tf.reduce_sum(nsp_hits))
         return mlm_loss + nsp_loss, stats
 
     def metrics(self, sums, num_steps):
@@ -104,13 +104,15 @@ class PretrainingObjective(Objective):
         def ratio(a, b):
             return float(sums[a] / sums[b]) if sums[b] else 0.0
 
-        return {
+        metrics = {
             "loss": float(sums["loss"] / max(num_steps, 1)),
             "masked_lm_loss": ratio("mlm_loss_sum", "mlm_weight"),
             "masked_lm_accuracy": ratio("mlm_correct", "mlm_weight"),
-            "next_sentence_loss": ratio("nsp_loss_sum", "examples"),
-            "next_sentence_accuracy": ratio("nsp_correct", "examples"),
         }
+        if self.nsp:
+            metrics["next_sentence_loss"] = ratio("nsp_loss_sum", "examples")
+            metrics["next_sentence_accuracy"] = ratio("nsp_correct", "examples")
+        return metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +184,14 @@ class MaskedLM:
         self._model = None
 
     def _pretraining_model(self, head):
-        """The pretraining model (loaded once), refusing a directory that lacks `head`."""
+        """The pretraining model (loaded once), refusing a directory that lacks `head`, and the MLM
+        head of a left-to-right model, which was trained to predict the next token."""
+        if head == MLM_HEAD and self.config.left_to_right:
+            raise ModelDirError(
+                f"{self.directory.path} is a left-to-right language model (its bert_config.json "
+                f"has attention_direction={modeling.LEFT_TO_RIGHT}): its LM head predicts the "
+                "next token, not a [MASK], so fill-mask means nothing for it"
+            )
         if head not in self.heads:
             raise ModelDirError(
                 f"{self.directory.path} has {describe_heads(self.heads)}; {_NEEDS[head]}"

@@ -2,7 +2,8 @@
 
 A model directory is enough on its own to rebuild the model:
 
-    bert_config.json   the BertConfig (with do_lower_case and config_version)
+    bert_config.json   the BertConfig (with do_lower_case, config_version, and a left-to-right
+                       model's attention_direction)
     vocab.txt
     task.json          a fine-tuned model's TaskSpec (read and written by bert_tf.tasks.models); none
                        for a pretrained encoder
@@ -21,7 +22,10 @@ weights; no flag in bert_config.json or elsewhere says so, so no existing file c
   BertForPreTraining) always wrote it;
 - the MLM head only (e.g. converted from a Hugging Face BertForMaskedLM, which has no NSP head):
   `pretraining_model` holds the MLM head's weights under the very keys the whole model gives them,
-  and no NSP weights at all (`pretraining_checkpoint_object`). A random NSP head is never written;
+  and no NSP weights at all (`pretraining_checkpoint_object`). A random NSP head is never written.
+  A run_pretraining --nsp=false checkpoint (and an --objective=ltr one, whose tied LM head is the
+  MLM head's layer) saves the whole model built without its NSP head: the MLM head sits at the
+  same key, and no variables at the NSP head's;
 - no heads (an encoder-only source such as a Hugging Face BertModel): no `pretraining_model`.
 Restoring a pretraining model restores the heads the checkpoint has; a head it lacks keeps its fresh
 initialization, with a warning naming it, and `load_pretraining_model(require=...)` refuses a
@@ -122,9 +126,17 @@ def describe_heads(heads):
     return f"the {' and '.join(_HEAD_DESCRIPTIONS[h] for h in sorted(heads))} only"
 
 
+def model_pretraining_heads(pretraining_model):
+    """The heads `pretraining_model` has layers for: both, or the MLM head alone of a model
+    built without its NSP head (modeling.build_pretraining_model(with_nsp_head=False))."""
+    names = {layer.name for layer in pretraining_model.layers}
+    return frozenset(head for head, layer in HEAD_LAYERS.items() if layer in names)
+
+
 def _check_head_paths(pretraining_model):
-    """Raises unless `pretraining_model` keeps each head's layer at its _HEAD_PATHS path."""
-    for head, path in _HEAD_PATHS.items():
+    """Raises unless `pretraining_model` keeps each head's layer it has at its _HEAD_PATHS path."""
+    for head in model_pretraining_heads(pretraining_model):
+        path = _HEAD_PATHS[head]
         node = pretraining_model
         for name in path:
             node = tf.train.TrackableView.children(node).get(name)
@@ -143,11 +155,18 @@ def pretraining_checkpoint_object(pretraining_model, heads):
     Both heads: the model itself. Some: a trackable that holds only those heads' layers, each at the
     path the whole model gives it (_HEAD_PATHS), so their weights are saved and restored under the
     same keys as in a checkpoint of the whole model, and the missing head's weights are neither
-    written nor expected. None: None (the checkpoint has no `pretraining_model`).
+    written nor expected. None: None (the checkpoint has no `pretraining_model`). A head the
+    model has no layer for is a ValueError.
     """
     heads = as_heads(heads)
     if not heads:
         return None
+    lacking = heads - model_pretraining_heads(pretraining_model)
+    if lacking:
+        raise ValueError(
+            "the pretraining model has no "
+            + " and no ".join(_HEAD_DESCRIPTIONS[h] for h in sorted(lacking))
+        )
     _check_head_paths(pretraining_model)
     if heads == ALL_HEADS:
         return pretraining_model
@@ -214,18 +233,21 @@ def checkpoint_pretraining_heads(prefix):
 def pretraining_heads_to_restore(prefix, pretraining_model, require=()):
     """(the object to restore as the checkpoint's `pretraining_model`, or None; the heads it holds).
 
-    The heads `prefix` lacks keep their fresh initialization, with a warning naming them; a lacking
-    head named in `require` is a ModelDirError instead.
+    It holds the heads both `prefix` and `pretraining_model` have (a model built without its NSP
+    head restores the MLM head of a checkpoint with both). The model's heads that `prefix` lacks
+    keep their fresh initialization, with a warning naming them; a lacking head named in
+    `require` is a ModelDirError instead.
     """
     heads = checkpoint_pretraining_heads(prefix)
-    missing = ALL_HEADS - heads
-    needed = as_heads(require) & missing
+    needed = as_heads(require) - heads
     if needed:
         raise ModelDirError(
             f"{prefix} has {describe_heads(heads)}: it has no "
             f"{' and no '.join(_HEAD_DESCRIPTIONS[h] for h in sorted(needed))}, which this needs"
         )
-    if not heads:
+    model_heads = model_pretraining_heads(pretraining_model)
+    missing = model_heads - heads
+    if missing == ALL_HEADS:
         logging.warning(
             "%s has no pretraining heads; MLM and NSP heads are freshly initialized", prefix
         )
@@ -236,7 +258,8 @@ def pretraining_heads_to_restore(prefix, pretraining_model, require=()):
             describe_heads(heads),
             " and ".join(_HEAD_DESCRIPTIONS[h] for h in sorted(missing)),
         )
-    return pretraining_checkpoint_object(pretraining_model, heads), heads
+    restored = heads & model_heads
+    return pretraining_checkpoint_object(pretraining_model, restored), restored
 
 
 def _has_all_data_shards(prefix):
@@ -355,13 +378,14 @@ class ModelDir:
 
         A file without `config_version` was written by bert_tf before version 2, when "gelu" meant the
         exact erf form: its "gelu" is read as "gelu_exact", so the model computes what it was trained to
-        compute, and a warning (once per file) says how to migrate the file. The config returned is
-        current (version 2), so anything written from it is migrated.
+        compute, and a warning (once per file) says how to migrate the file. Such a file is a
+        bidirectional model's (attention_direction came with version 3), so the config returned is
+        version 2, and anything written from it is migrated.
         """
         path = self.config_file
         values = modeling.read_json_object(path)
         if "config_version" not in values:
-            values = dict(values, config_version=modeling.CONFIG_VERSION)
+            values = dict(values, config_version=modeling.BIDIRECTIONAL_CONFIG_VERSION)
             if isinstance(values.get("hidden_act"), str) and values["hidden_act"].lower() == "gelu":
                 values["hidden_act"] = "gelu_exact"
                 if path not in _warned_legacy_configs:
@@ -371,7 +395,7 @@ class ModelDir:
                         'approximation, so its "gelu" is read as the exact erf form it was trained with. '
                         'To migrate the file, set "hidden_act": "gelu_exact" and "config_version": %d in it.',
                         path,
-                        modeling.CONFIG_VERSION,
+                        modeling.BIDIRECTIONAL_CONFIG_VERSION,
                     )
         return modeling.BertConfig.from_dict(values, source=path)
 

@@ -7,6 +7,10 @@ The encoder is the original BERT (Devlin et al. 2018) built from keras-hub layer
        residual, LayerNorm; eps 1e-12)
     -> sequence_output; pooled_output = tanh(dense(sequence_output[:, 0]))
 
+A left_to_right config (`attention_direction`, the paper's LTR model) masks every layer's attention
+so that each position sees itself and the positions before it (LeftToRightTransformerEncoder, the
+same weights), and pools each row's last real token instead, since [CLS] then sees only itself.
+
 Layer choices, checked against the installed keras-hub 0.32 / Keras 3.15 source:
 - `keras_hub.layers.TransformerEncoder(normalize_first=False)` is exactly BERT's post-LN block. Its
   activation is whatever `hidden_act` names (see `get_activation`). `"gelu"` is Google's: the
@@ -57,11 +61,16 @@ NAMED_SIZES = {
     "large": (24, 1024),
 }
 
-# Written into every bert_config.json we write. 2: "gelu" is Google's tanh approximation and the exact
-# erf form is "gelu_exact". A model directory's config without the field was written before, when
-# "gelu" meant erf (model_dir.ModelDir.read_config keeps that meaning). Configs from elsewhere (Google's
-# bert_config.json, Hugging Face's config.json) never carry it and are read as the current version.
-CONFIG_VERSION = 2
+# Written into every bert_config.json we write, as the oldest version that can say what it holds:
+# 2: "gelu" is Google's tanh approximation and the exact erf form is "gelu_exact"; the model is
+#    bidirectional. A model directory's config without the field was written before, when "gelu"
+#    meant erf (model_dir.ModelDir.read_config keeps that meaning). Configs from elsewhere (Google's
+#    bert_config.json, Hugging Face's config.json) never carry it and are read as version 2.
+# 3: version 2 plus attention_direction. Only a left_to_right model's file is version 3: a bert_tf
+#    that reads version 2 only would ignore the unknown field and run the model bidirectionally, so
+#    the version makes it refuse the file. A bidirectional model's file stays version 2, unchanged.
+BIDIRECTIONAL_CONFIG_VERSION = 2
+CONFIG_VERSION = 3  # the newest: this bert_tf reads versions 2 to 3
 
 # How far each token sees. "left_to_right" is the paper's LTR ablation (Table 5, "LTR & No NSP"):
 # position i attends to positions <= i only, in pretraining, fine-tuning and every export.
@@ -102,7 +111,8 @@ class ConfigError(io_utils.UsageError, ValueError):
 
 @dataclasses.dataclass
 class BertConfig:
-    """The original bert_config.json fields, plus do_lower_case (casing travels with the model), config_version."""
+    """The original bert_config.json fields, plus do_lower_case (casing travels with the model),
+    attention_direction (how far each token sees) and config_version (the file's version)."""
 
     vocab_size: int
     hidden_size: int = 768
@@ -117,7 +127,8 @@ class BertConfig:
     initializer_range: float = 0.02
     do_lower_case: bool = True
     attention_direction: str = BIDIRECTIONAL
-    config_version: int = CONFIG_VERSION
+    # Any version this bert_tf reads; __post_init__ sets it to the version the config is written in.
+    config_version: int = BIDIRECTIONAL_CONFIG_VERSION
 
     def __post_init__(self):
         for name in _INT_FIELDS:
@@ -147,12 +158,16 @@ class BertConfig:
                 f"BertConfig.attention_direction must be one of {', '.join(ATTENTION_DIRECTIONS)}, "
                 f"got {self.attention_direction!r}"
             )
-        if self.config_version != CONFIG_VERSION:
+        readable = range(BIDIRECTIONAL_CONFIG_VERSION, CONFIG_VERSION + 1)
+        if isinstance(self.config_version, bool) or self.config_version not in readable:
             # A newer bert_tf may give a name a new meaning; guessing would change outputs silently.
             raise ConfigError(
-                f"BertConfig.config_version must be {CONFIG_VERSION} (this bert_tf's), "
-                f"got {self.config_version!r}"
+                f"BertConfig.config_version must be {' or '.join(map(str, readable))} (the "
+                f"versions this bert_tf reads), got {self.config_version!r}"
             )
+        # A version-2 file naming left_to_right is read as it says: only a reader that ignores
+        # the field misreads it, and this one does not. Written again, it becomes version 3.
+        self.config_version = CONFIG_VERSION if self.left_to_right else BIDIRECTIONAL_CONFIG_VERSION
 
     @property
     def left_to_right(self):
@@ -205,8 +220,12 @@ class BertConfig:
         return cls.from_dict(values, source=path)
 
     def to_dict(self):
-        """The fields as a plain dict."""
-        return dataclasses.asdict(self)
+        """The fields as bert_config.json holds them: a bidirectional model's without
+        attention_direction, so that its file is what version 2 always wrote."""
+        values = dataclasses.asdict(self)
+        if not self.left_to_right:
+            del values["attention_direction"]
+        return values
 
     def to_json_file(self, path):
         """Writes the config as JSON, atomically."""
@@ -266,6 +285,65 @@ LAYER_NORM_EPSILON = 1e-12
 WORD_EMBEDDING_LAYER = "token_embedding"
 
 
+def left_to_right_mask(batch_size, length):
+    """bool [batch_size, length, length]: query position i may attend to key position j <= i."""
+    positions = keras.ops.arange(length)
+    allowed = keras.ops.expand_dims(positions, 1) >= keras.ops.expand_dims(positions, 0)
+    return keras.ops.broadcast_to(allowed[None], (batch_size, length, length))
+
+
+def pooled_token_index(input_mask):
+    """int32 [b]: where a left-to-right encoder's pooler reads, each row's last real token.
+
+    [CLS] sees only itself under a left-only mask; the last real token has seen the whole input.
+    A token is real where its mask is positive, and a row without one reads position 0.
+    """
+    real = keras.ops.sum(keras.ops.cast(input_mask > 0, "int32"), axis=1)
+    return keras.ops.maximum(real - 1, 0)
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class LeftToRightTransformerEncoder(keras_hub.layers.TransformerEncoder):
+    """keras-hub's TransformerEncoder in which each position attends to itself and those before it.
+
+    The mask is made inside the layer rather than in the encoder's functional graph: an op there
+    would take an index among the encoder's operations, which key the checkpoint, so both
+    directions keep one checkpoint layout; and a caller of the layer alone (the playground's
+    attention view) gets the mask too. Its weights and arguments are the parent's.
+    """
+
+    def call(
+        self,
+        inputs,
+        padding_mask=None,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        shape = keras.ops.shape(inputs)
+        left_only = left_to_right_mask(shape[0], shape[1])
+        if attention_mask is not None:
+            left_only = keras.ops.logical_and(left_only, keras.ops.cast(attention_mask, "bool"))
+        return super().call(
+            inputs,
+            padding_mask=padding_mask,
+            attention_mask=left_only,
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class LastRealToken(keras.layers.Layer):
+    """sequence [b, s, h], input_mask [b, s] -> [b, h]: each row's last real token (the pooler's
+    input in a left-to-right encoder). One op in the graph, where a bidirectional encoder has its
+    first-token slice, so the pooler keeps its index among the encoder's operations."""
+
+    def call(self, sequence, input_mask):
+        index = pooled_token_index(input_mask)
+        return keras.ops.take_along_axis(sequence, index[:, None, None], axis=1)[:, 0]
+
+
 def encoder_inputs():
     """The encoder's inputs as Keras inputs: input_word_ids, input_mask, input_type_ids, int32 [b, s]."""
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in ENCODER_INPUTS}
@@ -305,8 +383,13 @@ def build_encoder(config):
         axis=-1, epsilon=LAYER_NORM_EPSILON, name="embeddings_layer_norm"
     )
     embeddings_dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="embeddings_dropout")
+    transformer_class = (
+        LeftToRightTransformerEncoder
+        if config.left_to_right
+        else keras_hub.layers.TransformerEncoder
+    )
     transformer_layers = [
-        keras_hub.layers.TransformerEncoder(
+        transformer_class(
             intermediate_dim=config.intermediate_size,
             num_heads=config.num_attention_heads,
             dropout=config.hidden_dropout_prob,
@@ -338,7 +421,10 @@ def build_encoder(config):
     for layer in transformer_layers:
         x = layer(x, padding_mask=inputs["input_mask"])
         encoder_outputs.append(x)
-    pooled = pooler(x[:, 0, :])
+    if config.left_to_right:
+        pooled = pooler(LastRealToken(name="last_real_token")(x, inputs["input_mask"]))
+    else:
+        pooled = pooler(x[:, 0, :])
     outputs = {
         "sequence_output": x,
         "pooled_output": pooled,
@@ -348,11 +434,13 @@ def build_encoder(config):
     return keras.Model(inputs=inputs, outputs=outputs, name="bert_encoder")
 
 
-def build_pretraining_model(config, encoder=None):
-    """The encoder plus the MLM and NSP heads; returns (pretraining_model, encoder).
+def build_pretraining_model(config, encoder=None, with_nsp_head=True):
+    """The encoder plus the MLM head and (`with_nsp_head`) the NSP head; returns (pretraining_model, encoder).
 
     mlm_logits [b, P, V] and nsp_logits [b, 2] are float32 under any mixed-precision policy,
-    so the losses are computed in float32.
+    so the losses are computed in float32. Without the NSP head (the paper's "No NSP" ablation,
+    and its left-to-right model) there is no nsp_logits output and no NSP weights to save; the
+    MLM head keeps the place in the model, and so the checkpoint keys, it has with both heads.
     """
     if encoder is None:
         encoder = build_encoder(config)
@@ -368,7 +456,13 @@ def build_pretraining_model(config, encoder=None):
         dtype="float32",
         name="mlm_head",
     )
-    nsp_head = keras.layers.Dense(2, kernel_initializer=_initializer(config), name="nsp_head")
+    # Created before the graph is built, as the MLM head is: the layers' seeded initializers draw in
+    # creation order, so a model with both heads gets the same weights with or without this option.
+    nsp_head = (
+        keras.layers.Dense(2, kernel_initializer=_initializer(config), name="nsp_head")
+        if with_nsp_head
+        else None
+    )
 
     inputs = encoder_inputs()
     inputs["masked_lm_positions"] = keras.Input(
@@ -378,15 +472,15 @@ def build_pretraining_model(config, encoder=None):
     mlm_logits = mlm_head(
         encoder_outputs["sequence_output"], mask_positions=inputs["masked_lm_positions"]
     )
-    nsp_logits = nsp_head(encoder_outputs["pooled_output"])
     # A float32 linear activation is Keras' recommended way to end a mixed-precision model.
     outputs = {
         "mlm_logits": keras.layers.Activation("linear", dtype="float32", name="mlm_logits")(
             mlm_logits
         ),
-        "nsp_logits": keras.layers.Activation("linear", dtype="float32", name="nsp_logits")(
-            nsp_logits
-        ),
     }
+    if nsp_head is not None:
+        outputs["nsp_logits"] = keras.layers.Activation(
+            "linear", dtype="float32", name="nsp_logits"
+        )(nsp_head(encoder_outputs["pooled_output"]))
     model = keras.Model(inputs=inputs, outputs=outputs, name="bert_pretraining")
     return model, encoder

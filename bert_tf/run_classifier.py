@@ -128,11 +128,6 @@ def predictions_of(outputs, labels):
     return outputs["score"] if labels is None else np.argmax(outputs["logits"], axis=-1)
 
 
-def eval_prefix(split):
-    """eval for dev; eval_matched / eval_mismatched for MNLI's two dev sets."""
-    return "eval" if split == "dev" else "eval_" + split.replace("dev_", "")
-
-
 def write_probabilities(path, logits):
     """<split>_results.tsv in test_results.tsv's layout: tab-separated class probabilities (6 decimals, not str())."""
     probabilities = tf.nn.softmax(tf.constant(logits, tf.float32), axis=-1).numpy()
@@ -168,6 +163,7 @@ def run(args):
         max_seq_length=args.max_seq_length,
         is_pair=task.is_pair,
         task_name=task.name,
+        **args.head_fields(),
     )
 
     def features_of(split):
@@ -175,7 +171,7 @@ def run(args):
             splits[split].examples, tokenizer, args.max_seq_length, labels
         )
 
-    def evaluate_and_predict(tuner):
+    def evaluate_and_predict(tuner, final=True):
         eval_results, submission_files = {}, []
         for split in task.eval_splits if args.do_eval else ():
             features = features_of(split)
@@ -184,10 +180,10 @@ def run(args):
                 task, features["label_ids"], predictions_of(outputs, labels)
             )
             metrics["loss"] = finetuning.mean_loss(outputs)
-            prefix = eval_prefix(split)
+            prefix = classification.eval_prefix(split)
             eval_results.update({f"{prefix}_{name}": value for name, value in metrics.items()})
             eval_results[f"{prefix}_examples"] = len(splits[split].examples)
-        for split in task.test_splits if args.do_predict else ():
+        for split in task.test_splits if args.do_predict and final else ():
             outputs = tuner.predict(features_of(split), args.predict_batch_size)
             if tuner.is_chief:
                 submission_files.append(

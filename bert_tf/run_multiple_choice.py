@@ -91,12 +91,13 @@ def run(args):
         max_seq_length=args.max_seq_length,
         is_pair=True,
         task_name=args.task_name.lower(),
+        **args.head_fields(),
     )
 
     def features_of(split):
         return multiple_choice.convert_examples(splits[split], tokenizer, args.max_seq_length)
 
-    def evaluate_and_predict(tuner):
+    def evaluate_and_predict(tuner, final=True):
         eval_results, prediction_files = {}, []
         if args.do_eval:
             outputs = tuner.predict(features_of("dev"), args.eval_batch_size, has_labels=True)
@@ -107,7 +108,7 @@ def run(args):
                 "eval_loss": finetuning.mean_loss(outputs),
                 "eval_examples": len(splits["dev"]),
             }
-        if args.do_predict:
+        if args.do_predict and final:
             outputs = tuner.predict(features_of("test"), args.predict_batch_size)
             if tuner.is_chief:
                 probabilities = tf.nn.softmax(outputs["logits"], axis=-1).numpy()

@@ -9,6 +9,10 @@ sentences. Each word's first WordPiece carries its tag. Writes into --output_dir
 eval_results.txt (entity-level precision, recall and F1 with conlleval semantics),
 eval_predictions.txt and test_predictions.txt (`token gold predicted`, conlleval's input), the
 TensorBoard logs and the fine-tuned model directory with task.json.
+
+--feature_based --features=sum_last_four (the paper's Table 7) trains a BiLSTM tagger on the frozen
+encoder's activations instead (bert_tf.tasks.representations); the same files come out, and the
+encoder's weights in OUTPUT_DIR are those of --init_checkpoint, bit for bit.
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -20,7 +24,7 @@ import os
 
 from bert_tf import cli, finetuning, io_utils, tasks
 from bert_tf.cli import arg
-from bert_tf.tasks import models
+from bert_tf.tasks import models, representations
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
 from bert_tf.training_flags import FinetuneArgs
@@ -38,6 +42,51 @@ class NerArgs(FinetuneArgs):
     train_file: str = arg("", "The CoNLL training file (default: DATA_DIR/train.txt).")
     dev_file: str = arg("", "The CoNLL dev file (default: DATA_DIR/dev.txt).")
     test_file: str = arg("", "The CoNLL test file (default: DATA_DIR/test.txt).")
+    feature_based: bool = arg(
+        False,
+        "The feature-based approach (the paper's Table 7): the encoder stays frozen (its weights "
+        "are not trained, and it runs without dropout) and a randomly initialised two-layer "
+        "BiLSTM (--lstm_units) with a classification layer is trained on the activations "
+        "--features names. Implies --head=bilstm.",
+    )
+    features: str = arg(
+        None,
+        "With --feature_based, the activations the BiLSTM reads: embeddings (the embedding "
+        "layer's output), second_to_last, last, sum_last_four (a learned softmax-weighted sum of "
+        "the last four layers, scaled: ELMo's scalar mix), concat_last_four, sum_all (the scalar "
+        "mix of the embedding output and every layer). Recorded in task.json.",
+        choices=representations.FEATURES,
+    )
+
+    def validate(self):
+        """The common checks, and --feature_based with its --features and --head."""
+        super().validate()
+        if self.features is not None and not self.feature_based:
+            raise io_utils.UsageError("--features applies to --feature_based only")
+        if self.feature_based and self.features is None:
+            raise io_utils.UsageError(
+                f"--feature_based needs --features (one of {', '.join(representations.FEATURES)})"
+            )
+        if self.features is not None and self.features not in representations.FEATURES:
+            raise io_utils.UsageError(
+                f"--features={self.features} is not one of {', '.join(representations.FEATURES)}"
+            )
+        if self.feature_based and self.head not in (None, "bilstm"):
+            raise io_utils.UsageError(
+                f"--feature_based trains a BiLSTM head on the frozen encoder: --head={self.head} "
+                "contradicts it (leave --head out)"
+            )
+
+    LSTM_FLAGS = "--head=bilstm or --feature_based"
+
+    def builds_lstm(self):
+        return self.feature_based or super().builds_lstm()
+
+    def head_fields(self):
+        """The TaskSpec fields of --head, --lstm_units and --feature_based's --features."""
+        if not self.feature_based:
+            return super().head_fields()
+        return dict(super().head_fields(), head="bilstm", features=self.features)
 
 
 def split_file(args, split):
@@ -91,10 +140,14 @@ def run(args):
     if args.do_eval:
         ner.check_labels(sentences["dev"], labels)
     spec = models.TaskSpec(
-        kind="ner", labels=labels, max_seq_length=args.max_seq_length, task_name="ner"
+        kind="ner",
+        labels=labels,
+        max_seq_length=args.max_seq_length,
+        task_name="ner",
+        **args.head_fields(),
     )
 
-    def evaluate_and_predict(tuner):
+    def evaluate_and_predict(tuner, final=True):
         eval_results, prediction_files = {}, []
         if args.do_eval:
             dev = sentences["dev"]
@@ -112,14 +165,14 @@ def run(args):
                 eval_predicted_entities=scores["predicted_entities"],
                 eval_correct_entities=scores["correct_entities"],
             )
-            if tuner.is_chief:
+            if tuner.is_chief and final:
                 prediction_files.append(
                     ner.write_conll_predictions(
                         os.path.join(args.output_dir, "eval_predictions.txt"), dev, predicted
                     )
                 )
             print("\n".join(ner_metrics.eval_result_lines(scores)), flush=True)
-        if args.do_predict:
+        if args.do_predict and final:
             test = sentences["test"]
             # Test tags may be anything (or placeholders): they are written back, never mapped to ids.
             features = ner.convert_sentences(test, tokenizer, args.max_seq_length, None)

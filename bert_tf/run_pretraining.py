@@ -8,6 +8,13 @@
 Rerunning the same command resumes from the newest checkpoint in --output_dir. The output directory
 is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read. The
 loss is bert_tf.masked_lm's; the run goes through bert_tf.training_job, as fine-tuning does.
+
+The paper's pretraining ablations (Table 5) read the same records:
+    --nsp=false                       "No NSP": the masked LM alone; no NSP head is built or saved
+    --objective=ltr --nsp=false       "LTR & No NSP": a left-to-right language model
+                                      (bert_tf.left_to_right_lm); the output's bert_config.json says
+                                      attention_direction=left_to_right, so fine-tuning and export
+                                      apply the same left-only attention mask
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -25,7 +32,9 @@ from bert_tf import (
     initial_weights,
     input_pipeline,
     io_utils,
+    left_to_right_lm,
     masked_lm,
+    model_dir,
     modeling,
     training,
 )
@@ -33,6 +42,9 @@ from bert_tf.cli import arg
 from bert_tf.model_dir import ModelDir
 from bert_tf.training_flags import LoopArgs
 from bert_tf.training_job import JobConfig, TrainingJob
+
+MLM, LTR = "mlm", "ltr"
+OBJECTIVES = (MLM, LTR)
 
 
 # kw_only: the required input_file/output_dir may then follow LoopArgs' defaulted fields.
@@ -86,6 +98,18 @@ class PretrainingArgs(LoopArgs):
         False,
         "Re-mask every batch on the fly (RoBERTa-style) instead of using the records' fixed masks.",
     )
+    nsp: bool = arg(
+        True,
+        "Whether to train the next-sentence prediction head beside the masked LM. false: the "
+        "masked LM alone, with no NSP head built or saved (the paper's No NSP ablation).",
+    )
+    objective: str = arg(
+        MLM,
+        "mlm: the masked LM (BERT). ltr: a left-to-right language model on the same records, "
+        "every position predicting the next token under a left-only attention mask (the paper's "
+        "LTR & No NSP ablation; needs --nsp=false).",
+        choices=OBJECTIVES,
+    )
 
 
 @dataclasses.dataclass
@@ -125,6 +149,18 @@ def _validate(args):
         raise io_utils.UsageError(
             f"--num_warmup_steps must not be negative, got {args.num_warmup_steps}"
         )
+    if args.objective not in OBJECTIVES:
+        raise io_utils.UsageError(
+            f"--objective must be one of {', '.join(OBJECTIVES)}, got {args.objective!r}"
+        )
+    if args.objective == LTR and args.nsp:
+        raise io_utils.UsageError(
+            "--objective=ltr needs --nsp=false: the left-to-right model has no NSP head"
+        )
+    if args.objective == LTR and args.dynamic_masking:
+        raise io_utils.UsageError(
+            "--dynamic_masking is for --objective=mlm: the left-to-right model reads no masks"
+        )
     if args.model_size and args.model_size not in modeling.NAMED_SIZES:
         raise io_utils.UsageError(
             f"--model_size={args.model_size} is not one of {', '.join(modeling.NAMED_SIZES)}"
@@ -160,6 +196,48 @@ def check_records(args):
             "--eval_input_file" if args.eval_input_file else "--input_file",
         )
     return train_files, eval_files
+
+
+def check_attention_direction(args, config):
+    """The model's attention direction (from the flags' config, the init checkpoint or a resumed
+    --output_dir) must be the one --objective trains: a usage error naming where it came from."""
+    wanted = modeling.LEFT_TO_RIGHT if args.objective == LTR else modeling.BIDIRECTIONAL
+    if config.attention_direction == wanted:
+        return
+    if args.init_checkpoint and ModelDir(args.init_checkpoint).exists():
+        source = f"--init_checkpoint={args.init_checkpoint}"
+    elif args.bert_config_file:
+        source = f"--bert_config_file={args.bert_config_file}"
+    else:
+        source = f"the model in --output_dir={args.output_dir}"
+    if args.objective == LTR:
+        raise io_utils.UsageError(
+            f"--objective=ltr trains a left-to-right model, but {source} has "
+            f"attention_direction={config.attention_direction}: give a config with "
+            f'"attention_direction": "{modeling.LEFT_TO_RIGHT}", or --model_size'
+        )
+    raise io_utils.UsageError(
+        f"--objective={args.objective} trains a bidirectional model, but {source} has "
+        f"attention_direction={config.attention_direction}: use --objective=ltr --nsp=false"
+    )
+
+
+def check_resumed_heads(args):
+    """A run resumed from --output_dir keeps the heads it started with: a usage error naming --nsp
+    otherwise (restoring would silently drop the NSP head, or train a fresh one from mid-run)."""
+    latest = ModelDir(args.output_dir).latest_checkpoint()
+    if not latest:
+        return
+    heads = model_dir.checkpoint_pretraining_heads(latest)
+    wanted = frozenset(
+        {model_dir.MLM_HEAD, model_dir.NSP_HEAD} if args.nsp else {model_dir.MLM_HEAD}
+    )
+    if heads and heads != wanted:
+        raise io_utils.UsageError(
+            f"--output_dir={args.output_dir} holds a run with {model_dir.describe_heads(heads)}, "
+            f"and --nsp={str(args.nsp).lower()} would train {model_dir.describe_heads(wanted)}: "
+            "resume with the run's --nsp, or use a new --output_dir"
+        )
 
 
 def job_config(args):
@@ -198,13 +276,25 @@ def run(args):
         model_size=args.model_size,
         output_dir=args.output_dir,
         max_seq_length=args.max_seq_length,
+        model_size_attention_direction=(
+            modeling.LEFT_TO_RIGHT if args.objective == LTR else modeling.BIDIRECTIONAL
+        ),
     )
+    check_attention_direction(args, source.config)
+    check_resumed_heads(args)
     config, vocab_file = source.config, source.vocab_file
     models = {}
 
     def build():
-        models["pretraining_model"], models["encoder"] = modeling.build_pretraining_model(config)
-        return masked_lm.PretrainingObjective(models["pretraining_model"]), dict(models)
+        models["pretraining_model"], models["encoder"] = modeling.build_pretraining_model(
+            config, with_nsp_head=args.nsp
+        )
+        model = models["pretraining_model"]
+        if args.objective == LTR:
+            objective = left_to_right_lm.LeftToRightObjective(model)
+        else:
+            objective = masked_lm.PretrainingObjective(model, nsp=args.nsp)
+        return objective, dict(models)
 
     job = TrainingJob(strategy, job_config(args), build)
     masking = (
@@ -224,6 +314,7 @@ def run(args):
                 is_training=True,
                 seed=seed,
                 dynamic_masking=masking,
+                restore_masked_tokens=args.objective == LTR,
             )
         )
 
@@ -245,6 +336,7 @@ def run(args):
                 args.max_seq_length,
                 args.max_predictions_per_seq,
                 is_training=False,
+                restore_masked_tokens=args.objective == LTR,
             )
         )
         metrics, steps = job.trainer.evaluate(eval_iterator, args.max_eval_steps)

@@ -119,6 +119,7 @@ def run(args):
         task_name="squad",
         doc_stride=args.doc_stride,
         max_query_length=args.max_query_length,
+        **args.head_fields(),
     )
     windowing = dict(
         max_seq_length=args.max_seq_length,
@@ -144,7 +145,7 @@ def run(args):
             squad.feature_arrays(features, is_training=True), len(examples)
         )
 
-    def evaluate_and_predict(tuner):
+    def evaluate_and_predict(tuner, final=True):
         if not predicting:
             return {}, []
         features = squad.convert_examples(eval_examples, tokenizer, is_training=False, **windowing)
@@ -167,7 +168,7 @@ def run(args):
         )
         v2_odds = null_odds if args.version_2_with_negative else None
         prediction_files = []
-        if tuner.is_chief:
+        if tuner.is_chief and final:
             prediction_files = list(
                 squad_postprocess.write_predictions(
                     args.output_dir, predictions, nbest, v2_odds

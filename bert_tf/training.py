@@ -606,8 +606,9 @@ class Trainer:
     # Host side
     # ------------------------------------------------------------------------------------------
 
-    def train(self, iterator, log_fn=print):
-        """Trains until config.num_train_steps; returns the final metrics. Raises NonFiniteLossError."""
+    def train(self, iterator, log_fn=print, until_step=None):
+        """Trains until config.num_train_steps (or `until_step`, if sooner) and saves there; returns the
+        final metrics. Raises NonFiniteLossError."""
         if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             # A Python iterator would be consumed once, while tracing, and replay that batch forever.
             raise TypeError(
@@ -626,9 +627,10 @@ class Trainer:
         step = int(self.step.numpy())
         metrics = {}
         steady_rate = None
-        while step < config.num_train_steps:
+        last_step = min(until_step or config.num_train_steps, config.num_train_steps)
+        while step < last_step:
             next_save = (step // config.save_checkpoints_steps + 1) * config.save_checkpoints_steps
-            num_steps = min(config.steps_per_loop, config.num_train_steps - step, next_save - step)
+            num_steps = min(config.steps_per_loop, last_step - step, next_save - step)
             self._stat_sums.assign(tf.zeros_like(self._stat_sums))
             start = time.perf_counter()
             self._train_loop(iterator, tf.constant(num_steps, tf.int32))
@@ -666,7 +668,7 @@ class Trainer:
                     f"lr {learning_rate:.3g}  {examples_per_second:.1f} examples/s  "
                     f"{steps_per_second:.2f} steps/s  ETA {format_duration(eta)}"
                 )
-            if step % config.save_checkpoints_steps == 0 or step >= config.num_train_steps:
+            if step % config.save_checkpoints_steps == 0 or step >= last_step:
                 self.save()
         writer.flush()
         return metrics

@@ -18,6 +18,7 @@ from bert_tf import (
     training,
 )
 from bert_tf.cli import arg
+from bert_tf.tasks import representations
 
 
 @dataclasses.dataclass
@@ -147,6 +148,11 @@ class FinetuneArgs(LoopArgs):
     do_train: bool = arg(False, "Whether to run training.")
     do_eval: bool = arg(False, "Whether to run evaluation on the dev set.")
     do_predict: bool = arg(False, "Whether to run prediction on the test set.")
+    eval_every_epoch: bool = arg(
+        False,
+        "With --do_train and --do_eval: evaluate on the dev set after every epoch too, one JSON line "
+        "each in OUTPUT_DIR/eval_history.jsonl (the learning curve).",
+    )
     max_seq_length: int = arg(
         128,
         "The maximum total input sequence length after WordPiece tokenization; longer "
@@ -175,6 +181,22 @@ class FinetuneArgs(LoopArgs):
         "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
         "example.",
     )
+    # None: dense, or bilstm with a feature-based run_ner (which refuses an explicit dense).
+    head: str = arg(
+        None,
+        "What the task's output layer reads: dense, the encoder's output as the paper fine-tunes "
+        "(sequence_output per token, pooled_output per sequence); bilstm, a randomly initialised "
+        'two-layer bidirectional LSTM over sequence_output (the paper\'s Table 5, "+ BiLSTM"): '
+        "token tasks read its outputs, sequence tasks its last forward and first backward states. "
+        "Recorded in task.json. Default: dense.",
+        choices=representations.HEADS,
+    )
+    # None: the paper's 768, where a BiLSTM is built (set without one, it is a usage error).
+    lstm_units: int = arg(
+        None,
+        "Units per direction of each layer of the bilstm head. Default: "
+        f"{representations.DEFAULT_LSTM_UNITS}, the paper's.",
+    )
 
     def validate(self):
         """Usage errors common to every fine-tuning run (no TensorFlow needed), naming the flags."""
@@ -192,6 +214,8 @@ class FinetuneArgs(LoopArgs):
             raise io_utils.UsageError(
                 f"--num_train_epochs must be positive, got {self.num_train_epochs}"
             )
+        if self.eval_every_epoch and not (self.do_train and self.do_eval):
+            raise io_utils.UsageError("--eval_every_epoch needs --do_train and --do_eval")
         if not 0.0 <= self.warmup_proportion < 1.0:
             raise io_utils.UsageError(
                 f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}"
@@ -200,6 +224,28 @@ class FinetuneArgs(LoopArgs):
             raise io_utils.UsageError(
                 f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {self.max_seq_length}"
             )
+        if self.head is not None and self.head not in representations.HEADS:
+            raise io_utils.UsageError(
+                f"--head={self.head} is not one of {', '.join(representations.HEADS)}"
+            )
+        if self.lstm_units is not None:
+            if self.lstm_units <= 0:
+                raise io_utils.UsageError(f"--lstm_units must be positive, got {self.lstm_units}")
+            if not self.builds_lstm():
+                raise io_utils.UsageError(
+                    f"--lstm_units sizes a BiLSTM: it needs {self.LSTM_FLAGS}"
+                )
+
+    LSTM_FLAGS = "--head=bilstm"  # the flags that build a BiLSTM (builds_lstm), for messages
+
+    def builds_lstm(self):
+        """Whether these flags put a BiLSTM between the encoder and the output layer."""
+        return self.head == "bilstm"
+
+    def head_fields(self):
+        """The TaskSpec fields of --head and --lstm_units."""
+        units = self.lstm_units or representations.DEFAULT_LSTM_UNITS
+        return dict(head=self.head or "dense", lstm_units=units)
 
     def batch_sizes(self):
         """{flag name: global batch size} of the batches this run makes."""
@@ -252,5 +298,6 @@ class FinetuneArgs(LoopArgs):
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile
             ),
             group_by_length=self.group_by_length,
+            eval_every_epoch=self.eval_every_epoch,
             loop=self.loop_config(0),
         )

@@ -105,9 +105,9 @@ class TrainingJob:
                 initialize()
         return resumed
 
-    def train(self, log_fn=print):
-        """Trains to the loop's num_train_steps, resuming where the output directory left off;
-        returns the last metrics."""
+    def train(self, log_fn=print, until_step=None):
+        """Trains to the loop's num_train_steps (or `until_step`, if sooner), resuming where the output
+        directory left off; returns the last metrics."""
         if self.train_iterator is None:
             raise RuntimeError("start() with a training input must come before train()")
         if self.finished:
@@ -116,7 +116,7 @@ class TrainingJob:
                 f"{self.job_config.loop.num_train_steps}: nothing to train"
             )
             return {}
-        return self.trainer.train(self.train_iterator, log_fn=log_fn)
+        return self.trainer.train(self.train_iterator, log_fn=log_fn, until_step=until_step)
 
     @property
     def finished(self):

@@ -131,9 +131,11 @@ class NumpyBert:
 
     Follows google-research/bert: modeling.py for the encoder, run_pretraining.py's
     get_masked_lm_output and get_next_sentence_output for the heads. Everything is float64.
+    `left_to_right` (the paper's LTR model): position i attends to real positions <= i only, and
+    the pooler reads each row's last real token instead of [CLS].
     """
 
-    def __init__(self, w, c, ids, mask, types, gelu=np_gelu):
+    def __init__(self, w, c, ids, mask, types, gelu=np_gelu, left_to_right=False):
         self.w = w = {k: v.astype(np.float64) for k, v in w.items()}
         self.gelu = gelu
         b, s = ids.shape
@@ -148,7 +150,10 @@ class NumpyBert:
             x, w["bert/embeddings/LayerNorm/gamma"], w["bert/embeddings/LayerNorm/beta"]
         )
         self.embedding_output = x
-        adder = (1.0 - mask[:, None, None, :].astype(np.float64)) * -10000.0
+        allowed = np.broadcast_to(mask[:, None, None, :] > 0, (b, 1, s, s))
+        if left_to_right:
+            allowed = allowed & np.tril(np.ones((s, s), bool))
+        adder = np.where(allowed, 0.0, -10000.0)
         self.layers = []
         for n in range(c["num_hidden_layers"]):
             p = f"bert/encoder/layer_{n}/"
@@ -178,8 +183,9 @@ class NumpyBert:
             self.layers.append(x)
         self.sequence_output = x
         # None without a pooler (Hugging Face's BertForMaskedLM has none).
+        pooled_token = x[np.arange(b), (mask > 0).sum(1) - 1] if left_to_right else x[:, 0]
         self.pooled_output = (
-            np.tanh(x[:, 0] @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
+            np.tanh(pooled_token @ w["bert/pooler/dense/kernel"] + w["bert/pooler/dense/bias"])
             if "bert/pooler/dense/kernel" in w
             else None
         )

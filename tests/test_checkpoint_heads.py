@@ -291,3 +291,43 @@ def test_an_mlm_only_directory_initializes_a_pretraining_run(tmp_path, warnings)
     assert_heads_match(model, w, np_gelu_exact, {"mlm"})
     np.testing.assert_array_equal(model.get_layer("nsp_head").kernel.numpy(), fresh_nsp)
     assert any("NSP (next-sentence) head is freshly initialized" in m for m in warnings)
+
+
+def test_a_model_without_its_nsp_head_takes_the_mlm_head_of_a_checkpoint_with_both(
+    tmp_path, warnings
+):
+    # run_pretraining --nsp=false started from Google's checkpoint or a model directory with both
+    # heads: the MLM head is restored, the NSP head is left out, and nothing is called fresh.
+    w = random_weights(GOOGLE_TINY, seed=8)
+    prefix = write_google_dir(str(tmp_path / "google"), w)
+    config_file = os.path.join(os.path.dirname(prefix), "bert_config.json")
+    both_dir = str(tmp_path / "both")
+    checkpoints.convert("google", prefix, both_dir, do_lower_case=True)
+    for init, flags in ((prefix, dict(bert_config_file=config_file)), (both_dir, {})):
+        source = initial_weights.resolve(
+            init, vocab_file=os.path.join(os.path.dirname(prefix), "vocab.txt"), **flags
+        )
+        model, encoder = modeling.build_pretraining_model(source.config, with_nsp_head=False)
+        assert model_dir.model_pretraining_heads(model) == {"mlm"}
+        warnings.clear()
+        assert source.load_weights(encoder, pretraining_model=model) == [
+            "encoder",
+            "pretraining_model",
+        ]
+        assert_heads_match(model, w, np_gelu, {"mlm"})
+        assert not warnings, (init, warnings)
+    # Written as a pretraining run saves it (the whole model), it reads back as the MLM head only.
+    saved = ModelDir(tmp_path / "no_nsp")
+    saved.write_files(source.config, source.vocab_file)
+    saved.save_checkpoint(encoder=encoder, pretraining_model=model)
+    assert saved.pretraining_heads() == {"mlm"}
+    keys = [name for name, _ in tf.train.list_variables(saved.latest_checkpoint())]
+    assert not any(k.startswith("pretraining_model/_operations/6/") for k in keys)
+    with pytest.raises(ModelDirError, match=r"MLM \(masked-LM\) head only.*no NSP"):
+        saved.load_pretraining_model(require={"nsp"})
+    model, _ = saved.load_pretraining_model(require={"mlm"})
+    assert_heads_match(model, w, np_gelu, {"mlm"})
+    with pytest.raises(ValueError, match=r"no NSP \(next-sentence\) head"):
+        model_dir.pretraining_checkpoint_object(
+            modeling.build_pretraining_model(source.config, with_nsp_head=False)[0], BOTH
+        )

@@ -253,6 +253,16 @@ def test_huggingface_activation_names(hf_name, ours):
     assert checkpoints.huggingface_config(hf_config, do_lower_case=True).hidden_act == ours
 
 
+def test_huggingface_models_convert_bidirectional_and_a_decoder_is_refused():
+    with open(os.path.join(TINY_HF_DIR, "config.json")) as f:
+        hf_config = json.load(f)
+    config = checkpoints.huggingface_config(hf_config, do_lower_case=True)
+    assert config.attention_direction == modeling.BIDIRECTIONAL
+    # transformers' is_decoder masks attention causally yet pools [CLS]: no model here does both.
+    with pytest.raises(ValueError, match="config.json: unsupported: is_decoder is true"):
+        checkpoints.huggingface_config(dict(hf_config, is_decoder=True), do_lower_case=True)
+
+
 def test_huggingface_untied_decoder_is_an_error(tmp_path):
     state = checkpoints.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
     state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1

@@ -371,11 +371,42 @@ def test_a_config_setting_beyond_the_original_bert_is_refused():
         bases=(modeling.BertConfig,),
     )
     fields = dataclasses.asdict(tiny_config())
-    hf_export.check_exportable(extended(**fields), "Hugging Face")
+    hf_export.check_exportable(extended(**fields), "Hugging Face", "models/x")
     with pytest.raises(
-        io_utils.UsageError, match="attention='left_to_right': Hugging Face's BERT has no such"
+        io_utils.UsageError,
+        match="models/x has attention='left_to_right': Hugging Face's BERT has no such",
     ):
-        hf_export.check_exportable(extended(**fields, attention="left_to_right"), "Hugging Face")
+        hf_export.check_exportable(
+            extended(**fields, attention="left_to_right"), "Hugging Face", "models/x"
+        )
+
+
+@pytest.mark.parametrize("to", ["huggingface", "keras_hub"])
+def test_cli_refuses_a_left_to_right_model(tmp_path, to):
+    # BertModel and BertBackbone attend both ways: the model would compute something else there.
+    model_dir, _ = write_model_dir(
+        tmp_path / "model", "classifier", attention_direction=modeling.LEFT_TO_RIGHT
+    )
+    result = run_cli(f"--to={to}", f"--model_dir={model_dir}", f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2, result.stderr
+    assert "attention_direction='left_to_right'" in result.stderr
+    assert f"model directory {model_dir}" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+@pytest.mark.parametrize("to", ["huggingface", "keras_hub"])
+def test_cli_refuses_a_bilstm_head(tmp_path, to):
+    # Neither has a BiLSTM between the encoder and the output layer.
+    path = str(tmp_path / "model")
+    os.makedirs(path)
+    vocab = write_tiny_vocab(os.path.join(path, "vocab.txt"))
+    spec = models.TaskSpec("classifier", labels=["a", "b"], head="bilstm", lstm_units=4)
+    model, encoder = models.build_task_model(tiny_config(), spec)
+    ModelDir(path).write(tiny_config(), vocab, encoder, spec=spec, model=model)
+    result = run_cli(f"--to={to}", f"--model_dir={path}", f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2, result.stderr
+    assert f"model directory {path} has a head=bilstm classifier head" in result.stderr
+    assert "Traceback" not in result.stderr and sorted(os.listdir(tmp_path)) == ["model"]
 
 
 # --- The CLI ----------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import dataclasses
 import email
 import glob
 import gzip
+import hashlib
 import json
 import logging as std_logging
 import os
@@ -248,6 +249,10 @@ def test_a_rerun_with_other_settings_is_refused_or_replaces_everything(
             io_utils.UsageError, match=r"--random_seed \(was 12345, now 8\).*--overwrite"
         ):
             run_main(**common_flags(corpus_file, directory, num_workers=1, random_seed=8))
+        # The original's 0.5 is left out of the settings (a run from before the option resumes);
+        # another value is named all the same.
+        with pytest.raises(io_utils.UsageError, match=r"--random_next_prob \(was 0.5, now 0.0\)"):
+            run_main(**common_flags(corpus_file, directory, num_workers=1, random_next_prob=0))
         assert {
             path: os.stat(path).st_mtime_ns for path in glob.glob(os.path.join(directory, "*"))
         } == before
@@ -444,8 +449,8 @@ def disjoint_documents(sizes, seed=0):
     return "\n\n".join(documents) + "\n", document_of
 
 
-def segment_documents(directory, document_of):
-    """For every record: (is random next, A's documents, B's documents), from its unmasked tokens."""
+def unmasked_records(directory):
+    """For every record: (is random next, A's token ids, B's token ids), the masked tokens put back."""
     records = list(tf.data.TFRecordDataset(outputs_in(directory)).as_numpy_iterator())
     parsed = {
         k: v.numpy().tolist()
@@ -460,12 +465,23 @@ def segment_documents(directory, document_of):
         ):
             if weight:
                 ids[position] = original
-        segments = [set(), set()]
-        for token, segment, present in zip(ids, example["segment_ids"], example["input_mask"]):
-            if present and token in document_of:
-                segments[segment].add(document_of[token])
-        result.append((bool(example["next_sentence_labels"][0]), *segments))
+        # [CLS] A [SEP] B [SEP]: B starts at the first segment id 1.
+        length, b_start = sum(example["input_mask"]), example["segment_ids"].index(1)
+        is_random = bool(example["next_sentence_labels"][0])
+        result.append((is_random, ids[1 : b_start - 1], ids[b_start : length - 1]))
     return result
+
+
+def segment_documents(directory, document_of):
+    """For every record: (is random next, A's documents, B's documents), from its unmasked tokens."""
+    return [
+        (
+            is_random,
+            {document_of[t] for t in a if t in document_of},
+            {document_of[t] for t in b if t in document_of},
+        )
+        for is_random, a, b in unmasked_records(directory)
+    ]
 
 
 @pytest.mark.slow
@@ -509,6 +525,86 @@ def test_random_next_comes_from_another_document_of_the_whole_input(tmp_path):
         from_small
     )
     assert {b for a, b in random_next if a == big} == set(range(len(sizes))) - {big}
+
+
+# The records of known_documents() at the default --random_next_prob (0.5, the original's rule,
+# which pairs every one-sentence chunk with a random B): a change to the draw changes these bytes.
+KNOWN_DOCUMENTS_RECORDS_SHA256 = "8f46b38e8e16d89c9587125480cdd24fa25b867788dfd8a3eb6a672703cc1f8b"
+
+
+def known_documents(directory):
+    """Six documents of several sentences and three of one sentence (a one-sentence chunk), in
+    words no other document uses, written into `directory`. Returns (the input file, {token id:
+    document}, each document's token ids in order)."""
+    text, document_of = disjoint_documents([2500] * 6 + [1] * 3, seed=1)
+    path = os.path.join(directory, "documents.txt")
+    with open(path, "w") as f:
+        f.write(text)
+    tokenizer = tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+    tokens = [
+        tokenizer.convert_tokens_to_ids(tokenizer.tokenize(document))
+        for document in text.split("\n\n")
+    ]
+    return path, document_of, tokens
+
+
+def run_known_documents(input_file, output_dir, **extra):
+    """The job on known_documents() (one shard, one worker); returns its summary.json."""
+    run_main(
+        input_file=input_file,
+        vocab_file=VOCAB_FILE,
+        output_dir=output_dir,
+        num_shards=1,
+        dupe_factor=2,
+        num_workers=1,
+        **extra,
+    )
+    with open(os.path.join(output_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def holds_run(sequence, run):
+    """Whether `run` occurs in `sequence` as consecutive items."""
+    return any(sequence[i : i + len(run)] == run for i in range(len(sequence) - len(run) + 1))
+
+
+def test_random_next_prob_0_pairs_every_a_with_the_text_that_follows_it(tmp_path):
+    input_file, document_of, tokens = known_documents(str(tmp_path))
+    directory = str(tmp_path / "actual_next")
+    summary = run_known_documents(input_file, directory, random_next_prob=0)
+    records = unmasked_records(directory)
+    assert len(records) > 40 and not any(is_random for is_random, _, _ in records)
+    labels = summary["next_sentence_labels"]
+    assert labels["random_next_prob"] == 0 and labels["actual_next (0)"] == len(records)
+    untruncated, split_sentences = 0, collections.Counter()
+    for _, a, b in records:
+        (document,) = {document_of[t] for t in a + b if t in document_of}
+        if len(a) + len(b) < 128 - 3:  # not truncated: A then B is a run of the document's text
+            assert holds_run(tokens[document], a + b)
+            untruncated += 1
+        if a + b == tokens[document]:
+            split_sentences[document] += 1
+    assert untruncated > len(records) / 2
+    # A one-sentence document is cut into A and B (once per dupe_factor pass), not given a random B.
+    assert split_sentences == {6: 2, 7: 2, 8: 2}
+
+
+def test_random_next_prob_1_makes_every_b_random_and_the_default_keeps_the_records(tmp_path):
+    input_file, document_of, _ = known_documents(str(tmp_path))
+    directory = str(tmp_path / "random_next")
+    summary = run_known_documents(input_file, directory, random_next_prob=1)
+    records = segment_documents(directory, document_of)
+    assert len(records) > 40 and all(is_random for is_random, _, _ in records)
+    assert all(a != b for _, a, b in records)  # B from another document
+    labels = summary["next_sentence_labels"]
+    assert labels["random_next_prob"] == 1 and labels["random_next (1)"] == len(records)
+    # 0.5, given or not, draws exactly as the original's rule: the same bytes.
+    for name, extra in (("default", {}), ("half", dict(random_next_prob=0.5))):
+        directory = str(tmp_path / name)
+        summary = run_known_documents(input_file, directory, **extra)
+        digest = hashlib.sha256(b"".join(read_bytes(outputs_in(directory)))).hexdigest()
+        assert digest == KNOWN_DOCUMENTS_RECORDS_SHA256, name
+        assert summary["next_sentence_labels"]["random_next_prob"] == 0.5
 
 
 def test_gzip_output_holds_the_same_records(corpus_file, reference_run, tmp_path):
@@ -660,6 +756,8 @@ def test_bad_input_exits_2(corpus_file, tmp_path, flag_values, message):
         (dict(input_tfds="x"), "exactly one of"),
         (dict(dupe_factor=0), "dupe_factor"),
         (dict(vocab_file="/nonexistent/vocab.txt"), "not found"),
+        (dict(random_next_prob=-0.1), r"--random_next_prob must be in \[0, 1\], got -0.1"),
+        (dict(random_next_prob=1.5), r"--random_next_prob must be in \[0, 1\], got 1.5"),
     ],
 )
 def test_bad_flags_are_usage_errors(corpus_file, tmp_path, flag_values, message):

@@ -6,6 +6,7 @@ runs every signature and lists every op. The tests compare those outputs with th
 models fed FullTokenizer ids packed by the Python packers of bert_tf.tasks (the training path).
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -486,6 +487,7 @@ def test_encoder_and_preprocessor_match(exported, real_vocab):
         np.testing.assert_allclose(out["sequence_output"], expected["sequence_output"], atol=1e-5)
         np.testing.assert_allclose(out["pooled_output"], expected["pooled_output"], atol=1e-5)
         np.testing.assert_allclose(out["default"], expected["pooled_output"], atol=1e-5)
+        np.testing.assert_allclose(out["embedding_output"], expected["embedding_output"], atol=1e-5)
     assert len(results["encoder"]["encoder_outputs"]) == CONFIG.num_hidden_layers
     for layer in range(CONFIG.num_hidden_layers):
         np.testing.assert_allclose(
@@ -502,6 +504,24 @@ def test_encoder_and_preprocessor_match(exported, real_vocab):
     assert all(
         path.endswith(os.path.join("assets", "vocab.txt")) for path in results["vocab_files"]
     )
+
+
+def test_a_left_to_right_encoder_exports_left_to_right(tmp_path, real_vocab):
+    """The export reads attention_direction from the model directory: its encoder gives the Keras
+    left-to-right encoder's outputs, each text pooled from its last real token."""
+    config = dataclasses.replace(CONFIG, attention_direction=modeling.LEFT_TO_RIGHT)
+    keras.utils.set_random_seed(2)
+    encoder = modeling.build_encoder(config)
+    model_dir = str(tmp_path / "model")
+    ModelDir(model_dir).write(config, real_vocab, encoder)
+    path, kind = export.export(model_dir, str(tmp_path / "export"))
+    assert kind == "encoder"
+    with open(os.path.join(path, "assets", "bert_config.json")) as f:
+        assert json.load(f)["attention_direction"] == "left_to_right"
+    x = packed(real_vocab, [[t] for t in TEXTS[:4]], ENCODER_SEQ_LENGTH)
+    got, want = tf.saved_model.load(path)(x), encoder(x, training=False)
+    for name in ("sequence_output", "pooled_output", "embedding_output"):
+        np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
 
 
 def squad_reference(model_dir, real_vocab):
@@ -913,3 +933,57 @@ def test_a_session_based_loader_restores_every_variable(exported):
     np.testing.assert_allclose(
         got["pooled_output"], results["encoder_signature"]["pooled_output"], atol=1e-5
     )
+
+
+def test_bilstm_and_feature_based_exports_serve_what_their_keras_models_give(tmp_path, real_vocab):
+    """A BiLSTM head, on a fine-tuned encoder or on a frozen one's scalar mix, exports like any
+    head: the InferenceEncoder takes the encoder's place (inside the FrozenEncoder too)."""
+    config = tiny_config(real_vocab, num_hidden_layers=4, max_position_embeddings=32)
+    keras.utils.set_random_seed(4)
+    specs = {
+        "classifier": dataclasses.replace(SPECS["classifier"], head="bilstm", lstm_units=4),
+        "ner": dataclasses.replace(
+            SPECS["ner"], max_seq_length=32, head="bilstm", lstm_units=4, features="sum_last_four"
+        ),
+    }
+    served = {}
+    for kind, spec in specs.items():
+        model, encoder = models.build_task_model(config, spec)
+        head = model.get_layer(f"{kind}_head")
+        rng = np.random.default_rng(5)
+        head.set_weights([rng.normal(0, 3, w.shape).astype(np.float32) for w in head.get_weights()])
+        if kind == "ner":
+            model.get_layer("encoder_features").set_weights(
+                [np.float32([2, -1, 0, 1]), np.float32(1.5)]
+            )
+        model_dir = str(tmp_path / "models" / kind)
+        ModelDir(model_dir).write(config, real_vocab, encoder, spec=spec, model=model)
+        path, _ = export.export(model_dir, str(tmp_path / "export" / kind))
+        served[kind] = tf.saved_model.load(path).signatures["serving_default"]
+    model, _, _, spec = models.load_task_model(ModelDir(str(tmp_path / "models" / "classifier")))
+    x = packed(real_vocab, [[t] for t in TEXTS], spec.max_seq_length)
+    probabilities = tf.nn.softmax(model(x, training=False)["logits"]).numpy()
+    got = served["classifier"](text=tf.constant(TEXTS))["probabilities"].numpy()
+    np.testing.assert_allclose(got, probabilities, atol=1e-5)
+    assert np.ptp(probabilities[:, 0]) > 0.01  # the texts' outputs differ: the test can fail
+    # TF Serving's session-based loader restores the BiLSTM's variables too.
+    session = session_outputs(
+        str(tmp_path / "export" / "classifier" / "1"), "serving_default", {"text": TEXTS}
+    )
+    np.testing.assert_allclose(session["probabilities"], probabilities, atol=1e-5)
+
+    expected = ner_reference(str(tmp_path / "models" / "ner"), real_vocab, NER_TEXTS)
+    out = served["ner"](text=tf.constant(NER_TEXTS))
+    for i in range(len(NER_TEXTS)):
+        count = int(out["num_entities"][i])
+        got = [
+            (
+                out["entity_text"][i, j].numpy().decode(),
+                out["entity_type"][i, j].numpy().decode(),
+                int(out["start"][i, j]),
+                int(out["end"][i, j]),
+            )
+            for j in range(count)
+        ]
+        assert got == expected[i], (NER_TEXTS[i], got, expected[i])
+    assert sum(len(entities) for entities in expected) > 3

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 from helpers import run_module_cli
-from helpers_google import GOOGLE_TINY, np_bert, random_weights, write_google_dir
+from helpers_google import GOOGLE_TINY, NumpyBert, random_weights, write_google_dir
 
 from bert_tf import checkpoints, extract_features, io_utils, tasks, tokenization
 
@@ -61,11 +61,12 @@ def read_lines(path):
 
 
 def check_against_numpy(lines, weights, layers):
-    """Every token's values equal the NumPy BERT's layer activations (to the 6 written decimals)."""
+    """Every token's values equal the NumPy BERT's layer activations (to the 6 written decimals);
+    layer "embeddings" is its embedding layer's output."""
     tokens, ids, mask, types = expected_packing()
-    _, _, np_layers, _, _ = np_bert(
-        weights, GOOGLE_TINY, ids, mask, types, np.zeros((3, 1), np.int32)
-    )
+    bert = NumpyBert(weights, GOOGLE_TINY, ids, mask, types)
+    np_layers = {"embeddings": bert.embedding_output, **dict(enumerate(bert.layers))}
+    np_layers.update({i - len(bert.layers): layer for i, layer in enumerate(bert.layers)})
     assert [line["linex_index"] for line in lines] == [0, 1, 2]
     for row, line in enumerate(lines):
         assert [f["token"] for f in line["features"]] == tokens[row]
@@ -110,11 +111,11 @@ def test_a_model_directory_gives_the_same_features(google, tmp_path):
             output_file=output_file,
             init_checkpoint=model_dir,
             max_seq_length=SEQ,
-            layers="0,-1",
+            layers="0,-1,embeddings",
         )
     )
     assert count == 3
-    check_against_numpy(read_lines(output_file), google["weights"], [0, -1])
+    check_against_numpy(read_lines(output_file), google["weights"], [0, -1, "embeddings"])
 
 
 def test_bad_layers_and_missing_input_are_usage_errors(google, tmp_path):
@@ -130,6 +131,12 @@ def test_bad_layers_and_missing_input_are_usage_errors(google, tmp_path):
     ):
         extract_features.run(
             extract_features.ExtractArgs(input_file=google["input_file"], layers="-1,-3", **base)
+        )
+    with pytest.raises(io_utils.UsageError, match="--layers=-1,embedding: expected"):
+        extract_features.run(
+            extract_features.ExtractArgs(
+                input_file=google["input_file"], layers="-1,embedding", **base
+            )
         )
     with pytest.raises(io_utils.UsageError, match="--input_file file not found"):
         extract_features.run(

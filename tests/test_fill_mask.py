@@ -2,6 +2,7 @@
 export's signatures and the server, each checked against the NumPy BERT of helpers_google (which
 follows the original's get_masked_lm_output and get_next_sentence_output)."""
 
+import dataclasses
 import http.client
 import json
 import os
@@ -10,7 +11,14 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import SPECIAL_TOKENS, TINY_CONFIG, run_module_cli, session_outputs, write_tiny_vocab
+from helpers import (
+    SPECIAL_TOKENS,
+    TINY_CONFIG,
+    run_module_cli,
+    session_outputs,
+    tiny_inputs,
+    write_tiny_vocab,
+)
 from helpers_google import (
     GOOGLE_TINY,
     NumpyBert,
@@ -353,4 +361,30 @@ def test_a_big_fill_mask_request_runs_in_chunks_with_the_same_answers(exported):
     assert reply["outputs"]["mask_positions"] == expected["mask_positions"].numpy().tolist()
     np.testing.assert_allclose(
         reply["outputs"]["probabilities"], expected["probabilities"].numpy(), atol=1e-5
+    )
+
+
+def test_a_left_to_right_model_answers_no_fill_mask_and_exports_its_encoder(tmp_path, caplog):
+    # run_pretraining --objective=ltr's layout: a left_to_right config, the MLM head's layer
+    # (trained to predict the next token) and no NSP head.
+    vocab = write_tiny_vocab(str(tmp_path / "vocab.txt"))
+    config = dataclasses.replace(TINY_CONFIG, attention_direction=modeling.LEFT_TO_RIGHT)
+    model, encoder = modeling.build_pretraining_model(config, with_nsp_head=False)
+    model_dir = str(tmp_path / "ltr")
+    ModelDir(model_dir).write(config, vocab, encoder, pretraining_model=model, heads={"mlm"})
+    assert ModelDir(model_dir).pretraining_heads() == {"mlm"}
+    with pytest.raises(ModelDirError, match="is a left-to-right language model"):
+        masked_lm.MaskedLM(model_dir).fill_mask(["w1 [MASK]"])
+    result = run_module_cli("bert_tf.fill_mask", f"--model_dir={model_dir}", "w1 [MASK] w2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "its LM head predicts the next token, not a [MASK]" in result.stderr
+    # The export has the encoder alone, and it computes what the Keras encoder does.
+    path, kind = export.export(model_dir, str(tmp_path / "export"), max_seq_length=SEQ)
+    loaded = tf.saved_model.load(path)
+    assert kind == "encoder" and set(loaded.signatures) == {"serving_default"}
+    assert "left-to-right language model" in caplog.text and "no fill_mask" in caplog.text
+    inputs = tiny_inputs(seq=9, seed=5)
+    got = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    np.testing.assert_allclose(
+        got["sequence_output"].numpy(), encoder(inputs)["sequence_output"].numpy(), atol=1e-5
     )

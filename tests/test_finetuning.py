@@ -228,6 +228,53 @@ def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path
     assert rerun.eval_results == pytest.approx(result.eval_results)
 
 
+def test_eval_every_epoch_writes_the_learning_curve_and_trains_the_same_model(demo, tmp_path):
+    values = dict(
+        task_name="sst2",
+        data_dir=demo["glue_dir"],
+        init_checkpoint=demo["model_dir"],
+        do_train=True,
+        do_eval=True,
+        seed=1,
+        **dict(DEMO_TRAINING, num_train_epochs=2.5),
+    )
+    plain = run_classifier.run(
+        run_classifier.ClassifierArgs(**values, output_dir=str(tmp_path / "plain"))
+    )
+    output_dir = str(tmp_path / "curve")
+    curve = run_classifier.run(
+        run_classifier.ClassifierArgs(**values, output_dir=output_dir, eval_every_epoch=True)
+    )
+    # 400 examples, batch 32, 2.5 epochs: 31 steps; the epochs end at 12, 25 and 31.
+    assert finetuning.epoch_ends(31, 2.5) == [12, 25, 31]
+    history = finetuning.read_eval_history(output_dir)
+    assert [(e["epoch"], e["global_step"]) for e in history] == [(1, 12), (2, 25), (3, 31)]
+    assert history[-1]["eval_accuracy"] == pytest.approx(curve.eval_results["eval_accuracy"])
+    assert all(0.0 <= e["eval_accuracy"] <= 1.0 and e["eval_loss"] > 0 for e in history)
+    # Stopping at the epochs' ends to evaluate changes nothing in what is trained; without the
+    # flag the run neither stops there nor writes a curve.
+    assert finetuning.read_eval_history(str(tmp_path / "plain")) == []
+    assert [
+        c.split("-")[-1]
+        for c in tf.train.get_checkpoint_state(str(tmp_path / "plain")).all_model_checkpoint_paths
+    ] == ["31"]
+    for got, want in zip(curve.finetuner.model.weights, plain.finetuner.model.weights):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert curve.eval_results["eval_loss"] == pytest.approx(plain.eval_results["eval_loss"])
+
+
+def test_eval_every_epoch_needs_training_and_eval(tmp_path):
+    result = run_module_cli(
+        "bert_tf.run_classifier",
+        "--task_name=sst2",
+        f"--output_dir={tmp_path}",
+        "--do_train",
+        "--eval_every_epoch",
+    )
+    assert result.returncode == 2
+    assert "--eval_every_epoch needs --do_train and --do_eval" in result.stderr
+
+
 # ----------------------------------------------------------------------------------------------
 # Casing against the name of Google's checkpoints (the original's validate_case_matches_checkpoint)
 # ----------------------------------------------------------------------------------------------

@@ -49,37 +49,48 @@ def assert_same_encoder_outputs(got, want, num_layers):
         np.testing.assert_allclose(g, w, err_msg=f"layer {layer}", **TOLERANCE)
 
 
+@pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
 @pytest.mark.parametrize("hidden_act", ["gelu", "gelu_exact", "relu"])
-def test_every_encoder_output_matches_the_keras_encoder(hidden_act):
+def test_every_encoder_output_matches_the_keras_encoder(hidden_act, direction):
     tf.keras.utils.set_random_seed(1)
     config = tiny_config(
-        hidden_size=24, num_attention_heads=3, initializer_range=0.5, hidden_act=hidden_act
+        hidden_size=24,
+        num_attention_heads=3,
+        initializer_range=0.5,
+        hidden_act=hidden_act,
+        attention_direction=direction,
     )
     encoder = modeling.build_encoder(config)
-    # Padded rows, both segments, and a length that is not a multiple of anything.
+    # Rows padded by different amounts (a left_to_right pooler reads each one's last real token),
+    # both segments, and a length that is not a multiple of anything.
     inputs = tiny_inputs(batch=3, seq=11, seed=2)
+    inputs["input_mask"][1, 6:] = 0
     got = as_float32(in_graph(with_inference_encoder(encoder, config), inputs))
     assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
     # Each layer's output is its own, not the last one's.
     assert np.abs(got["encoder_outputs"][0] - got["encoder_outputs"][-1]).max() > 0.1
 
 
-def test_masks_read_as_keras_reads_them():
+@pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
+def test_masks_read_as_keras_reads_them(direction):
     """A row with no real token attends to nothing, and any positive mask value marks a real token."""
     tf.keras.utils.set_random_seed(2)
-    encoder = modeling.build_encoder(CONFIG)
+    config = dataclasses.replace(CONFIG, attention_direction=direction)
+    encoder = modeling.build_encoder(config)
     inputs = tiny_inputs(batch=3, seq=6, seed=3)
     inputs["input_mask"][0] = 0
     inputs["input_mask"][1, :3] = 2
-    got = as_float32(in_graph(with_inference_encoder(encoder, CONFIG), inputs))
+    got = as_float32(in_graph(with_inference_encoder(encoder, config), inputs))
     assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
 
 
+@pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
 @pytest.mark.parametrize("spec", list(specs()), ids=lambda spec: spec.kind)
-def test_every_task_model_gives_the_keras_models_outputs(spec):
+def test_every_task_model_gives_the_keras_models_outputs(spec, direction):
     tf.keras.utils.set_random_seed(3)
-    model, encoder = models.build_task_model(CONFIG, spec)
-    fast = with_inference_encoder(encoder, CONFIG, model)
+    config = dataclasses.replace(CONFIG, attention_direction=direction)
+    model, encoder = models.build_task_model(config, spec)
+    fast = with_inference_encoder(encoder, config, model)
     inputs = tiny_inputs(batch=4, seq=9, seed=4)
     if spec.kind == "multiple_choice":  # [b, choices, s]
         inputs = {name: value.reshape(2, 2, 9) for name, value in inputs.items()}

@@ -307,6 +307,25 @@ def test_current_model_dir_gelu_is_the_tanh_form(tmp_path, monkeypatch):
     assert warnings == []
 
 
+def test_a_left_to_right_model_dir_says_so_and_loads_left_to_right(tmp_path):
+    config = dataclasses.replace(TINY_CONFIG, attention_direction=modeling.LEFT_TO_RIGHT)
+    encoder = modeling.build_encoder(config)
+    randomize(encoder)
+    directory, _ = round_trip(
+        tmp_path / "model", config, write_tiny_vocab(tmp_path / "vocab.txt"), encoder
+    )
+    values = json.load(open(directory.config_file))
+    assert (values["attention_direction"], values["config_version"]) == ("left_to_right", 3)
+    # The encoder it rebuilds is left to right: a later token leaves the first ones alone.
+    x = tiny_inputs()
+    changed = {name: value.copy() for name, value in x.items()}
+    changed["input_word_ids"][:, 4] = np.where(x["input_word_ids"][:, 4] == 6, 7, 6)
+    loaded = directory.load_encoder()
+    np.testing.assert_allclose(
+        loaded(x)["sequence_output"][:, :4], loaded(changed)["sequence_output"][:, :4], atol=1e-6
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Directories written before ModelDir (tests/fixtures/make_old_model_dirs.py)
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +340,7 @@ def old_dir(name, tmp_path):
 def test_old_pretraining_model_dirs_load_with_identical_outputs(name, reference, tmp_path):
     directory = old_dir(name, tmp_path)
     x, positions = reference_inputs(reference)
-    assert directory.load_config().config_version == modeling.CONFIG_VERSION
+    assert directory.load_config().config_version == modeling.BIDIRECTIONAL_CONFIG_VERSION
     assert directory.latest_step() == (7 if name == "pretraining_run" else 0)
     model, encoder = directory.load_pretraining_model()
     out = model({**x, "masked_lm_positions": positions})

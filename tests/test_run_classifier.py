@@ -94,6 +94,36 @@ def test_cli_on_two_mirrored_cpus_writes_results_submission_and_an_exportable_mo
     np.testing.assert_array_equal(labels, [r[1] for r in rows[1:21]])
 
 
+@pytest.mark.slow
+def test_cli_head_bilstm_is_recorded_and_a_rerun_with_another_head_is_refused(demo, tmp_path):
+    output_dir = str(tmp_path / "bilstm")
+    common = dict(
+        task_name="sst2",
+        data_dir=demo["glue_dir"],
+        init_checkpoint=demo["model_dir"],
+        output_dir=output_dir,
+        max_seq_length=24,
+        do_train=True,
+    )
+    process = run_cli(
+        *(f"--{name}={value}" for name, value in common.items() if name != "do_train"),
+        "--do_train",
+        "--do_eval",
+        "--head=bilstm",
+        "--lstm_units=8",
+        "--num_train_epochs=1",
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert "eval_accuracy" in read_key_values(os.path.join(output_dir, "eval_results.txt"))
+    spec = models.read_task_spec(ModelDir(output_dir))
+    assert (spec.kind, spec.head, spec.lstm_units, spec.features) == ("classifier", "bilstm", 8, "")
+    model, *_ = models.load_task_model(ModelDir(output_dir))
+    assert model.get_layer("bilstm_2").forward_layer.units == 8
+    # The checkpoints hold a BiLSTM head: resuming them as a dense head would mix two models.
+    with pytest.raises(io_utils.UsageError, match="bilstm head .*, not a classifier with labels"):
+        run_classifier.run(run_classifier.ClassifierArgs(head="dense", **common))
+
+
 def test_cli_missing_split_file_exits_2_naming_it(demo, tmp_path):
     data_dir = tmp_path / "glue"
     data_dir.mkdir()

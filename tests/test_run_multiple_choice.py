@@ -209,3 +209,35 @@ def test_cli_refuses_a_missing_data_dir_and_an_unknown_task(swag, tmp_path):
                 do_train=True,
             )
         )
+
+
+@pytest.mark.slow
+def test_a_bilstm_head_trains_and_its_export_serves_the_same_probabilities(swag, tmp_path):
+    output_dir = str(tmp_path / "bilstm")
+    result = run_multiple_choice.run(
+        run_multiple_choice.MultipleChoiceArgs(
+            task_name="swag",
+            data_dir=swag["data_dir"],
+            init_checkpoint=swag["model_dir"],
+            output_dir=output_dir,
+            do_train=True,
+            do_predict=True,
+            head="bilstm",
+            lstm_units=4,
+            max_seq_length=24,
+            num_train_epochs=0.5,
+            predict_batch_size=50,
+        )
+    )
+    assert result.step > 0
+    spec = models.read_task_spec(ModelDir(output_dir))
+    assert (spec.kind, spec.head, spec.lstm_units) == ("multiple_choice", "bilstm", 4)
+    probabilities = np.loadtxt(os.path.join(output_dir, "test_results.tsv"))
+    path, _ = export.export(output_dir, str(tmp_path / "export"))
+    serving = tf.saved_model.load(path).signatures["serving_default"]
+    test = multiple_choice.read_swag_csv(os.path.join(swag["data_dir"], "test.csv"))[:10]
+    outputs = serving(
+        context=tf.constant([e.context for e in test]),
+        endings=tf.constant([e.endings for e in test]),
+    )
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), probabilities[:10], atol=1e-5)

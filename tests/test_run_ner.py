@@ -3,7 +3,9 @@
 import os
 import random
 
+import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import run_module_cli, write_tiny_model_dir, write_vocab
 
 from bert_tf import io_utils, run_ner, tasks
@@ -172,11 +174,9 @@ def test_missing_dev_file_and_unseen_dev_tag_are_clear_errors(conll, tmp_path):
         )
 
 
-@pytest.mark.slow
-def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
-    # The real command line, so that every flag below must map onto NerArgs.
-    output_dir = tmp_path / "cli"
-    result = run_module_cli(
+def run_ner_cli(conll, output_dir, *flags):
+    """One epoch of `python -m bert_tf.run_ner` on the test's CoNLL files (train, eval, predict)."""
+    return run_module_cli(
         "bert_tf.run_ner",
         f"--data_dir={conll['data_dir']}",
         "--do_train",
@@ -187,7 +187,15 @@ def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
         "--train_batch_size=16",
         "--num_train_epochs=1",
         f"--output_dir={output_dir}",
+        *flags,
     )
+
+
+@pytest.mark.slow
+def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
+    # The real command line, so that every flag below must map onto NerArgs.
+    output_dir = tmp_path / "cli"
+    result = run_ner_cli(conll, output_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert os.path.exists(output_dir / "eval_results.txt")
     predicted = read_conll_columns(output_dir / "test_predictions.txt")
@@ -201,3 +209,81 @@ def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
         f"--output_dir={tmp_path / 'bad'}",
     )
     assert missing.returncode == 2 and "nowhere/dev.txt" in missing.stderr + missing.stdout
+
+
+def checkpoint_values(directory, prefix):
+    """{checkpoint key: value} of the variables under root object `prefix` in DIRECTORY's newest ckpt."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
+    return {
+        key: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(prefix + "/") and key.endswith(".ATTRIBUTES/VARIABLE_VALUE")
+    }
+
+
+@pytest.mark.slow
+def test_cli_feature_based_trains_a_bilstm_on_a_frozen_encoder(conll, tmp_path):
+    """--feature_based: the encoder comes out bit for bit as it went in, under heavy weight decay."""
+    output_dir = tmp_path / "features"
+    result = run_ner_cli(
+        conll,
+        output_dir,
+        "--feature_based",
+        "--features=sum_all",
+        "--lstm_units=8",
+        "--weight_decay=0.5",
+        "--learning_rate=1e-2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    spec = models.read_task_spec(ModelDir(str(output_dir)))
+    assert (spec.head, spec.lstm_units, spec.features) == ("bilstm", 8, "sum_all")
+    for name in ("eval_results.txt", "eval_predictions.txt", "test_predictions.txt"):
+        assert os.path.exists(output_dir / name), name
+    before = checkpoint_values(conll["model_dir"], "encoder")
+    after = checkpoint_values(str(output_dir), "encoder")
+    assert len(before) > 20 and set(after) == set(before)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    # The head did train: the scalar mix moved off its initial equal weights.
+    model, *_ = models.load_task_model(ModelDir(str(output_dir)))
+    mix_weights = model.get_layer("encoder_features").mix_weights.numpy()
+    assert mix_weights.shape == (3,) and np.abs(mix_weights).max() > 1e-3
+
+    unknown = run_module_cli(
+        "bert_tf.run_ner",
+        f"--data_dir={conll['data_dir']}",
+        "--do_eval",
+        "--feature_based",
+        "--features=middle",
+        f"--output_dir={tmp_path / 'bad'}",
+    )
+    assert unknown.returncode == 2 and "--features" in unknown.stderr + unknown.stdout
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(feature_based=True), "--feature_based needs --features"),
+        (dict(features="last"), "--features applies to --feature_based only"),
+        (dict(feature_based=True, features="middle"), "--features=middle is not one of"),
+        (dict(feature_based=True, features="last", head="dense"), "--head=dense contradicts"),
+        (dict(head="crf"), "--head=crf is not one of dense, bilstm"),
+        (dict(lstm_units=0), "--lstm_units must be positive, got 0"),
+        (dict(lstm_units=64), "--lstm_units sizes a BiLSTM: it needs --head=bilstm or --feature"),
+    ],
+)
+def test_head_and_feature_flags_are_checked(fields, message):
+    args = run_ner.NerArgs(output_dir="out", do_eval=True, **fields)
+    with pytest.raises(io_utils.UsageError, match=message):
+        args.validate()
+
+
+def test_feature_based_implies_the_bilstm_head():
+    args = run_ner.NerArgs(feature_based=True, features="last", lstm_units=4)
+    assert args.head_fields() == dict(head="bilstm", lstm_units=4, features="last")
+    # An explicit --head=bilstm agrees with --feature_based.
+    run_ner.NerArgs(
+        output_dir="out", do_eval=True, feature_based=True, features="last", head="bilstm"
+    ).validate()
+    assert run_ner.NerArgs(head="bilstm").head_fields() == dict(head="bilstm", lstm_units=768)
+    assert run_ner.NerArgs().head_fields() == dict(head="dense", lstm_units=768)

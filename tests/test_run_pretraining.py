@@ -1,8 +1,11 @@
 """python -m bert_tf.run_pretraining end to end: learning, resume after SIGKILL, multi-worker, bad input, TPU setup."""
 
+import collections
+import dataclasses
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,12 +17,23 @@ from unittest import mock
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import tiny_config
+from helpers import NO_DROPOUT, run_module_cli, tiny_config, tiny_inputs, write_tiny_vocab
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 from helpers_records import write_numbered_records, write_real_text_records
 
-from bert_tf import distribution, io_utils, run_pretraining, training
-from bert_tf.model_dir import ModelDir
+from bert_tf import (
+    distribution,
+    export,
+    input_pipeline,
+    io_utils,
+    left_to_right_lm,
+    modeling,
+    pretraining,
+    run_classifier,
+    run_pretraining,
+    training,
+)
+from bert_tf.model_dir import ModelDir, ModelDirError, describe_heads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PRED = 32, 5
@@ -590,3 +604,294 @@ def test_tpu_strategy_is_built_from_the_resolver_in_order():
     assert calls == [("resolve", "my-tpu")] + steps + [("resolve", "local")] + steps
     with pytest.raises(io_utils.UsageError, match="--strategy=gpu is not one of"):
         distribution.get_strategy("gpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# The paper's pretraining ablations (Table 5): No NSP, and LTR & No NSP
+# ----------------------------------------------------------------------------------------------
+
+
+def variable_shapes(prefix):
+    """collections.Counter of the shapes of a checkpoint's variables."""
+    return collections.Counter(tuple(shape) for _, shape in tf.train.list_variables(prefix))
+
+
+@pytest.fixture(scope="module")
+def no_nsp_run(data, tmp_path_factory):
+    """A --nsp=false run (trained, evaluated) and a --nsp=true one of the same steps: their dirs."""
+    root = tmp_path_factory.mktemp("no_nsp")
+    runs = {}
+    for name, nsp in (("no_nsp", False), ("nsp", True)):
+        args = args_for(data, root / name, nsp=nsp, num_train_steps=40, steps_per_loop=20)
+        result = run_pretraining.run(dataclasses.replace(args, do_eval=True))
+        runs[name] = (str(root / name), result)
+    return runs
+
+
+def test_without_nsp_no_nsp_head_is_built_saved_or_reported(no_nsp_run):
+    output_dir, result = no_nsp_run["no_nsp"]
+    nsp_dir, _ = no_nsp_run["nsp"]
+    assert "nsp_logits" not in result.pretraining_model.output
+    assert "nsp_head" not in {layer.name for layer in result.pretraining_model.layers}
+    metrics = ["global_step", "loss", "masked_lm_accuracy", "masked_lm_loss"]
+    assert sorted(result.eval_results) == metrics and sorted(result.train_metrics) == metrics[1:]
+    lines = open(os.path.join(output_dir, "eval_results.txt")).read().splitlines()
+    assert [line.split(" = ")[0] for line in lines] == metrics
+    train_tags = read_scalars(os.path.join(output_dir, "train"))
+    assert "masked_lm_loss" in train_tags and not any("next_sentence" in t for t in train_tags)
+    # The checkpoint's variables are those of the NSP run less the NSP head's kernel [H, 2] and
+    # bias [2] (and their optimizer slots): the only [H, 2] variables, and [2] beside the RNG states.
+    hidden = result.encoder.get_layer("pooled_dense").units
+    without, with_nsp = ModelDir(output_dir), ModelDir(nsp_dir)
+    shapes = variable_shapes(without.latest_checkpoint())
+    nsp_only = variable_shapes(with_nsp.latest_checkpoint()) - shapes
+    assert set(nsp_only) == {(hidden, 2), (2,)} and (hidden, 2) not in shapes
+    assert not shapes - variable_shapes(with_nsp.latest_checkpoint())
+    # Head discovery names the MLM head only; a caller that needs the NSP head is refused.
+    assert without.pretraining_heads() == {"mlm"} and with_nsp.pretraining_heads() == {"mlm", "nsp"}
+    assert describe_heads(without.pretraining_heads()) == "the MLM (masked-LM) head only"
+    with pytest.raises(ModelDirError, match=r"MLM \(masked-LM\) head only.*no NSP"):
+        without.load_pretraining_model(require={"nsp"})
+    model, _ = without.load_pretraining_model(require={"mlm"})
+    for got, want in zip(
+        model.get_layer("mlm_head").weights, result.pretraining_model.get_layer("mlm_head").weights
+    ):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_a_no_nsp_run_starts_from_a_model_with_both_heads_and_resumes_itself(data, no_nsp_run):
+    nsp_dir, nsp_result = no_nsp_run["nsp"]
+    output_dir = os.path.join(os.path.dirname(nsp_dir), "from_nsp")
+    args = args_for(data, output_dir, nsp=False, init_checkpoint=nsp_dir, do_eval=True)
+    initialized = run_pretraining.run(dataclasses.replace(args, do_train=False))
+    # The encoder and the MLM head came from the NSP run: the same masked-LM loss.
+    assert initialized.eval_results["masked_lm_loss"] == pytest.approx(
+        nsp_result.eval_results["masked_lm_loss"], rel=1e-5
+    )
+    resumed_dir = os.path.join(os.path.dirname(nsp_dir), "resumed")
+    shutil.copytree(no_nsp_run["no_nsp"][0], resumed_dir)
+    resumed = run_pretraining.run(
+        args_for(data, resumed_dir, nsp=False, num_train_steps=50, steps_per_loop=10)
+    )
+    assert no_nsp_run["no_nsp"][1].step == 40 and resumed.step == 50
+    # Resuming with the other --nsp would drop the NSP head or train a fresh one from mid-run.
+    for nsp, directory in ((True, resumed_dir), (False, nsp_dir)):
+        with pytest.raises(io_utils.UsageError, match=f"--nsp={str(nsp).lower()} would train"):
+            run_pretraining.run(args_for(data, directory, nsp=nsp, num_train_steps=60))
+
+
+def test_a_no_nsp_model_fine_tunes_exports_and_refuses_next_sentence(data, no_nsp_run, tmp_path):
+    model_dir, result = no_nsp_run["no_nsp"]
+    # run_classifier takes its encoder from the directory.
+    glue = tmp_path / "sst2"
+    glue.mkdir()
+    words = [w for w in open(data["vocab_file"]).read().split() if w.isalpha()][:40]
+    rows = [f"{' '.join(words[i : i + 5])}\t{i % 2}" for i in range(8)]
+    (glue / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    classifier = run_classifier.run(
+        run_classifier.ClassifierArgs(
+            task_name="sst2",
+            data_dir=str(glue),
+            init_checkpoint=model_dir,
+            output_dir=str(tmp_path / "classifier"),
+            do_eval=True,
+            max_seq_length=16,
+            eval_batch_size=4,
+        )
+    )
+    assert classifier.eval_results["eval_examples"] == 8
+    for got, want in zip(classifier.finetuner.encoder.weights, result.encoder.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # The export has the encoder and fill_mask, and no next_sentence signature.
+    path, kind = export.export(model_dir, str(tmp_path / "export"), max_seq_length=SEQ)
+    assert kind == "encoder"
+    assert set(tf.saved_model.load(path).signatures) == {"serving_default", "fill_mask"}
+    refused = run_module_cli(
+        "bert_tf.fill_mask", f"--model_dir={model_dir}", "--next_sentence", "a b", "c d"
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "has the MLM (masked-LM) head only; next-sentence needs its NSP head" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_next_token_targets_are_the_following_tokens_where_they_are_real():
+    ids = tf.constant([[2, 11, 12, 13, 3], [2, 21, 3, 0, 0]])
+    mask = tf.constant([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    targets, weights = left_to_right_lm.next_token_targets(ids, mask)
+    np.testing.assert_array_equal(targets, [[11, 12, 13, 3], [21, 3, 0, 0]])
+    np.testing.assert_array_equal(weights, [[1, 1, 1, 1], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(
+        left_to_right_lm.predicting_positions(ids), [[0, 1, 2, 3], [0, 1, 2, 3]]
+    )
+
+
+def test_the_ltr_loss_is_next_token_cross_entropy_over_real_next_tokens():
+    config = tiny_config(attention_direction="left_to_right", **NO_DROPOUT)
+    model, _ = modeling.build_pretraining_model(config, with_nsp_head=False)
+    batch = tiny_inputs(seq=9, seed=4)
+    objective = left_to_right_lm.LeftToRightObjective(model)
+    tensors = {name: tf.constant(value) for name, value in batch.items()}
+    denominators = objective.denominators(tensors)
+    loss, stats = objective.loss_and_stats(tensors, denominators, training=False)
+    # By hand: the head at every position, position i scored on the token at i + 1 where it is real.
+    ids, mask = batch["input_word_ids"], batch["input_mask"]
+    positions = np.tile(np.arange(ids.shape[1]), (ids.shape[0], 1)).astype(np.int32)
+    logits = model(dict(batch, masked_lm_positions=positions))["mlm_logits"].numpy()
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    scored = [
+        -log_p[row, i, ids[row, i + 1]]
+        for row in range(ids.shape[0])
+        for i in range(ids.shape[1] - 1)
+        if mask[row, i + 1]
+    ]
+    assert float(denominators["ltr_weight"]) == len(scored) == mask[:, 1:].sum()
+    np.testing.assert_allclose(float(loss), np.mean(scored), rtol=1e-4)
+    np.testing.assert_allclose(float(stats["ltr_loss_sum"]), np.sum(scored), rtol=1e-4)
+    # A token's prediction never sees the token it predicts, nor any later one.
+    changed = dict(batch, input_word_ids=ids.copy())
+    changed["input_word_ids"][:, 5] = (ids[:, 5] + 1) % config.vocab_size
+    changed_logits = model(dict(changed, masked_lm_positions=positions))["mlm_logits"].numpy()
+    np.testing.assert_allclose(changed_logits[:, :5], logits[:, :5], atol=1e-5)
+    assert not np.allclose(changed_logits[0, 5:], logits[0, 5:], atol=1e-5)
+
+
+def test_ltr_input_is_the_text_s_own_tokens_put_back_from_the_masks(tmp_path):
+    # A text in which every token's id is one more than the one before it: once the masked tokens
+    # are back, each segment of every record is a run of consecutive ids, as in the text.
+    words = [f"w{i}" for i in range(300)]
+    vocab_file = write_tiny_vocab(tmp_path / "vocab.txt", size=len(words) + 5)
+    documents = [words[d * 100 : (d + 1) * 100] for d in range(3)]
+    text = "\n\n".join(
+        "\n".join(" ".join(doc[i : i + 5]) for i in range(0, 100, 5)) for doc in documents
+    )
+    (tmp_path / "text.txt").write_text(text + "\n")
+    records = str(tmp_path / "records")
+    pretraining.run(
+        pretraining.PretrainingDataArgs(
+            input_file=str(tmp_path / "text.txt"),
+            vocab_file=vocab_file,
+            output_dir=records,
+            max_seq_length=24,
+            max_predictions_per_seq=4,
+            dupe_factor=10,
+            num_workers=1,
+        )
+    )
+    files = glob.glob(os.path.join(records, "*.tfrecord"))
+    count = sum(1 for _ in tf.data.TFRecordDataset(files))
+    assert count > 100
+
+    def all_records(**options):
+        dataset = input_pipeline.pretraining_dataset(files, count, 24, 4, False, **options)
+        return {name: value.numpy() for name, value in next(iter(dataset)).items()}
+
+    stored, restored = all_records(), all_records(restore_masked_tokens=True)
+    masked = 0
+    for row in range(count):
+        ids, before = restored["input_word_ids"][row].tolist(), stored["input_word_ids"][row]
+        length, b_start = stored["input_mask"][row].sum(), np.argmax(stored["input_type_ids"][row])
+        for segment in (ids[1 : b_start - 1], ids[b_start : length - 1]):
+            assert segment == list(range(segment[0], segment[0] + len(segment))), (row, ids)
+        assert ids[0] == 2 and ids[b_start - 1] == ids[length - 1] == 3  # [CLS], [SEP]
+        assert not any(ids[length:])
+        # Only the masked positions changed.
+        positions = stored["masked_lm_positions"][row][stored["masked_lm_weights"][row] > 0]
+        assert set(np.flatnonzero(ids != before).tolist()) <= set(positions.tolist())
+        masked += int((before[positions] == 4).sum())  # [MASK] is id 4
+    assert masked > 100
+
+
+def test_ltr_pretraining_loss_falls_and_writes_a_left_to_right_model_dir(data, tmp_path):
+    config_file = str(tmp_path / "ltr_config.json")
+    tiny_config(data["vocab_file"], attention_direction="left_to_right").to_json_file(config_file)
+    output_dir = tmp_path / "ltr"
+    values = dict(objective="ltr", nsp=False, bert_config_file=config_file, do_eval=True)
+    before = run_pretraining.run(args_for(data, output_dir, do_train=False, **values))
+    result = run_pretraining.run(
+        args_for(data, output_dir, num_train_steps=40, steps_per_loop=20, **values)
+    )
+    metrics = ["global_step", "loss", "ltr_accuracy", "ltr_loss", "ltr_perplexity"]
+    assert sorted(result.eval_results) == metrics
+    after = result.eval_results
+    assert before.eval_results["ltr_loss"] > 7.0  # ln(1622) = 7.4
+    assert after["ltr_loss"] < before.eval_results["ltr_loss"] - 1.0
+    assert after["ltr_perplexity"] == pytest.approx(np.exp(after["ltr_loss"]))
+    lines = (output_dir / "eval_results.txt").read_text().splitlines()
+    assert [line.split(" = ")[0] for line in lines] == metrics
+    directory = ModelDir(str(output_dir))
+    saved = json.loads((output_dir / "bert_config.json").read_text())
+    assert saved["attention_direction"] == "left_to_right"
+    assert directory.load_config().left_to_right and directory.pretraining_heads() == {"mlm"}
+
+
+def test_ltr_with_a_model_size_writes_a_left_to_right_config(tmp_path):
+    records = write_numbered_records(str(tmp_path / "r.tfrecord"), 10, 8, max_seq_length=16)
+    vocab = write_tiny_vocab(tmp_path / "vocab.txt", size=40)
+    values = dict(
+        input_file=records,
+        vocab_file=vocab,
+        model_size="tiny",
+        train_batch_size=4,
+        max_seq_length=16,
+        max_predictions_per_seq=3,
+        num_train_steps=2,
+        num_warmup_steps=0,
+        objective="ltr",
+        nsp=False,
+    )
+    output_dir = str(tmp_path / "out")
+    run_pretraining.run(run_pretraining.PretrainingArgs(output_dir=output_dir, **values))
+    assert ModelDir(output_dir).load_config().attention_direction == "left_to_right"
+    # The same flags resume it; the masked LM on it is refused.
+    resumed = run_pretraining.run(
+        run_pretraining.PretrainingArgs(output_dir=output_dir, **dict(values, num_train_steps=3))
+    )
+    assert resumed.step == 3
+    with pytest.raises(io_utils.UsageError, match=r"--objective=mlm trains a bidirectional model"):
+        run_pretraining.run(
+            run_pretraining.PretrainingArgs(
+                output_dir=output_dir,
+                **dict(values, objective="mlm", nsp=True, model_size="", num_train_steps=4),
+            )
+        )
+
+
+def test_ltr_usage_errors_name_the_flags(data, no_nsp_run, tmp_path):
+    ltr_config = str(tmp_path / "ltr_config.json")
+    tiny_config(data["vocab_file"], attention_direction="left_to_right").to_json_file(ltr_config)
+    bidirectional_dir, _ = no_nsp_run["no_nsp"]
+    for overrides, message in [
+        (dict(objective="ltr"), r"--objective=ltr needs --nsp=false"),
+        (dict(objective="lm", nsp=False), r"--objective must be one of mlm, ltr"),
+        (
+            dict(objective="ltr", nsp=False),
+            r"--objective=ltr trains a left-to-right model, but --bert_config_file=.* has "
+            r"attention_direction=bidirectional",
+        ),
+        (
+            dict(objective="ltr", nsp=False, init_checkpoint=bidirectional_dir),
+            r"but --init_checkpoint=.* has attention_direction=bidirectional",
+        ),
+        (
+            dict(bert_config_file=ltr_config),
+            r"--objective=mlm trains a bidirectional model, but --bert_config_file=.* has "
+            r"attention_direction=left_to_right: use --objective=ltr --nsp=false",
+        ),
+        (
+            dict(objective="ltr", nsp=False, bert_config_file=ltr_config, dynamic_masking=True),
+            r"--dynamic_masking is for --objective=mlm",
+        ),
+    ]:
+        with pytest.raises(io_utils.UsageError, match=message):
+            run_pretraining.run(args_for(data, tmp_path / "out", **overrides))
+    assert not ModelDir(str(tmp_path / "out")).exists()
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_tf.run_pretraining"]
+        + cli_flags(data, tmp_path / "cli", objective="ltr", do_train=True),
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--objective=ltr needs --nsp=false" in result.stderr

@@ -1,5 +1,6 @@
 """Task heads, task.json and the fine-tuned model directory: shapes, NumPy references, round trips, errors."""
 
+import dataclasses
 import json
 import os
 
@@ -8,10 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import TINY_CONFIG, round_trip, tiny_config, tiny_inputs, write_tiny_vocab
+from helpers_google import NumpyBert, google_config
 
-from bert_tf import io_utils, modeling
+from bert_tf import checkpoints, io_utils, modeling
 from bert_tf.model_dir import ModelDir, ModelDirError
-from bert_tf.tasks import models
+from bert_tf.tasks import models, representations
 
 SPECS = {
     "classifier": models.TaskSpec(
@@ -85,11 +87,16 @@ def test_dropout_only_in_training():
     assert not np.allclose(model(x, training=True)["logits"], a)
 
 
-@pytest.mark.parametrize("kind", ["classifier", "squad"])
+@pytest.mark.parametrize("kind", ["classifier", "squad", "bilstm", "features"])
 def test_outputs_are_float32_under_mixed_precision(kind):
+    spec = SPECS.get(kind) or SPECS["ner"]
+    if kind in ("bilstm", "features"):
+        spec = dataclasses.replace(
+            spec, head="bilstm", lstm_units=2, features="sum_all" if kind == "features" else ""
+        )
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
-        model, _ = models.build_task_model(TINY_CONFIG, SPECS[kind])
+        model, _ = models.build_task_model(TINY_CONFIG, spec)
         out = model(tiny_inputs(), training=False)
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -114,6 +121,9 @@ def test_task_spec_json_round_trip(tmp_path):
     }
     spec = models.TaskSpec.from_dict(minimal)
     assert spec.is_pair and spec.max_seq_length == 64 and spec.doc_stride == 128
+    # A task.json from before the head fields: a dense head on a fine-tuned encoder.
+    assert (spec.head, spec.features) == ("dense", "")
+    assert spec.same_head(dataclasses.replace(spec, lstm_units=5))  # no BiLSTM: units unused
 
 
 @pytest.mark.parametrize(
@@ -139,6 +149,16 @@ def test_task_spec_json_round_trip(tmp_path):
         (
             {"kind": "squad", "max_seq_length": 32, "max_query_length": 64},
             "no room for the context",
+        ),
+        ({"kind": "ner", "labels": ["O", "B"], "head": "crf"}, "head must be one of dense"),
+        ({"kind": "regressor", "head": "bilstm", "lstm_units": 0}, "lstm_units must be a pos"),
+        (
+            {"kind": "ner", "labels": ["O", "B"], "head": "bilstm", "features": "middle"},
+            "features must be empty or one of embeddings",
+        ),
+        (
+            {"kind": "ner", "labels": ["O", "B"], "features": "last"},
+            "features .* needs head bilstm, got 'dense'",
         ),
     ],
 )
@@ -244,3 +264,157 @@ def test_load_errors(tmp_path):
     os.remove(os.path.join(finetuned, "bert_config.json"))
     with pytest.raises(ModelDirError, match="missing: bert_config.json"):
         models.load_task_model(ModelDir(finetuned))
+
+
+# ----------------------------------------------------------------------------------------------
+# The bilstm head and the feature-based approach (tasks.representations)
+# ----------------------------------------------------------------------------------------------
+
+LSTM_UNITS = 3
+
+
+def np_sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def np_lstm(x, kernel, recurrent_kernel, bias, reverse=False):
+    """An LSTM over one row's real tokens x [length, D] (gates input, forget, candidate, output,
+    Keras' order): the hidden state after every token [length, units], in x's order."""
+    units = recurrent_kernel.shape[0]
+    h, c = np.zeros(units), np.zeros(units)
+    outputs = np.zeros((len(x), units))
+    for t in reversed(range(len(x))) if reverse else range(len(x)):
+        i, f, candidate, o = np.split(x[t] @ kernel + h @ recurrent_kernel + bias, 4)
+        c = np_sigmoid(f) * c + np_sigmoid(i) * np.tanh(candidate)
+        h = np_sigmoid(o) * np.tanh(c)
+        outputs[t] = h
+    return outputs
+
+
+def np_bilstm(model, x):
+    """The model's two BiLSTM layers over one row's real tokens x [length, D]: [length, 2 * units]."""
+    for name in ("bilstm_1", "bilstm_2"):
+        layer = model.get_layer(name)
+        forward = np_lstm(x, *layer.forward_layer.get_weights())
+        backward = np_lstm(x, *layer.backward_layer.get_weights(), reverse=True)
+        x = np.concatenate([forward, backward], axis=-1)
+    return x
+
+
+def bilstm_spec(kind, **fields):
+    return dataclasses.replace(SPECS[kind], head="bilstm", lstm_units=LSTM_UNITS, **fields)
+
+
+@pytest.mark.parametrize("kind", ["ner", "squad", "classifier", "regressor"])
+def test_bilstm_heads_match_numpy_over_the_real_tokens(kind):
+    model, encoder = models.build_task_model(TINY_CONFIG, bilstm_spec(kind))
+    x = tiny_inputs()  # the second row has two padding positions: the BiLSTM must skip them
+    out = {k: np.asarray(v) for k, v in model(x, training=False).items()}
+    sequence = np.asarray(encoder(x, training=False)["sequence_output"], np.float64)
+    head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
+    kernel, bias = head.get_weights()
+    for row, length in enumerate(x["input_mask"].sum(-1)):
+        per_token = np_bilstm(model, sequence[row, :length])
+        if kind in ("ner", "squad"):
+            logits = per_token @ kernel + bias
+            got = (
+                out["logits"][row]
+                if kind == "ner"
+                else np.stack([out["start_logits"][row], out["end_logits"][row]], -1)
+            )
+            np.testing.assert_allclose(got[:length], logits, rtol=1e-4, atol=1e-5)
+        else:
+            # The forward state at the last real token and the backward state at the first.
+            summary = np.concatenate([per_token[-1, :LSTM_UNITS], per_token[0, LSTM_UNITS:]])
+            logits = summary @ kernel + bias
+            got = out["logits"][row] if kind == "classifier" else out["score"][row : row + 1]
+            np.testing.assert_allclose(got, logits, rtol=1e-4, atol=1e-5)
+
+
+def test_bilstm_multiple_choice_scores_each_choice_by_its_summary():
+    spec = models.TaskSpec("multiple_choice", max_seq_length=7, head="bilstm", lstm_units=2)
+    model, encoder = models.build_task_model(TINY_CONFIG, spec)
+    rows = tiny_inputs(batch=4)  # two questions of two choices, the last choice padded
+    x = {name: value.reshape(2, 2, 7) for name, value in rows.items()}
+    logits = np.asarray(model(x, training=False)["logits"])
+    sequence = np.asarray(encoder(rows, training=False)["sequence_output"], np.float64)
+    kernel, bias = model.get_layer("choice_head").get_weights()
+    for row, length in enumerate(rows["input_mask"].sum(-1)):
+        per_token = np_bilstm(model, sequence[row, :length])
+        summary = np.concatenate([per_token[-1, :2], per_token[0, 2:]])
+        np.testing.assert_allclose(
+            logits[row // 2, row % 2], (summary @ kernel + bias)[0], rtol=1e-4, atol=1e-5
+        )
+
+
+FEATURE_CONFIG = tiny_config(num_hidden_layers=5)  # enough layers for every choice
+
+
+@pytest.mark.parametrize("features", list(representations.FEATURES))
+def test_feature_based_head_reads_exactly_the_layers_it_names(features):
+    spec = bilstm_spec("ner", features=features)
+    model, encoder = models.build_task_model(FEATURE_CONFIG, spec)
+    selection = model.get_layer("encoder_features")
+    if selection.weights:  # a scalar mix: weights unlike the initial equal ones, gamma not 1
+        count = selection.mix_weights.shape[0]
+        selection.set_weights([np.linspace(-1.0, 2.0, count, dtype=np.float32), np.float32(1.7)])
+    x = tiny_inputs()
+    got = keras.Model(model.inputs, selection.output)(x, training=True)  # inference mode inside
+    weights = checkpoints.original_weights(encoder, FEATURE_CONFIG.num_hidden_layers, ())
+    reference = NumpyBert(
+        weights, google_config(FEATURE_CONFIG), *(x[n] for n in modeling.ENCODER_INPUTS)
+    )
+    layers = reference.layers
+    if features in ("sum_last_four", "sum_all"):
+        mixed = (
+            layers[-4:] if features == "sum_last_four" else [reference.embedding_output, *layers]
+        )
+        mix_weights, gamma = selection.get_weights()
+        softmax = np.exp(mix_weights) / np.exp(mix_weights).sum()
+        expected = gamma * sum(w * layer for w, layer in zip(softmax, mixed))
+    else:
+        expected = {
+            "embeddings": reference.embedding_output,
+            "second_to_last": layers[-2],
+            "last": layers[-1],
+            "concat_last_four": np.concatenate(layers[-4:], axis=-1),
+        }[features]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    # Only the head trains: the frozen encoder has no trainable variable.
+    assert encoder.trainable_variables == []
+    assert {v.path.split("/")[0] for v in model.trainable_variables} == {
+        "bilstm_1",
+        "bilstm_2",
+        "ner_head",
+        *(["encoder_features"] if selection.weights else []),
+    }
+
+
+def test_a_feature_choice_needs_enough_layers():
+    with pytest.raises(io_utils.UsageError, match="sum_last_four needs .* at least 4 layers"):
+        models.build_task_model(TINY_CONFIG, bilstm_spec("ner", features="sum_last_four"))
+
+
+@pytest.mark.parametrize("features", ["", "sum_all"])
+def test_bilstm_model_dir_round_trip(tmp_path, features):
+    spec = bilstm_spec("ner", features=features)
+    model, encoder = models.build_task_model(FEATURE_CONFIG, spec)
+    model_dir = str(tmp_path / "model")
+    # round_trip: the spec reads back equal and the rebuilt model gives the same outputs.
+    round_trip(
+        model_dir,
+        FEATURE_CONFIG,
+        write_tiny_vocab(tmp_path / "vocab.txt"),
+        encoder,
+        spec=spec,
+        model=model,
+    )
+    values = json.load(open(os.path.join(model_dir, "task.json")))
+    assert (values["head"], values["lstm_units"], values["features"]) == (
+        "bilstm",
+        LSTM_UNITS,
+        features,
+    )
+    assert not spec.same_head(dataclasses.replace(spec, head="dense", features=""))
+    assert not spec.same_head(dataclasses.replace(spec, lstm_units=LSTM_UNITS + 1))
+    assert spec.same_head(models.TaskSpec.from_dict(values))

@@ -47,6 +47,12 @@ What the block design changes statistically, against the original's whole-corpus
   * every other rule (target lengths, segment choice, truncation, masking) is unchanged, and the
     per-instance distributions are the original's; a one-sentence document always gets a random
     next B, as in the original.
+
+`random_next_prob` (create_pretraining_data --random_next_prob) replaces the original's 1/2 in the
+is-random-next draw, drawn the same way, so the default 0.5 consumes the same random numbers and
+writes the same records. At 0 every B is the text that follows A, for the paper's "No NSP" models
+(see plan_document_pass for the one-sentence chunks, which the original always pairs with a
+random B).
 """
 
 import collections
@@ -238,6 +244,7 @@ class InstanceBuilder:
         masked_lm_prob=0.15,
         short_seq_prob=0.1,
         do_whole_word_mask=False,
+        random_next_prob=0.5,
     ):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length must be at least 5, got {max_seq_length}")
@@ -253,6 +260,8 @@ class InstanceBuilder:
         self.masked_lm_prob = masked_lm_prob
         self.short_seq_prob = short_seq_prob
         self.do_whole_word_mask = do_whole_word_mask
+        # The original's hard-coded 0.5: the chance that B is a random segment (label 1).
+        self.random_next_prob = random_next_prob
         self._is_continuation = np.asarray(vocab.is_continuation, dtype=bool)
         # How the masked positions were filled, for summary.json: [MASK], kept, random token.
         self.replacement_counts = collections.Counter()
@@ -286,8 +295,18 @@ class InstanceBuilder:
                 if chunk_size >= 2:
                     a_end += int(random_() * (chunk_size - 1))
                 a_start_token, a_end_token = sentence_starts[chunk_first], sentence_starts[a_end]
-                # Random next: always for a one-sentence chunk, else with probability 1/2.
-                if chunk_size == 1 or random_() < 0.5:
+                if chunk_size == 1 and self.random_next_prob == 0:
+                    # The original gives a one-sentence chunk a random B. With no random next at
+                    # all, B is instead the sentence's own tail: cut at a uniform token boundary,
+                    # B stays the text that follows A (a one-token sentence makes no instance).
+                    length = a_end_token - a_start_token
+                    if length >= 2:
+                        cut = a_start_token + 1 + int(random_() * (length - 1))
+                        row = (a_start_token, cut, cut, a_end_token, 0, target, document_index, -1)
+                        plan.append(row)
+                # Random next: always for a one-sentence chunk, else with random_next_prob (the
+                # original's 1/2 by default, drawn the same way).
+                elif chunk_size == 1 or random_() < self.random_next_prob:
                     target_b_length = target - (a_end_token - a_start_token)
                     b_start_token, b_end_token, random_document = random_next(
                         random_, originals[document_index], target_b_length

@@ -85,6 +85,12 @@ class PretrainingDataArgs:
     short_seq_prob: float = arg(
         0.1, "Probability of creating sequences which are shorter than the maximum length."
     )
+    random_next_prob: float = arg(
+        0.5,
+        "Probability that segment B is a random segment (next_sentence_labels 1) rather than the "
+        "text that follows A: the original's 0.5. 0 writes actual-next pairs only, for the "
+        "paper's No NSP ablations (a one-sentence chunk then splits its sentence into A and B).",
+    )
     num_workers: int = arg(
         help="Worker processes; each reads, tokenizes, builds and writes whole work units. 1 "
         "runs everything in this process. The output does not depend on it. With --runner, it is "
@@ -131,6 +137,10 @@ def validate(args, pipeline_args=()):
         raise io_utils.UsageError(f"--masked_lm_prob must be in (0, 1], got {args.masked_lm_prob}")
     if not 0.0 <= args.short_seq_prob <= 1.0:
         raise io_utils.UsageError(f"--short_seq_prob must be in [0, 1], got {args.short_seq_prob}")
+    if not 0.0 <= args.random_next_prob <= 1.0:
+        raise io_utils.UsageError(
+            f"--random_next_prob must be in [0, 1], got {args.random_next_prob}"
+        )
     if args.num_workers < 1:
         raise io_utils.UsageError(f"--num_workers must be at least 1, got {args.num_workers}")
     if bool(args.input_file) == bool(args.input_tfds):
@@ -189,6 +199,7 @@ def generation_config(args, vocab_file=None):
         dupe_factor=args.dupe_factor,
         masked_lm_prob=args.masked_lm_prob,
         short_seq_prob=args.short_seq_prob,
+        random_next_prob=args.random_next_prob,
         compression=args.compression,
     )
 
@@ -502,6 +513,10 @@ def summarize(stats, plan, elapsed, run_text_bytes, resumed_outputs):
             "fraction_of_tokens": ratio(masked, stats.get("instance_tokens", 0)),
         },
         "next_sentence_labels": {
+            # --random_next_prob: the chance of a random B for a chunk of two or more sentences.
+            "random_next_prob": plan.settings["config"].get(
+                "random_next_prob", planning.ORIGINAL_RANDOM_NEXT_PROB
+            ),
             "random_next (1)": stats.get("random_next", 0),
             "actual_next (0)": stats.get("actual_next", 0),
             "random_next_fraction": ratio(stats.get("random_next", 0), instances),

@@ -44,6 +44,10 @@ FORMAT_VERSION = 3
 # ---------------------------------------------------------------------------------------------
 
 
+# The original's chance that sentence B is a random one (its hard-coded 0.5).
+ORIGINAL_RANDOM_NEXT_PROB = 0.5
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
     """Everything that decides the records, besides the input: picklable, for worker processes."""
@@ -57,6 +61,7 @@ class GenerationConfig:
     dupe_factor: int = 10
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
+    random_next_prob: float = ORIGINAL_RANDOM_NEXT_PROB
     compression: str = "none"  # or "gzip": each part is a gzip member, so parts concatenate
 
 
@@ -216,10 +221,15 @@ def settings(config, inputs, outputs, work_dir):
     """
     with open(config.vocab_file, "rb") as f:
         vocab_digest = hashlib.sha256(f.read()).hexdigest()
+    values = {**dataclasses.asdict(config), "vocab_file": vocab_digest}
+    if values["random_next_prob"] == ORIGINAL_RANDOM_NEXT_PROB:
+        # The original's draw: the settings (and so a resumed run's fingerprint) of a run written
+        # before the option existed.
+        del values["random_next_prob"]
     return {
         "format_version": FORMAT_VERSION,
         "unit_bytes": UNIT_BYTES,
-        "config": {**dataclasses.asdict(config), "vocab_file": vocab_digest},
+        "config": values,
         "inputs": inputs,
         "outputs": [os.path.relpath(files.abspath(p), work_dir) for p in outputs],
     }
@@ -234,12 +244,14 @@ def setting_differences(old, new):
     """The settings that differ between two `settings` dicts, named as a user would fix them."""
     differences = []
     old_config, new_config = old.get("config", {}), new["config"]
-    for key in new_config:
+    unset = {"random_next_prob": ORIGINAL_RANDOM_NEXT_PROB}  # (settings() leaves it out)
+    for key in dict.fromkeys([*new_config, *old_config]):
+        was, now = old_config.get(key, unset.get(key)), new_config.get(key, unset.get(key))
         if key == "vocab_file":
-            if old_config.get(key) != new_config[key]:
+            if was != now:
                 differences.append("the --vocab_file contents")
-        elif old_config.get(key) != new_config[key]:
-            differences.append(f"--{key} (was {old_config.get(key)!r}, now {new_config[key]!r})")
+        elif was != now:
+            differences.append(f"--{key} (was {was!r}, now {now!r})")
     if old.get("inputs") != new["inputs"]:
         differences.append("the input (its files, their sizes or modification times)")
     if old.get("outputs") != new["outputs"]:

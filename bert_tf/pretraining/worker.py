@@ -87,6 +87,7 @@ class BlockRecordBuilder:
             masked_lm_prob=config.masked_lm_prob,
             short_seq_prob=config.short_seq_prob,
             do_whole_word_mask=config.do_whole_word_mask,
+            random_next_prob=config.random_next_prob,
         )
         self.serializer = ExampleSerializer(
             vocab.size, config.max_seq_length, config.max_predictions_per_seq

@@ -9,7 +9,13 @@ ckpt-N) plus `task.json`, which says which head sits on the encoder:
      "is_pair": false,                 # classifier and regressor: text_a + text_b inputs
      "version_2_with_negative": false, # squad: the model may answer "no answer"
      "task_name": "sst2",
-     "doc_stride": 128, "max_query_length": 64}   # squad windowing (the original's defaults)
+     "doc_stride": 128, "max_query_length": 64,   # squad windowing (the original's defaults)
+     "head": "dense",                  # or "bilstm": a BiLSTM before the output layer
+     "lstm_units": 768,                # the BiLSTM's units per direction
+     "features": ""}                   # feature-based: the frozen encoder's activations it reads
+
+A task.json without the last three (written before they existed) is a dense head on a fine-tuned
+encoder; bert_tf.tasks.representations says what each choice builds.
 
 Its checkpoint root holds `encoder` (as every model directory) and `model`, the task model that
 wraps the same encoder. Fine-tuning writes `tf.train.Checkpoint(encoder=, model=, optimizer=,
@@ -29,7 +35,7 @@ import tensorflow as tf
 
 from bert_tf import io_utils, modeling
 from bert_tf.model_dir import TASK_FILE, ModelDirError, checkpoint_root_children
-from bert_tf.tasks import registry
+from bert_tf.tasks import registry, representations
 
 
 class TaskSpecError(io_utils.UsageError):
@@ -48,6 +54,11 @@ class TaskSpec:
     task_name: str = ""
     doc_stride: int = 128
     max_query_length: int = 64
+    head: str = "dense"
+    lstm_units: int = representations.DEFAULT_LSTM_UNITS
+    # Empty: the encoder is fine-tuned. Else the feature-based approach: the frozen encoder's
+    # activations (a representations.FEATURES key) that the BiLSTM head reads.
+    features: str = ""
 
     def __post_init__(self):
         self.labels = list(self.labels)
@@ -56,7 +67,7 @@ class TaskSpec:
                 f"kind must be one of {', '.join(registry.KINDS)}, got {self.kind!r}"
             )
         kind = registry.get(self.kind)
-        for name in ("max_seq_length", "doc_stride", "max_query_length"):
+        for name in ("max_seq_length", "doc_stride", "max_query_length", "lstm_units"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise TaskSpecError(f"{name} must be a positive integer, got {value!r}")
@@ -73,17 +84,45 @@ class TaskSpec:
             raise TaskSpecError(f"a {self.kind} needs at least 2 labels, got {self.labels!r}")
         if not kind.labelled and self.labels:
             raise TaskSpecError(f"a {self.kind} has no labels, got {self.labels!r}")
+        self._check_head()
         problem = kind.check_spec(self) if kind.check_spec else None
         if problem:
             raise TaskSpecError(problem)
 
+    def _check_head(self):
+        """The head fields: a known head, and features only with the BiLSTM head."""
+        if self.head not in representations.HEADS:
+            raise TaskSpecError(
+                f"head must be one of {', '.join(representations.HEADS)}, got {self.head!r}"
+            )
+        if not isinstance(self.features, str) or (
+            self.features and self.features not in representations.FEATURES
+        ):
+            raise TaskSpecError(
+                f"features must be empty or one of {', '.join(representations.FEATURES)}, "
+                f"got {self.features!r}"
+            )
+        if self.features and self.head != "bilstm":
+            raise TaskSpecError(
+                f"features (the feature-based approach) needs head bilstm, got {self.head!r}"
+            )
+
+    def _head_fields(self):
+        """What decides the head's weights: kind, labels, head, BiLSTM size and features."""
+        units = self.lstm_units if self.head == "bilstm" else None
+        return (self.kind, list(self.labels), self.head, units, self.features)
+
     def same_head(self, other):
-        """Whether `other` (a TaskSpec or None) describes the same head weights: kind and labels."""
-        return (
-            other is not None
-            and self.kind == other.kind
-            and list(self.labels) == list(other.labels)
-        )
+        """Whether `other` (a TaskSpec or None) describes the same head weights (see describe)."""
+        return other is not None and self._head_fields() == other._head_fields()
+
+    def describe(self):
+        """The head in words, e.g. "ner with labels ['O', 'B-PER'], a bilstm head (768 units)"."""
+        text = f"{self.kind} with labels {self.labels}" if self.labels else self.kind
+        if self.head == "dense":
+            return text
+        text += f", a bilstm head ({self.lstm_units} units)"
+        return f"{text} on frozen {self.features} features" if self.features else text
 
     @property
     def num_labels(self):
@@ -121,8 +160,14 @@ class TaskSpec:
         return cls.from_dict(values, source=path)
 
     def to_dict(self):
-        """The fields as a plain dict."""
-        return dataclasses.asdict(self)
+        """The fields as a plain dict. A dense head's file leaves out the head fields (so it reads
+        as before, also in a bert_tf that has none), and only a BiLSTM has units."""
+        values = dataclasses.asdict(self)
+        if self.head == "dense" and not self.features:
+            del values["head"], values["features"]
+        if self.head != "bilstm":
+            del values["lstm_units"]
+        return values
 
     def to_json_file(self, path):
         """Writes the spec as JSON, atomically."""

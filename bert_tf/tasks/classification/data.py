@@ -543,6 +543,12 @@ def compute_metrics(task, gold, predictions):
     return {name: compute[name](gold, predictions) for name in task.metric_names}
 
 
+def eval_prefix(split):
+    """The prefix of an eval split's metrics: eval for dev; eval_matched / eval_mismatched for MNLI's
+    two dev sets."""
+    return "eval" if split == "dev" else "eval_" + split.replace("dev_", "")
+
+
 def submission_file(task, split):
     """The GLUE submission file name of a test split (CoLA.tsv, MNLI-m.tsv, ...); tsv: <split>_predictions.tsv."""
     if task.submission_files and split in task.submission_files:

@@ -1,6 +1,7 @@
 """Sentence classification and regression: heads on pooled_output, and their losses.
 
-- classifier: dropout(hidden_dropout_prob) + dense on pooled_output -> logits [b, num_labels]
+- classifier: dropout(hidden_dropout_prob) + dense on pooled_output (or, with task.json's head
+  "bilstm", on the BiLSTM's summary: tasks.representations) -> logits [b, num_labels]
   (run_classifier.py's output_weights/output_bias, truncated normal stddev initializer_range), with
   softmax cross-entropy averaged over the real examples (run_classifier.py's loss);
 - regressor: the same with one unit, squeezed -> score [b], with squared error (the original has
@@ -13,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from bert_tf import modeling
-from bert_tf.tasks import heads
+from bert_tf.tasks import heads, representations
 
 
 def build_model(config, spec, encoder):
@@ -21,13 +22,13 @@ def build_model(config, spec, encoder):
     # Checkpoint keys (model/_operations/N/...) follow the order in which layers are created and
     # called: append, never reorder.
     inputs = modeling.encoder_inputs()
-    encoded = encoder(inputs)
+    vector = representations.sequence_vector(spec, encoder, inputs)
     units = spec.num_labels if spec.kind == "classifier" else 1
     dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
     dense = heads.head_dense(
         config, units, "classifier_head" if spec.kind == "classifier" else "regressor_head"
     )
-    logits = dense(dropout(encoded["pooled_output"]))
+    logits = dense(dropout(vector))
     if spec.kind == "classifier":
         outputs = {"logits": heads.float32_output(logits, "logits")}
     else:

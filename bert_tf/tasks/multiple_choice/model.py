@@ -1,7 +1,8 @@
 """Multiple choice: one score per (context, ending) pair, a softmax over the choices.
 
 As in the BERT paper (SWAG): every choice goes through the encoder as its own sequence, one dense
-unit on its pooled output (after dropout, as the classifier head) gives its score, and the scores
+unit on its pooled output (after dropout, as the classifier head; or on the BiLSTM's summary with
+task.json's head "bilstm") gives its score, and the scores
 of a question's choices are its logits [b, choices]. The loss is softmax cross-entropy over the
 choices, the classifier's (its registry entry names `ClassificationObjective`); any number of
 choices works.
@@ -10,7 +11,7 @@ choices works.
 import keras
 
 from bert_tf import modeling
-from bert_tf.tasks import heads
+from bert_tf.tasks import heads, representations
 
 
 class FoldChoices(keras.layers.Layer):
@@ -34,10 +35,11 @@ def build_model(config, spec, encoder):
         for name in modeling.ENCODER_INPUTS
     }
     fold = FoldChoices(name="fold_choices")
-    encoded = encoder({name: fold(value) for name, value in inputs.items()})
+    folded = {name: fold(value) for name, value in inputs.items()}
+    vector = representations.sequence_vector(spec, encoder, folded)
     dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
     dense = heads.head_dense(config, 1, "choice_head")
-    scores = dense(dropout(encoded["pooled_output"]))
+    scores = dense(dropout(vector))
     logits = UnfoldChoices(name="unfold_choices")(scores, inputs["input_word_ids"])
     return keras.Model(
         inputs=inputs,

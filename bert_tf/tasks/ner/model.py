@@ -1,6 +1,7 @@
 """Named-entity tagging: the token head on sequence_output, and its loss (the original has no NER).
 
-dropout(hidden_dropout_prob) + dense on sequence_output -> logits [b, s, num_labels]; softmax
+dropout(hidden_dropout_prob) + dense on sequence_output (or on the BiLSTM's outputs, fine-tuned or
+feature-based: tasks.representations) -> logits [b, s, num_labels]; softmax
 cross-entropy over the tokens whose label is not IGNORE_LABEL, averaged over the labelled tokens
 (all-reduced before the forward pass, as pretraining does for masked positions).
 """
@@ -9,17 +10,17 @@ import keras
 import tensorflow as tf
 
 from bert_tf import modeling
-from bert_tf.tasks import heads
+from bert_tf.tasks import heads, representations
 from bert_tf.tasks.ner import IGNORE_LABEL
 
 
 def build_model(config, spec, encoder):
     """The tagger on `encoder`: outputs {"logits"} [b, s, num_labels]."""
     inputs = modeling.encoder_inputs()  # creation and call order is part of the checkpoint keys
-    encoded = encoder(inputs)
+    vectors = representations.token_vectors(spec, encoder, inputs)
     dropout = keras.layers.Dropout(config.hidden_dropout_prob, name="head_dropout")
     dense = heads.head_dense(config, spec.num_labels, "ner_head")
-    outputs = {"logits": heads.float32_output(dense(dropout(encoded["sequence_output"])), "logits")}
+    outputs = {"logits": heads.float32_output(dense(dropout(vectors)), "logits")}
     return keras.Model(inputs=inputs, outputs=outputs, name=f"bert_{spec.kind}")
 
 

@@ -1,6 +1,7 @@
 """SQuAD: the span head on sequence_output, and the original run_squad loss.
 
-dense(2) on sequence_output, split -> start_logits, end_logits [b, s] (run_squad.py's
+dense(2) on sequence_output (or on the BiLSTM's outputs with task.json's head "bilstm":
+tasks.representations), split -> start_logits, end_logits [b, s] (run_squad.py's
 cls/squad/output_weights, with no dropout before it, as there); the loss is the mean of the start
 and end position cross-entropies.
 """
@@ -10,15 +11,15 @@ import numpy as np
 import tensorflow as tf
 
 from bert_tf import modeling
-from bert_tf.tasks import heads
+from bert_tf.tasks import heads, representations
 
 
 def build_model(config, spec, encoder):
     """The span model on `encoder`: outputs {"start_logits", "end_logits"} [b, s]."""
     inputs = modeling.encoder_inputs()  # creation and call order is part of the checkpoint keys
-    encoded = encoder(inputs)
+    vectors = representations.token_vectors(spec, encoder, inputs)
     dense = heads.head_dense(config, 2, "squad_head")
-    logits = dense(encoded["sequence_output"])
+    logits = dense(vectors)
     outputs = {
         "start_logits": heads.float32_output(logits[:, :, 0], "start_logits"),
         "end_logits": heads.float32_output(logits[:, :, 1], "end_logits"),

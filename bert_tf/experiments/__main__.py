@@ -1,0 +1,117 @@
+"""The BERT paper's studies on your corpus, with the real jobs: `python -m bert_tf.experiments`.
+
+    python -m bert_tf.experiments --study=tasks --output_dir=build/experiments/tasks --scale=tiny
+    python -m bert_tf.experiments --study=sizes --model_sizes=tiny,mini,L4_H512_A8 \\
+        --input_file=my_corpus.txt --tasks=sst2:glue/SST-2,swag:swag --output_dir=...
+    python -m bert_tf.experiments --study=features --init_checkpoint=my_bert \\
+        --tasks=conll:conll2003 --output_dir=...
+
+--study: tasks (Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM), sizes (Table 6) or
+features (Table 7: fine-tuning against frozen features into a BiLSTM, on tagging). Without
+--input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks are the
+demo's (bert_tf.demo_data: sentiment and multiple choice, or code-name tagging for features).
+The study runs each job as its own process (plan.py lists them) and writes OUTPUT_DIR/RESULTS.md,
+OUTPUT_DIR/<study>.png and the learning curves (report.py). Run the same command again after a
+kill: finished steps are skipped and a cut-short one resumes from its checkpoints.
+"""
+
+from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+
+# isort: split
+
+import dataclasses
+import shlex
+import sys
+
+from bert_tf import cli, io_utils
+from bert_tf.cli import arg
+from bert_tf.experiments import plan, report, runner
+
+
+@dataclasses.dataclass
+class ExperimentArgs:
+    """The study, its data and its scale."""
+
+    study: str = arg(
+        None,
+        "The study: tasks (Table 5), sizes (Table 6), features (Table 7).",
+        choices=plan.STUDIES,
+    )
+    output_dir: str = arg("", "Where the data, models, runs, RESULTS.md and charts go.")
+    scale: str = arg(
+        "tiny",
+        "The recipe: tiny and mini fit a CPU (minutes, an hour); base is the paper's (1M steps of "
+        "256 sequences). plan.SCALES has each one's numbers.",
+        choices=tuple(plan.SCALES),
+    )
+    input_file: str = arg(
+        "",
+        "The pretraining corpus (one sentence per line, blank lines between documents). Default: the embedded corpus.",
+    )
+    vocab_file: str = arg("", "A vocab.txt for the corpus (default: built from it).")
+    vocab_size: int = arg(8000, "The vocabulary's size when it is built from the corpus.")
+    tasks: list = arg(
+        default_factory=list,
+        help="The fine-tuning tasks, NAME:DIR each: a GLUE task (sst2, mrpc, ...: run_classifier's "
+        "layout), swag (SWAG's CSV) or conll (CoNLL-2003). Default: the demo's.",
+    )
+    model_sizes: list = arg(
+        default_factory=lambda: ["tiny", "mini"],
+        help="--study=sizes: the sizes, named (tiny, mini, small, medium, base, large) or "
+        "L<layers>_H<hidden>_A<heads>.",
+    )
+    init_checkpoint: str = arg(
+        "", "--study=features: study this pretrained model directory instead of pretraining one."
+    )
+    pretraining_steps: int = arg(0, "Pretraining steps (0: the scale's).")
+    dupe_factor: int = arg(5, "How many maskings of the corpus the pretraining records hold.")
+    max_eval_steps: int = arg(50, "Held-out pretraining batches for the LM loss and perplexity.")
+    finetune_learning_rate: float = arg(0.0, "Fine-tuning learning rate (0: the scale's).")
+    finetune_epochs: float = arg(0.0, "Fine-tuning epochs (0: the scale's).")
+    finetune_seq_length: int = arg(0, "Fine-tuning max_seq_length (0: the scale's).")
+    lstm_units: int = arg(0, "BiLSTM units per direction (0: the scale's; the paper's is 768).")
+    seed: int = arg(12345, "Seeds the data and every run.")
+
+    def validate(self):
+        if not self.study:
+            raise io_utils.UsageError(f"--study is required: one of {', '.join(plan.STUDIES)}")
+        if not self.output_dir:
+            raise io_utils.UsageError("--output_dir is required")
+        for name in (
+            "pretraining_steps",
+            "finetune_learning_rate",
+            "finetune_epochs",
+            "finetune_seq_length",
+            "lstm_units",
+            "dupe_factor",
+            "vocab_size",
+        ):
+            if getattr(self, name) < 0:
+                raise io_utils.UsageError(
+                    f"--{name} must not be negative, got {getattr(self, name)}"
+                )
+        if self.init_checkpoint and self.study != "features":
+            raise io_utils.UsageError(
+                "--init_checkpoint is for --study=features (the others pretrain)"
+            )
+        if self.study == "sizes":
+            for size in self.model_sizes:
+                plan.size_shape(size)  # names a bad entry
+        if self.tasks:
+            plan.parse_tasks(self.tasks)
+
+
+def run(args, log_fn=print):
+    """Runs the study's unfinished steps and writes the report; returns RESULTS.md's path."""
+    args.validate()
+    steps = plan.plan(args)
+    times = runner.run_steps(steps, args.output_dir, log_fn)
+    command = shlex.join(["python", "-m", "bert_tf.experiments", *sys.argv[1:]])
+    path = report.write_report(args, steps, times, command)
+    log_fn(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    cli.define_flags(ExperimentArgs)
+    cli.run(cli.job_main(ExperimentArgs, run, "experiments"))

@@ -1,0 +1,474 @@
+"""What each study runs: the paper's tables as a list of real jobs (`python -m bert_tf.<job> flags`).
+
+A study is data preparation (corpus, vocabulary, pretraining records, task files), pretraining
+runs and fine-tuning runs, in that order. Every step names the file whose existence means it has
+finished, so the runner skips what a killed study already did. The jobs themselves resume from
+their checkpoints, so a step cut short goes on where it stopped.
+
+The studies (Devlin et al. 2018, section 5):
+- tasks (Table 5): BERT (MLM + NSP), No NSP, LTR & No NSP, and LTR & No NSP fine-tuned with a
+  randomly initialised BiLSTM on top, all pretrained on the same records at the same size;
+- sizes (Table 6): the same recipe at each of --model_sizes; the table reports the masked LM's
+  perplexity on held-out records and the fine-tuned dev scores;
+- features (Table 7): a BERT fine-tuned for tagging, against its frozen activations (each layer
+  choice of run_ner --feature_based) feeding a two-layer BiLSTM.
+"""
+
+import dataclasses
+import functools
+import os
+import re
+
+from bert_tf import io_utils, modeling
+from bert_tf.model_dir import ModelDir
+from bert_tf.tasks import representations
+from bert_tf.tasks.classification import data as classification
+
+# The pretraining and fine-tuning recipe at each scale. base is the paper's (1M steps of 256
+# sequences of 128 tokens); tiny and mini fit a laptop's CPU in minutes to an hour.
+SCALES = {
+    "tiny": dict(
+        model_size="tiny",
+        pretraining_steps=2000,
+        pretraining_batch=32,
+        pretraining_learning_rate=5e-4,
+        max_seq_length=128,
+        max_predictions_per_seq=20,
+        finetune_learning_rate=1e-3,
+        finetune_epochs=4.0,
+        finetune_batch=32,
+        finetune_seq_length=64,
+        lstm_units=128,
+    ),
+    "mini": dict(
+        model_size="mini",
+        pretraining_steps=20000,
+        pretraining_batch=64,
+        pretraining_learning_rate=2e-4,
+        max_seq_length=128,
+        max_predictions_per_seq=20,
+        finetune_learning_rate=2e-4,
+        finetune_epochs=3.0,
+        finetune_batch=32,
+        finetune_seq_length=128,
+        lstm_units=256,
+    ),
+    "base": dict(
+        model_size="base",
+        pretraining_steps=1_000_000,
+        pretraining_batch=256,
+        pretraining_learning_rate=1e-4,
+        max_seq_length=128,
+        max_predictions_per_seq=20,
+        finetune_learning_rate=5e-5,
+        finetune_epochs=3.0,
+        finetune_batch=32,
+        finetune_seq_length=128,
+        lstm_units=768,
+    ),
+}
+STUDIES = ("tasks", "sizes", "features")
+
+GLUE_TASKS = classification.GLUE_TASK_NAMES
+FEATURE_CHOICES = (
+    ("embeddings", "Embeddings"),
+    ("second_to_last", "Second-to-Last Hidden"),
+    ("last", "Last Hidden"),
+    ("sum_last_four", "Weighted Sum Last Four Hidden"),
+    ("concat_last_four", "Concat Last Four Hidden"),
+    ("sum_all", "Weighted Sum All Layers"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """One fine-tuning task: its name (a GLUE task, swag or conll) and its data directory."""
+
+    name: str
+    data_dir: str
+
+    @property
+    def job(self):
+        if self.name in GLUE_TASKS:
+            return "run_classifier"
+        return {"swag": "run_multiple_choice", "conll": "run_ner"}[self.name]
+
+    @property
+    def flags(self):
+        return [f"--task_name={self.name}"] if self.name != "conll" else []
+
+    @property
+    def _glue(self):
+        return classification.get_task(self.name) if self.name in GLUE_TASKS else None
+
+    @property
+    def metric(self):
+        """The dev score the table shows: a GLUE task's first metric (CoLA's MCC, STS-B's Pearson,
+        MNLI's matched accuracy), F1 for tagging, else accuracy."""
+        if self._glue:
+            return self._glue.metric_names[0]
+        return "f1" if self.name == "conll" else "accuracy"
+
+    @property
+    def score_key(self):
+        """The dev score's key in eval_results.txt."""
+        split = self._glue.eval_splits[0] if self._glue else "dev"
+        return f"{classification.eval_prefix(split)}_{self.metric}"
+
+    @property
+    def dev_file(self):
+        """The dev split's file in the task's layout."""
+        if self._glue:
+            split = self._glue.eval_splits[0]
+            return os.path.join(self.data_dir, (self._glue.files or {}).get(split, f"{split}.tsv"))
+        return os.path.join(self.data_dir, "val.csv" if self.name == "swag" else "dev.txt")
+
+    @property
+    def column(self):
+        return f"{self.name} ({self.metric})"
+
+
+def parse_tasks(entries):
+    """`NAME:DIR` entries (NAME a GLUE task, swag or conll) -> TaskData, naming a bad entry."""
+    tasks = []
+    for entry in entries:
+        name, _, data_dir = entry.partition(":")
+        if name not in (*GLUE_TASKS, "swag", "conll") or not data_dir:
+            raise io_utils.UsageError(
+                f"--tasks entry {entry!r}: expected NAME:DIR with NAME one of "
+                f"{', '.join(GLUE_TASKS)}, swag, conll"
+            )
+        if not os.path.isdir(data_dir):
+            raise io_utils.UsageError(f"--tasks entry {entry!r}: {data_dir} is not a directory")
+        tasks.append(TaskData(name, data_dir))
+    return tasks
+
+
+_SIZE_SPEC = re.compile(r"^L(\d+)_H(\d+)_A(\d+)$")
+
+
+def size_shape(size):
+    """(layers, hidden, heads) of a named size or an `L<layers>_H<hidden>_A<heads>` spec."""
+    if size in modeling.NAMED_SIZES:
+        layers, hidden = modeling.NAMED_SIZES[size]
+        return layers, hidden, hidden // 64
+    match = _SIZE_SPEC.match(size)
+    if not match:
+        raise io_utils.UsageError(
+            f"--model_sizes entry {size!r}: expected one of {', '.join(modeling.NAMED_SIZES)} "
+            "or L<layers>_H<hidden>_A<heads> (e.g. L4_H256_A4)"
+        )
+    layers, hidden, heads = (int(g) for g in match.groups())
+    if hidden % heads:
+        raise io_utils.UsageError(
+            f"--model_sizes entry {size!r}: {hidden} is not a multiple of {heads}"
+        )
+    return layers, hidden, heads
+
+
+@dataclasses.dataclass
+class Step:
+    """One job of a study: `python -m bert_tf.<module> <flags>` (or, without a module, `action()`),
+    done once `done_file` exists."""
+
+    name: str
+    module: str
+    flags: list
+    done_file: str
+    action: object = None
+    kind: str = "data"  # data | pretraining | finetuning | skipped (a run the model cannot do)
+    row: str = ""  # the table row it fills
+    task: TaskData = None  # (fine-tuning steps)
+    reason: str = ""  # (skipped steps) why, shown in the table's cell
+
+
+@dataclasses.dataclass
+class Pretraining:
+    """A pretraining row: its name, the model's directory and its run_pretraining flags."""
+
+    row: str
+    model_dir: str
+    flags: list
+
+
+class Planner:
+    """Builds a study's steps from the runner's settings (see __main__.ExperimentArgs)."""
+
+    def __init__(self, args, scale):
+        self.args = args
+        self.scale = scale
+        self.out = args.output_dir
+        self.data_dir = os.path.join(self.out, "data")
+        self.steps = []
+
+    def path(self, *parts):
+        return os.path.join(self.out, *parts)
+
+    def add(self, step):
+        self.steps.append(step)
+        return step
+
+    # ------------------------------------------------------------------------------------------
+    # Data
+    # ------------------------------------------------------------------------------------------
+    def corpus_file(self):
+        if self.args.input_file:
+            return self.args.input_file
+        corpus = os.path.join(self.data_dir, "corpus.txt")
+        self.add(Step("corpus", "corpus", [f"--output_file={corpus}"], corpus))
+        return corpus
+
+    def vocab_file(self, corpus):
+        if self.args.vocab_file:
+            return self.args.vocab_file
+        vocab = os.path.join(self.data_dir, "vocab.txt")
+        flags = [
+            f"--input_file={corpus}",
+            f"--output_file={vocab}",
+            f"--vocab_size={self.args.vocab_size}",
+            "--do_lower_case=true",
+        ]
+        self.add(Step("vocab", "build_vocab", flags, vocab))
+        return vocab
+
+    def records(self, corpus, vocab, random_next_prob=0.5):
+        """Pretraining records; `random_next_prob` 0 gives contiguous text (the No NSP rows')."""
+        name = "records" if random_next_prob == 0.5 else f"records_random_next_{random_next_prob:g}"
+        records = os.path.join(self.data_dir, name)
+        flags = [
+            f"--input_file={corpus}",
+            f"--vocab_file={vocab}",
+            "--do_lower_case=true",
+            f"--output_dir={records}",
+            f"--max_seq_length={self.scale['max_seq_length']}",
+            f"--max_predictions_per_seq={self.scale['max_predictions_per_seq']}",
+            f"--dupe_factor={self.args.dupe_factor}",
+            "--num_shards=4",
+            f"--random_seed={self.args.seed}",
+            f"--random_next_prob={random_next_prob:g}",
+            "--overwrite",  # a rerun after a kill starts the data job over
+        ]
+        self.add(
+            Step(name, "create_pretraining_data", flags, os.path.join(records, "summary.json"))
+        )
+        return os.path.join(records, "*.tfrecord")
+
+    def task_data(self, corpus, kinds):
+        """The --tasks given, else the demo's tasks of `kinds` (glue: sst2, swag, conll)."""
+        if self.args.tasks:
+            return parse_tasks(self.args.tasks)
+        demo = os.path.join(self.data_dir, "tasks")
+        flags, tasks = [], []
+        if "glue" in kinds:
+            flags.append(f"--glue_dir={demo}/sst2")
+            tasks.append(TaskData("sst2", f"{demo}/sst2"))
+        if "swag" in kinds:
+            flags.append(f"--swag_dir={demo}/swag")
+            tasks.append(TaskData("swag", f"{demo}/swag"))
+        if "conll" in kinds:
+            flags += [f"--conll_dir={demo}/conll", f"--corpus_file={corpus}"]
+            tasks.append(TaskData("conll", f"{demo}/conll"))
+        self.add(Step("tasks", "demo_data", flags, tasks[-1].dev_file))
+        return tasks
+
+    # ------------------------------------------------------------------------------------------
+    # Runs
+    # ------------------------------------------------------------------------------------------
+    def pretrain(self, pretraining, records, vocab, size_flags):
+        scale, args = self.scale, self.args
+        steps = args.pretraining_steps or scale["pretraining_steps"]
+        flags = [
+            f"--input_file={records}",
+            f"--output_dir={pretraining.model_dir}",
+            f"--vocab_file={vocab}",
+            "--do_lower_case=true",
+            "--do_train",
+            "--do_eval",
+            f"--train_batch_size={scale['pretraining_batch']}",
+            f"--eval_batch_size={scale['pretraining_batch']}",
+            f"--max_seq_length={scale['max_seq_length']}",
+            f"--max_predictions_per_seq={scale['max_predictions_per_seq']}",
+            f"--num_train_steps={steps}",
+            f"--num_warmup_steps={max(1, steps // 10)}",
+            f"--learning_rate={scale['pretraining_learning_rate']}",
+            f"--steps_per_loop={max(1, min(100, steps // 20))}",
+            f"--save_checkpoints_steps={max(1, steps // 4)}",
+            f"--max_eval_steps={args.max_eval_steps}",
+            f"--seed={args.seed}",
+            *size_flags,
+            *pretraining.flags,
+        ]
+        self.add(
+            Step(
+                f"pretrain_{os.path.basename(pretraining.model_dir)}",
+                "run_pretraining",
+                flags,
+                os.path.join(pretraining.model_dir, "eval_results.txt"),
+                kind="pretraining",
+                row=pretraining.row,
+            )
+        )
+
+    def finetune(self, name, model_dir, task, row, extra_flags=()):
+        scale, args = self.scale, self.args
+        output_dir = self.path("runs", name)
+        flags = [
+            *task.flags,
+            f"--data_dir={task.data_dir}",
+            f"--init_checkpoint={model_dir}",
+            f"--output_dir={output_dir}",
+            "--do_train",
+            "--do_eval",
+            "--eval_every_epoch",
+            f"--max_seq_length={args.finetune_seq_length or scale['finetune_seq_length']}",
+            f"--train_batch_size={scale['finetune_batch']}",
+            "--eval_batch_size=64",
+            f"--learning_rate={args.finetune_learning_rate or scale['finetune_learning_rate']}",
+            f"--num_train_epochs={args.finetune_epochs or scale['finetune_epochs']}",
+            f"--seed={args.seed}",
+            *extra_flags,
+        ]
+        self.add(
+            Step(
+                name,
+                task.job,
+                flags,
+                os.path.join(output_dir, "eval_results.txt"),
+                kind="finetuning",
+                row=row,
+                task=task,
+            )
+        )
+
+    def lstm_flags(self):
+        return [f"--lstm_units={self.args.lstm_units or self.scale['lstm_units']}"]
+
+
+def write_size_config(path, layers, hidden, heads, vocab_file):
+    """A bert_config.json of that shape (intermediate 4H, as the paper's) for the vocabulary."""
+    with open(vocab_file, encoding="utf-8") as f:
+        vocab_size = sum(1 for line in f if line.strip())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    modeling.BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    ).to_json_file(path)
+
+
+def tasks_study(planner):
+    """Table 5: the pretraining tasks' ablations, fine-tuned on every task."""
+    corpus = planner.corpus_file()
+    vocab = planner.vocab_file(corpus)
+    records = planner.records(corpus, vocab)
+    # Without NSP, B is always the text that follows A: the rows train on contiguous text.
+    contiguous = planner.records(corpus, vocab, random_next_prob=0.0)
+    tasks = planner.task_data(corpus, ("glue", "swag"))
+    size = [f"--model_size={planner.scale['model_size']}"]
+    rows = [
+        Pretraining("BERT (MLM + NSP)", planner.path("models", "bert"), []),
+        Pretraining("No NSP", planner.path("models", "no_nsp"), ["--nsp=false"]),
+        Pretraining(
+            "LTR & No NSP", planner.path("models", "ltr"), ["--nsp=false", "--objective=ltr"]
+        ),
+    ]
+    for pretraining, row_records in zip(rows, (records, contiguous, contiguous)):
+        planner.pretrain(pretraining, row_records, vocab, size)
+    for pretraining in rows:
+        for task in tasks:
+            name = f"{os.path.basename(pretraining.model_dir)}_{task.name}"
+            planner.finetune(name, pretraining.model_dir, task, pretraining.row)
+    ltr = rows[-1]
+    for task in tasks:
+        planner.finetune(
+            f"ltr_bilstm_{task.name}",
+            ltr.model_dir,
+            task,
+            "+ BiLSTM",
+            ["--head=bilstm", *planner.lstm_flags()],
+        )
+    return planner.steps
+
+
+def sizes_study(planner):
+    """Table 6: the same recipe at each model size."""
+    corpus = planner.corpus_file()
+    vocab = planner.vocab_file(corpus)
+    records = planner.records(corpus, vocab)
+    tasks = planner.task_data(corpus, ("glue", "swag"))
+    for size in planner.args.model_sizes:
+        layers, hidden, heads = size_shape(size)
+        row = f"L{layers}_H{hidden}_A{heads}"
+        model_dir = planner.path("models", row)
+        if size in modeling.NAMED_SIZES and hidden // 64 == heads:
+            size_flags = [f"--model_size={size}"]
+        else:
+            config_file = planner.path("configs", f"{row}.json")
+            size_flags = [f"--bert_config_file={config_file}"]
+            write = functools.partial(write_size_config, config_file, layers, hidden, heads, vocab)
+            planner.add(Step(f"config_{row}", None, [], config_file, action=write))
+        planner.pretrain(Pretraining(row, model_dir, []), records, vocab, size_flags)
+        for task in tasks:
+            planner.finetune(f"{row}_{task.name}", model_dir, task, row)
+    return planner.steps
+
+
+def features_study(planner):
+    """Table 7: fine-tuning against the feature-based approach, on tagging.
+
+    A layer choice the model is too shallow for (the last four of a 2-layer model) is a row that
+    says so rather than a run.
+    """
+    args = planner.args
+    needs_corpus = not (args.init_checkpoint and args.tasks)
+    corpus = planner.corpus_file() if needs_corpus else None
+    tasks = [t for t in planner.task_data(corpus, ("conll",)) if t.name == "conll"]
+    if not tasks:
+        raise io_utils.UsageError("--study=features needs a conll:DIR entry in --tasks")
+    task = tasks[0]
+    if args.init_checkpoint:
+        model_dir = args.init_checkpoint
+        num_layers = ModelDir(model_dir).load_config().num_hidden_layers
+    else:
+        num_layers = modeling.NAMED_SIZES[planner.scale["model_size"]][0]
+        vocab = planner.vocab_file(corpus)
+        records = planner.records(corpus, vocab)
+        model_dir = planner.path("models", "bert")
+        size = [f"--model_size={planner.scale['model_size']}"]
+        planner.pretrain(Pretraining("BERT (MLM + NSP)", model_dir, []), records, vocab, size)
+    planner.finetune("finetuned_conll", model_dir, task, "Fine-tuning approach")
+    for choice, row in FEATURE_CHOICES:
+        needed = representations.FEATURES[choice]
+        if num_layers < needed:
+            reason = f"n/a: needs {needed} layers, the model has {num_layers}"
+            planner.add(
+                Step(
+                    f"features_{choice}",
+                    None,
+                    [],
+                    "",
+                    kind="skipped",
+                    row=row,
+                    task=task,
+                    reason=reason,
+                )
+            )
+            continue
+        planner.finetune(
+            f"features_{choice}",
+            model_dir,
+            task,
+            row,
+            ["--feature_based", f"--features={choice}", *planner.lstm_flags()],
+        )
+    return planner.steps
+
+
+def plan(args):
+    """The steps of `args.study`, in order."""
+    planner = Planner(args, SCALES[args.scale])
+    return {"tasks": tasks_study, "sizes": sizes_study, "features": features_study}[args.study](
+        planner
+    )
