@@ -161,6 +161,27 @@ def minilm_dir():
     return path
 
 
+def converted_minilm(work, threads):
+    """WORK/minilm: all-MiniLM-L6-v2 as a bert_tf model directory (converted once per work dir)."""
+    model_dir = os.path.join(work, "minilm")
+    if not os.path.exists(os.path.join(model_dir, "bert_config.json")):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bert_tf.convert_checkpoint",
+                "--format=huggingface",
+                f"--checkpoint={minilm_dir()}",
+                f"--output_dir={model_dir}",
+            ],
+            env=thread_env(threads),
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    return model_dir
+
+
 def thread_env(threads):
     """The environment of a timed process: `threads` compute threads for TF, oneDNN and torch."""
     return dict(
@@ -306,22 +327,7 @@ def main():
     work = args.work_dir or tempfile.mkdtemp(prefix="bench_finetuning_")
     data_dir = os.path.join(work, "data")
     counts = write_data(data_dir, args.num_train, args.num_dev, args.seed)
-    model_dir = os.path.join(work, "minilm")
-    if not os.path.exists(os.path.join(model_dir, "bert_config.json")):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bert_tf.convert_checkpoint",
-                "--format=huggingface",
-                f"--checkpoint={minilm_dir()}",
-                f"--output_dir={model_dir}",
-            ],
-            env=thread_env(args.threads),
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
+    model_dir = converted_minilm(work, args.threads)
     runs = {"ours": run_ours, "xla": run_xla_row, "padded": run_padded_row, "hf": run_hf}
     wanted = args.rows.split(",")
     rounds = []

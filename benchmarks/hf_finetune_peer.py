@@ -1,0 +1,216 @@
+"""The Hugging Face side of bench_finetune_quality.py: one fine-tuning run in PyTorch, the usual recipe.
+
+Run with a Python that has torch and transformers (not bert_tf's):
+
+    /tmp/refvenv/bin/python benchmarks/hf_finetune_peer.py '{"task": "mc", ...}'
+
+The recipe is what a Hugging Face user runs (the Trainer's defaults, written out as a loop): torch
+AdamW (bias correction, epsilon 1e-8, weight decay 0.01 except biases and LayerNorm), the learning
+rate warmed up over the first 10% of the steps and decayed linearly to 0, no gradient clipping,
+randomly shuffled batches padded to their longest row. The tasks read the same files as bert_tf's
+jobs: SWAG's CSV (multiple choice), a TSV of sentence pairs (classification), CoNLL (NER). The last
+line printed is a JSON object with the dev score.
+"""
+
+import csv
+import json
+import sys
+
+import torch
+import transformers
+
+
+def swag_rows(path):
+    """(context, [four endings], label) per row of a SWAG-layout CSV, as bert_tf reads it."""
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            endings = [f"{row['sent2']} {row[f'ending{i}']}".strip() for i in range(4)]
+            yield row["sent1"], endings, int(row["label"])
+
+
+def tsv_rows(path):
+    """(text_a, text_b, label) per row of the pair TSV (header: sentence1, sentence2, label)."""
+    with open(path) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    return [(a, b, int(y)) for a, b, y in rows]
+
+
+def conll_sentences(path):
+    """(words, tags) per sentence of a CoNLL file: the first and last columns; a blank line ends a
+    sentence."""
+    sentences, words, tags = [], [], []
+    with open(path) as f:
+        for line in [*f, "\n"]:
+            if line.strip():
+                if line.startswith("-DOCSTART-"):
+                    continue
+                columns = line.split()
+                words.append(columns[0])
+                tags.append(columns[-1])
+            elif words:
+                sentences.append((words, tags))
+                words, tags = [], []
+    return sentences
+
+
+def entities(tags):
+    """The BIO chunks of a tag sequence as (type, start, end) triples (conlleval's rule)."""
+    chunks, current = set(), None
+    for i, tag in enumerate([*tags, "O"]):
+        kind = tag[2:] if tag != "O" else None
+        starts = tag.startswith("B-") or (
+            tag.startswith("I-") and (not current or current[0] != kind)
+        )
+        if current and (tag == "O" or starts):
+            chunks.add((current[0], current[1], i))
+            current = None
+        if starts:
+            current = (kind, i)
+    return chunks
+
+
+class Task:
+    """Reads one task's split into model inputs and scores predictions."""
+
+    def __init__(self, p, tokenizer):
+        self.p, self.tokenizer = p, tokenizer
+        self.labels = p.get("labels")
+
+    def model(self, model_dir):
+        kind = self.p["task"]
+        if kind == "mc":
+            return transformers.BertForMultipleChoice.from_pretrained(model_dir)
+        if kind == "pair":
+            return transformers.BertForSequenceClassification.from_pretrained(
+                model_dir, num_labels=2
+            )
+        return transformers.BertForTokenClassification.from_pretrained(
+            model_dir, num_labels=len(self.labels)
+        )
+
+    def examples(self, path):
+        """A list of feature dicts (unpadded)."""
+        tok, length = self.tokenizer, self.p["max_seq_length"]
+        kind = self.p["task"]
+        if kind == "mc":
+            out = []
+            for context, endings, label in swag_rows(path):
+                enc = tok([context] * 4, endings, truncation="longest_first", max_length=length)
+                out.append({**enc, "labels": label})
+            return out
+        if kind == "pair":
+            rows = tsv_rows(path)
+            return [
+                {**tok(a, b, truncation="longest_first", max_length=length), "labels": y}
+                for a, b, y in rows
+            ]
+        out = []
+        for words, tags in conll_sentences(path):
+            enc = tok(words, is_split_into_words=True, truncation=True, max_length=length)
+            previous, labels = None, []
+            for word in enc.word_ids():
+                # The first piece of each word carries its tag, as bert_tf's NER does.
+                labels.append(
+                    -100 if word is None or word == previous else self.labels.index(tags[word])
+                )
+                previous = word
+            out.append({**enc, "labels": labels, "tags": tags})
+        return out
+
+    def collate(self, batch):
+        """Pads a batch to its longest row."""
+        kind = self.p["task"]
+        keys = ("input_ids", "token_type_ids", "attention_mask")
+        if kind == "mc":
+            longest = max(len(ids) for ex in batch for ids in ex["input_ids"])
+            tensors = {
+                k: torch.tensor(
+                    [[row + [0] * (longest - len(row)) for row in ex[k]] for ex in batch]
+                )
+                for k in keys
+            }
+            tensors["labels"] = torch.tensor([ex["labels"] for ex in batch])
+            return tensors
+        longest = max(len(ex["input_ids"]) for ex in batch)
+        tensors = {
+            k: torch.tensor([ex[k] + [0] * (longest - len(ex[k])) for ex in batch]) for k in keys
+        }
+        if kind == "pair":
+            tensors["labels"] = torch.tensor([ex["labels"] for ex in batch])
+        else:
+            tensors["labels"] = torch.tensor(
+                [ex["labels"] + [-100] * (longest - len(ex["labels"])) for ex in batch]
+            )
+        return tensors
+
+    def score(self, model, dev):
+        """Dev accuracy (mc, pair) or entity F1 (ner)."""
+        model.eval()
+        correct = gold_count = predicted_count = 0
+        with torch.inference_mode():
+            for i in range(0, len(dev), 32):
+                batch = dev[i : i + 32]
+                tensors = self.collate(batch)
+                labels = tensors.pop("labels")
+                predicted = model(**tensors).logits.argmax(-1)
+                if self.p["task"] != "ner":
+                    correct += int((predicted == labels).sum())
+                    continue
+                for ex, row, gold_row in zip(batch, predicted.tolist(), labels.tolist()):
+                    words = [self.labels[t] for t, g in zip(row, gold_row) if g != -100]
+                    words += ["O"] * (len(ex["tags"]) - len(words))  # cut words are predicted O
+                    gold, guess = entities(ex["tags"]), entities(words)
+                    correct += len(gold & guess)
+                    gold_count += len(gold)
+                    predicted_count += len(guess)
+        if self.p["task"] != "ner":
+            return correct / len(dev)
+        precision = correct / predicted_count if predicted_count else 0.0
+        recall = correct / gold_count if gold_count else 0.0
+        return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
+def main(p):
+    torch.set_num_threads(p["threads"])
+    torch.manual_seed(p["seed"])
+    tokenizer = transformers.BertTokenizerFast(p["vocab_file"], do_lower_case=True)
+    task = Task(p, tokenizer)
+    model = task.model(p["model_dir"])
+    train, dev = task.examples(p["train"]), task.examples(p["dev"])
+    steps = max(1, int(len(train) / p["batch_size"] * p["epochs"]))
+    no_decay = ("bias", "LayerNorm.weight")
+    named = list(model.named_parameters())
+    groups = [
+        {
+            "params": [w for n, w in named if not any(k in n for k in no_decay)],
+            "weight_decay": 0.01,
+        },
+        {"params": [w for n, w in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=p["learning_rate"], eps=1e-8)
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(steps * 0.1), steps)
+    generator = torch.Generator().manual_seed(p["seed"])
+    loader = torch.utils.data.DataLoader(
+        train,
+        batch_size=p["batch_size"],
+        shuffle=True,
+        drop_last=True,
+        collate_fn=task.collate,
+        generator=generator,
+    )
+    model.train()
+    step = 0
+    while step < steps:
+        for batch in loader:
+            model(**batch).loss.backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            step += 1
+            if step == steps:
+                break
+    print(json.dumps({"score": task.score(model, dev), "steps": steps}))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
