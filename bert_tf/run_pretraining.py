@@ -251,7 +251,7 @@ def job_config(args):
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,
         adam_epsilon=args.adam_epsilon_value(),
-        adam_bias_correction=bool(args.adam_bias_correction),
+        adam_bias_correction=args.adam_bias_correction_value(),
         mixed_precision=args.mixed_precision,
         seed=args.seed,
     )

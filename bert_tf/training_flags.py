@@ -30,11 +30,12 @@ class LoopArgs:
         "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.",
         choices=optimization.OPTIMIZERS,
     )
-    # None: the original's (no bias correction, epsilon 1e-6); set, they apply to adamw only.
+    # None: the job's default (DEFAULT_BIAS_CORRECTION); set, it applies to adamw only.
     adam_bias_correction: bool = arg(
         None,
         "AdamW with bias correction (standard AdamW, as torch.optim.AdamW has it) instead of the "
-        "original's AdamWeightDecay, which omits it. Default: false, the original's.",
+        "original BERT's AdamWeightDecay, which omits it. Default: false, the original's (across "
+        "seeds it did not fine-tune better: benchmarks/RESULTS.md).",
     )
     adam_epsilon: float = arg(
         None, f"Adam's epsilon. Default: {optimization.DEFAULT_EPSILON:g}, the original's."
@@ -72,6 +73,18 @@ class LoopArgs:
         "(a diverged run marks the checkpoints that gave its loss as suspect, and a rerun skips "
         "them).",
     )
+
+    # The original's optimizer in every job (benchmarks/RESULTS.md, "Fine-tuning: quality across
+    # seeds": bias correction did not fine-tune better).
+    DEFAULT_BIAS_CORRECTION = False
+
+    def adam_bias_correction_value(self):
+        """--adam_bias_correction, or the job's default (adamw only: LAMB has its own rule)."""
+        if self.optimizer != "adamw":
+            return False
+        if self.adam_bias_correction is None:
+            return self.DEFAULT_BIAS_CORRECTION
+        return self.adam_bias_correction
 
     def adam_epsilon_value(self):
         """--adam_epsilon, or the original's."""
@@ -291,7 +304,7 @@ class FinetuneArgs(LoopArgs):
             weight_decay=self.weight_decay,
             optimizer=self.optimizer,
             adam_epsilon=self.adam_epsilon_value(),
-            adam_bias_correction=bool(self.adam_bias_correction),
+            adam_bias_correction=self.adam_bias_correction_value(),
             mixed_precision=self.mixed_precision,
             seed=self.seed,
             length_bucket=finetuning.length_bucket(

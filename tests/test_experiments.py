@@ -74,10 +74,14 @@ def test_the_tasks_study_is_table_5s_rows_with_the_real_jobs_flags(tmp_path):
     for step in bilstm:
         assert f"--init_checkpoint={tmp_path}/models/ltr" in step.flags
         assert "--head=bilstm" in step.flags and "--lstm_units=128" in step.flags
+        # A BiLSTM starts from nothing: its runs train for the scale's bilstm_epochs.
+        assert "--num_train_epochs=15" in step.flags
     # Data first, then every pretraining, then the fine-tuning runs (each evaluated per epoch).
     kinds = [s.kind for s in steps]
     assert kinds == sorted(kinds, key=["data", "pretraining", "finetuning"].index)
     assert all("--eval_every_epoch" in s.flags for s in steps if s.kind == "finetuning")
+    # At the tiny scale's learning rate (1e-3) the runs fine-tune with standard AdamW.
+    assert all("--adam_bias_correction=true" in s.flags for s in steps if s.kind == "finetuning")
 
 
 @pytest.mark.parametrize(
@@ -163,6 +167,7 @@ def test_the_features_study_resumes_after_a_kill_and_fills_table_7(corpus, tmp_p
         f"--init_checkpoint={model_dir}",
         f"--tasks=conll:{conll_dir}",
         "--finetune_epochs=1",
+        "--bilstm_epochs=2",
         "--finetune_seq_length=32",
         "--lstm_units=8",
     ]

@@ -68,6 +68,11 @@ class ExperimentArgs:
     max_eval_steps: int = arg(50, "Held-out pretraining batches for the LM loss and perplexity.")
     finetune_learning_rate: float = arg(0.0, "Fine-tuning learning rate (0: the scale's).")
     finetune_epochs: float = arg(0.0, "Fine-tuning epochs (0: the scale's).")
+    bilstm_epochs: float = arg(
+        0.0,
+        "Epochs of the runs that train a BiLSTM from scratch: + BiLSTM, and the feature-based "
+        "approach (0: the scale's).",
+    )
     finetune_seq_length: int = arg(0, "Fine-tuning max_seq_length (0: the scale's).")
     lstm_units: int = arg(0, "BiLSTM units per direction (0: the scale's; the paper's is 768).")
     seed: int = arg(12345, "Seeds the data and every run.")
@@ -81,6 +86,7 @@ class ExperimentArgs:
             "pretraining_steps",
             "finetune_learning_rate",
             "finetune_epochs",
+            "bilstm_epochs",
             "finetune_seq_length",
             "lstm_units",
             "dupe_factor",

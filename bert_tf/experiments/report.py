@@ -241,8 +241,16 @@ def write_report(args, steps, times, command):
         f"{recipe['pretraining_batch']} sequences of {recipe['max_seq_length']} tokens (learning "
         f"rate {recipe['pretraining_learning_rate']:g}); every fine-tuning run: learning rate "
         f"{args.finetune_learning_rate or recipe['finetune_learning_rate']:g}, "
-        f"{args.finetune_epochs or recipe['finetune_epochs']:g} epochs, batch "
-        f"{recipe['finetune_batch']}, seed {args.seed}.",
+        f"{args.finetune_epochs or recipe['finetune_epochs']:g} epochs"
+        + (
+            f" ({args.bilstm_epochs or recipe['bilstm_epochs']:g} where a BiLSTM is trained from "
+            "scratch)"
+            if args.study != "sizes"
+            else ""
+        )
+        + f", batch {recipe['finetune_batch']}, "
+        + ("standard AdamW" if recipe["finetune_bias_correction"] else "the original's AdamW")
+        + f", seed {args.seed}.",
         "",
         f"Command: `{command}`",
         "",
