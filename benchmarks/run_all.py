@@ -15,6 +15,7 @@ import sys
 QUICK_ARGS = {
     "bench_serve.py": ["--quick"],
     "bench_pretraining_data.py": ["--sizes=10"],
+    "bench_finetune_quality.py": ["--tasks=pair", "--seeds=1", "--num_train=300", "--num_dev=200"],
 }
 
 
