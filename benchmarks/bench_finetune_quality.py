@@ -104,11 +104,9 @@ def follow_rows(documents, count, rng, others):
 
 def write_mc(path, rows, rng):
     """SWAG's CSV layout; the true next sentence is ending `label`."""
-    fields = ["video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source"]
-    fields += [f"ending{i}" for i in range(4)] + ["label"]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(fields)
+        writer.writerow(demo_data.SWAG_FIELDS)
         for i, (first, second, distractors) in enumerate(rows):
             label = rng.randrange(4)
             endings = list(distractors)

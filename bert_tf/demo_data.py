@@ -130,7 +130,7 @@ _SWAG_OPENINGS = (
     "we see the {topic} .",
     "the camera shows the {topic} .",
 )
-_SWAG_FIELDS = [
+SWAG_FIELDS = [
     "video-id",
     "fold-ind",
     "startphrase",
@@ -159,7 +159,7 @@ def write_demo_swag_dir(path, num_train=400, num_dev=100, num_test=100, seed=432
             sent1 = _SWAG_OPENINGS[rng.integers(len(_SWAG_OPENINGS))].format(topic=topic)
             row = [f"demo{i}", str(i), f"{sent1} then she", sent1, "then she", "gold", *endings]
             rows.append(row + ([str(label)] if split != "test" else []))
-        fields = _SWAG_FIELDS if split != "test" else _SWAG_FIELDS[:-1]
+        fields = SWAG_FIELDS if split != "test" else SWAG_FIELDS[:-1]
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerows([fields] + rows)
         io_utils.atomic_write_text(
