@@ -217,17 +217,11 @@ def keras_hub_classifier(config, seq_length):
 def hugging_face(row, **request):
     """(row name, the Hugging Face peer hf_peer.py serving `request` as a latency.PeerProcess) in
     FLAGS.torch_python, or None (it says why) when the peer does not start."""
-    process = subprocess.Popen(
-        [FLAGS.torch_python, HF_PEER, json.dumps(request)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    version = process.stdout.readline()
-    if not version:
-        print(f"{row} skipped: its peer exited with {process.wait()}", file=sys.stderr)
+    started = latency.start_peer(row, [FLAGS.torch_python, HF_PEER, json.dumps(request)])
+    if not started:
         return None
-    return f"{row} ({json.loads(version)})", latency.PeerProcess(process)
+    peer, versions = started
+    return f"{row} ({versions})", peer
 
 
 def masked_sentences(sentences):

@@ -1,22 +1,35 @@
-"""Pretraining throughput: bert_tf's loop vs keras-hub BertMaskedLM.fit(jit_compile=True), same shapes, same run.
+"""Pretraining throughput: bert_tf's loop vs keras-hub BertMaskedLM.fit(jit_compile=True) and HF
+BertForPreTraining (PyTorch eager), same shapes, same run.
 
-    python benchmarks/bench_pretraining.py [--size=mini] [--steps=6] [--batch=32] [--seq=128]
+    python benchmarks/bench_pretraining.py [--size=mini] [--steps=6] [--batch=32] [--seq=128] \\
+        [--torch_python=/tmp/refvenv/bin/python] [--torch_threads=2]
 
 Prints a markdown table: examples/s, model FLOPs utilization (MFU) against a float32 matmul peak
-measured here, and the ratio to keras-hub. Both models are BERT with the same L/H/heads/intermediate
-and vocab; ours also trains the NSP head and reads real TFRecords through the input pipeline
-(written to a temp dir in the original schema), keras-hub trains MLM only on in-memory arrays.
+measured here, and the ratios to keras-hub and to Hugging Face. All models are BERT with the same
+L/H/heads/intermediate and vocab; ours also trains the NSP head and reads real TFRecords through
+the input pipeline (written to a temp dir in the original schema), keras-hub trains MLM only on
+in-memory arrays. The Hugging Face peer (benchmarks/hf_peer.py, task "pretraining") runs in
+--torch_python, a separate interpreter with torch + transformers, on --torch_threads threads:
+BertForPreTraining with gelu_new (the tanh GELU, as ours), torch AdamW, gradients clipped to norm
+1, random in-memory batches, MLM (its head projects every position to the vocab; the loss counts
+the 20 labelled ones) and NSP. Its MFU counts the FLOPs it runs, that head included. It stays
+alive between windows and runs each window when asked, so its windows interleave with the others.
+Without --torch_python its row is skipped.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(BENCHMARKS))
+sys.path.insert(0, BENCHMARKS)
 
 import keras  # noqa: E402
+import latency  # noqa: E402  (benchmarks/)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -25,6 +38,8 @@ from bert_tf.masked_lm import PretrainingObjective  # noqa: E402
 
 VOCAB_SIZE = 30522
 PREDICTIONS = 20
+HF_PEER = os.path.join(BENCHMARKS, "hf_peer.py")
+KERAS_HUB_ROW = "keras-hub BertMaskedLM fit(jit_compile=True), MLM only"
 
 
 def matmul_peak_flops(sizes=(1024, 2048), seconds=2.0):
@@ -51,11 +66,12 @@ def matmul_peak_flops(sizes=(1024, 2048), seconds=2.0):
     return best
 
 
-def training_flops_per_example(config, seq):
-    """3x the forward matmul FLOPs (forward + two backward matmuls) of BERT with MLM and NSP heads."""
+def training_flops_per_example(config, seq, mlm_positions=PREDICTIONS):
+    """3x the forward matmul FLOPs (forward + two backward matmuls) of BERT with MLM and NSP heads,
+    the MLM head run on `mlm_positions` positions per example."""
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     per_layer = seq * (4 * h * h + 2 * h * inter) * 2 + 2 * seq * seq * h * 2
-    heads = PREDICTIONS * (h * h + h * config.vocab_size) * 2 + (h * h + 2 * h) * 2
+    heads = mlm_positions * (h * h + h * config.vocab_size) * 2 + (h * h + 2 * h) * 2
     return 3 * (layers * per_layer + heads)
 
 
@@ -181,6 +197,39 @@ def prepare_keras_hub(config, batch, seq, steps, rng):
     return window
 
 
+def prepare_hugging_face(torch_python, threads, config, batch, seq, steps):
+    """(row label, a function timing one window, the peer to close) of the HF BertForPreTraining
+    peer kept running in `torch_python`; None (it says why) when it does not start."""
+    shape = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size,
+        hidden_act="gelu_new",
+        hidden_dropout_prob=config.hidden_dropout_prob,
+        attention_probs_dropout_prob=config.attention_probs_dropout_prob,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        initializer_range=config.initializer_range,
+    )
+    request = dict(
+        task="pretraining",
+        threads=threads,
+        shape=shape,
+        batch=batch,
+        seq_length=seq,
+        predictions=PREDICTIONS,
+        distinct_batches=8,
+    )
+    label = f"HF BertForPreTraining, PyTorch eager, {threads} threads, gelu_new, MLM+NSP"
+    started = latency.start_peer(label, [torch_python, HF_PEER, json.dumps(request)])
+    if not started:
+        return None
+    peer, versions = started
+    return f"{label} ({versions})", lambda: steps * batch / peer(steps), peer
+
+
 def main():
     """Times every contender in interleaved windows and prints the markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,6 +246,14 @@ def main():
         "--windows", type=int, default=3, help="timed windows per contender; the best counts"
     )
     parser.add_argument("--skip_keras_hub", action="store_true")
+    parser.add_argument(
+        "--torch_python",
+        default="",
+        help="a Python with torch + transformers for the HF BertForPreTraining row; empty: skipped",
+    )
+    parser.add_argument(
+        "--torch_threads", type=int, default=2, help="torch.set_num_threads of the HF row"
+    )
     flags = parser.parse_args()
     rng = np.random.default_rng(0)
     config = modeling.BertConfig.from_size(
@@ -204,14 +261,22 @@ def main():
     )
     peak = matmul_peak_flops()
     flops = training_flops_per_example(config, flags.seq)
-    rows = []
+    hf_flops = training_flops_per_example(config, flags.seq, mlm_positions=flags.seq)
+    rows, hf_row, peer = [], None, None
     with tempfile.TemporaryDirectory() as tmp:
         record_file = write_records(tmp, flags.batch * 8, flags.seq, rng)
         contenders = []
+        if flags.torch_python:
+            hugging_face = prepare_hugging_face(
+                flags.torch_python, flags.torch_threads, config, flags.batch, flags.seq, flags.steps
+            )
+            if hugging_face:
+                hf_row, hf_window, peer = hugging_face
+                contenders.append((hf_row, hf_window))
         if not flags.skip_keras_hub:
             contenders.append(
                 (
-                    "keras-hub BertMaskedLM fit(jit_compile=True), MLM only",
+                    KERAS_HUB_ROW,
                     prepare_keras_hub(config, flags.batch, flags.seq, flags.steps, rng),
                 )
             )
@@ -236,22 +301,44 @@ def main():
         # The CPU is shared with other jobs: windows are interleaved so every contender sees the same
         # background load, and each reports its best window.
         best = {label: 0.0 for label, _ in contenders}
-        for _ in range(flags.windows):
-            for label, window in contenders:
-                best[label] = max(best[label], window())
+        try:
+            for _ in range(flags.windows):
+                for label, window in contenders:
+                    best[label] = max(best[label], window())
+        finally:
+            if peer:
+                peer.close()
         rows = list(best.items())
-        reference = rows[0][1] if not flags.skip_keras_hub else None
     peak = max(peak, matmul_peak_flops())
     print(
         f"\n{flags.size} (L{config.num_hidden_layers}/H{config.hidden_size}), seq {flags.seq}, global batch "
         f"{flags.batch}, {PREDICTIONS} predictions, vocab {VOCAB_SIZE}; {os.cpu_count()} CPU cores; "
         f"float32 matmul peak {peak / 1e9:.0f} GFLOP/s; {flops / 1e9:.2f} GFLOP per training example\n"
     )
-    print("| run | examples/s | MFU (vs fp32 matmul peak) | vs keras-hub |")
-    print("|---|---:|---:|---:|")
+    print("| run | examples/s | MFU (vs fp32 matmul peak) | vs keras-hub | vs HF |")
+    print("|---|---:|---:|---:|---:|")
     for label, speed in rows:
-        ratio = f"{speed / reference:.2f}x" if reference else "-"
-        print(f"| {label} | {speed:.1f} | {100 * speed * flops / peak:.1f}% | {ratio} |")
+        mfu = 100 * speed * (hf_flops if label == hf_row else flops) / peak
+        print(
+            f"| {label} | {speed:.1f} | {mfu:.1f}% | {ratio(speed, best.get(KERAS_HUB_ROW))} | "
+            f"{ratio(speed, best.get(hf_row))} |"
+        )
+    if hf_row:
+        print(
+            f"\nHF's MFU counts {hf_flops / 1e9:.2f} GFLOP per example: its MLM head runs on all "
+            f"{flags.seq} positions."
+        )
+    elif flags.torch_python:
+        print(
+            f"\nHF BertForPreTraining row skipped: its peer did not start in {flags.torch_python}."
+        )
+    else:
+        print("\nHF BertForPreTraining row skipped: pass --torch_python (torch + transformers).")
+
+
+def ratio(speed, reference):
+    """`speed` as a multiple of `reference` ("-" without one)."""
+    return f"{speed / reference:.2f}x" if reference else "-"
 
 
 if __name__ == "__main__":

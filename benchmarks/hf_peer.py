@@ -4,13 +4,17 @@
 
 It writes one JSON line (its torch and transformers versions), then serves latency.serve_timed_calls
 on stdin/stdout: one JSON list of texts in, the seconds its call took out, until stdin closes.
-Tasks (the request's "task"), 2 threads each:
+Tasks (the request's "task"), on the request's "threads" (default 2):
   - classifier: BertForSequenceClassification (MiniLM's weights, or BERT-base's shape at random),
     its fast tokenizer, dynamic padding, softmax;
   - fill_mask_model: BertForMaskedLM from "hf_dir" called directly with its fast tokenizer
     (padding=True), the [MASK] positions' logits gathered, softmax, top 5;
   - fill_mask_pipeline: transformers.pipeline("fill-mask", model=hf_dir, top_k=5), a list of texts
     as one batch;
+  - pretraining (bench_pretraining's peer; a number of steps in, not texts): BertForPreTraining of
+    the request's "shape" at random, trained in eager mode on "batch" x "seq_length" random rows
+    with "predictions" masked positions each and a random next-sentence label: torch AdamW (lr
+    1e-4, weight decay 0.01), gradients clipped to norm 1; two warm-up steps before it answers;
   - prepare_fill_mask: not a peer. Writes "hf_dir", a BertForMaskedLM (MiniLM's encoder, or
     BERT-base's shape at random, with a randomly initialized MLM head, seeded) saved with
     save_pretrained (safetensors) and the tokenizer files, then writes the top-5 token ids of each
@@ -34,7 +38,7 @@ def main(request):
     import torch
     import transformers
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(request.get("threads", 2))
     task = request["task"]
     if task == "prepare_fill_mask":
         ids = prepare_fill_mask(request)
@@ -44,6 +48,7 @@ def main(request):
         "classifier": classifier,
         "fill_mask_model": fill_mask_model,
         "fill_mask_pipeline": fill_mask_pipeline,
+        "pretraining": pretraining,
     }[task](request)
     from latency import serve_timed_calls
 
@@ -116,6 +121,52 @@ def fill_mask_pipeline(request):
         tokenizer_kwargs=dict(truncation=True, max_length=request["seq_length"]),
     )
     return lambda texts: pipe(texts, batch_size=len(texts))
+
+
+def pretraining(request):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**request["shape"])).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    batch, seq, vocab = request["batch"], request["seq_length"], request["shape"]["vocab_size"]
+    batches = [
+        pretraining_batch(batch, seq, vocab, request["predictions"])
+        for _ in range(request["distinct_batches"])
+    ]
+    state = {"step": 0}
+
+    def train(steps):
+        for _ in range(steps):
+            inputs = batches[state["step"] % len(batches)]
+            state["step"] += 1
+            model(**inputs).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    train(2)
+    return train
+
+
+def pretraining_batch(batch, seq, vocab, predictions):
+    """Random BertForPreTraining inputs: segments A then B, `predictions` labelled positions per
+    row (never [CLS]'s), the other labels -100 (ignored), random next-sentence labels."""
+    import torch
+
+    labels = torch.full((batch, seq), -100)
+    positions = torch.rand(batch, seq - 1).argsort(dim=1)[:, :predictions] + 1
+    labels.scatter_(1, positions, torch.randint(5, vocab, (batch, predictions)))
+    token_type_ids = torch.zeros(batch, seq, dtype=torch.long)
+    token_type_ids[:, seq // 2 :] = 1
+    return {
+        "input_ids": torch.randint(5, vocab, (batch, seq)),
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        "token_type_ids": token_type_ids,
+        "labels": labels,
+        "next_sentence_label": torch.randint(0, 2, (batch,)),
+    }
 
 
 def prepare_fill_mask(request):

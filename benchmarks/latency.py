@@ -27,8 +27,8 @@ def timed(call):
 
 
 def serve_timed_calls(call, stdin=sys.stdin, stdout=sys.stdout):
-    """The peer's side of paired_timings: for each JSON list of texts on stdin, calls `call` on it
-    and writes the seconds it took as one JSON line."""
+    """The peer's side of paired_timings: for each JSON list of texts (or other request) on stdin,
+    calls `call` on it and writes the seconds it took as one JSON line."""
     run = timed(call)
     for line in stdin:
         stdout.write(json.dumps(run(json.loads(line))) + "\n")
@@ -63,6 +63,23 @@ class PeerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def start_peer(name, command):
+    """(a PeerProcess, its first line) for `command`, a peer that writes one JSON line (its
+    versions) and then runs serve_timed_calls; None, saying why on stderr, when it does not start."""
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+    except OSError as error:
+        print(f"{name} skipped: {error}", file=sys.stderr)
+        return None
+    first = process.stdout.readline()
+    if not first:
+        print(f"{name} skipped: its peer exited with {process.wait()}", file=sys.stderr)
+        return None
+    return PeerProcess(process), json.loads(first)
 
 
 # Batch-1 calls run in blocks of this many sentences per row: a row's first call after another

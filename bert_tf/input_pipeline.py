@@ -43,8 +43,15 @@ class RecordFormatError(io_utils.UsageError):
     """Records that do not fit the flags (lengths) or the schema (a missing feature)."""
 
 
-def check_record_lengths(input_file, max_seq_length, max_predictions_per_seq):
+LENGTH_FLAGS = ("--max_seq_length", "--max_predictions_per_seq")
+
+
+def check_record_lengths(
+    input_file, max_seq_length, max_predictions_per_seq, length_flags=LENGTH_FLAGS
+):
     """Reads the first record of `input_file`; a missing feature or a length unlike the flags is an error.
+
+    `length_flags` name the two lengths in the message.
 
     Checked in Python before training, because a FixedLenFeature mismatch inside the graph only
     says "Can't parse serialized Example" after the model is built.
@@ -63,12 +70,10 @@ def check_record_lengths(input_file, max_seq_length, max_predictions_per_seq):
             f"{input_file}: its first record is not a tf.train.Example ({e})"
         ) from e
     features = example.features.feature
-    expected = {name: ("--max_seq_length", max_seq_length) for name in SEQUENCE_FEATURES}
+    seq_flag, predictions_flag = length_flags
+    expected = {name: (seq_flag, max_seq_length) for name in SEQUENCE_FEATURES}
     expected.update(
-        {
-            name: ("--max_predictions_per_seq", max_predictions_per_seq)
-            for name in PREDICTION_FEATURES
-        }
+        {name: (predictions_flag, max_predictions_per_seq) for name in PREDICTION_FEATURES}
     )
     expected["next_sentence_labels"] = ("(one label)", 1)
     for name, (flag, want) in expected.items():
@@ -94,7 +99,9 @@ class EmptyRecordFileError(RecordFormatError):
     """A record file with no records at all (which check_input_files skips)."""
 
 
-def check_input_files(files, max_seq_length, max_predictions_per_seq, flag):
+def check_input_files(
+    files, max_seq_length, max_predictions_per_seq, flag, length_flags=LENGTH_FLAGS
+):
     """The files to read: each one's first record is checked, and files with no records are dropped.
 
     Every file, not only the first, because files of another --max_seq_length mixed into the glob
@@ -104,7 +111,7 @@ def check_input_files(files, max_seq_length, max_predictions_per_seq, flag):
 
     def check(path):
         try:
-            check_record_lengths(path, max_seq_length, max_predictions_per_seq)
+            check_record_lengths(path, max_seq_length, max_predictions_per_seq, length_flags)
         except EmptyRecordFileError:
             return False
         return True

@@ -20,6 +20,8 @@ Keras' `weight_decay=` because Keras matches its exclusion patterns against the 
 component only ("gamma", "kernel"), which cannot tell a LayerNorm scale from anything else.
 """
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
@@ -63,6 +65,52 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
             "num_train_steps": self.num_train_steps,
             "num_warmup_steps": self.num_warmup_steps,
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleRestart:
+    """A second warm-up and linear decay that takes over from the first schedule at `start_step`."""
+
+    start_step: int
+    peak_learning_rate: float
+    num_train_steps: int  # counted from start_step
+    num_warmup_steps: int
+
+
+@keras.saving.register_keras_serializable(package="bert_tf")
+class RestartedWarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Two warm-up + linear decay schedules end to end: the first decays to 0 at restart.start_step,
+    where the second warms up afresh (NVIDIA's pretraining phase 2, whose schedule restarts)."""
+
+    def __init__(self, peak_learning_rate, num_warmup_steps, restart):
+        self.first = WarmupLinearDecay(peak_learning_rate, restart.start_step, num_warmup_steps)
+        self.restart = restart
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        restart = self.restart
+        second = warmup_linear_decay(
+            tf.maximum(step - restart.start_step, 0.0),
+            restart.peak_learning_rate,
+            restart.num_train_steps,
+            restart.num_warmup_steps,
+        )
+        return tf.where(step < restart.start_step, self.first(step), second)
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.first.peak_learning_rate,
+            "num_warmup_steps": self.first.num_warmup_steps,
+            "restart": dataclasses.asdict(self.restart),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(
+            config["peak_learning_rate"],
+            config["num_warmup_steps"],
+            ScheduleRestart(**config["restart"]),
+        )
 
 
 def _matches_any(path, patterns):
@@ -334,10 +382,15 @@ def create_optimizer(
     weight_decay_rate=0.01,
     epsilon=DEFAULT_EPSILON,
     bias_correction=False,
+    restart=None,
 ):
     """`adamw` (the original's, or with `bias_correction` standard AdamW) or `lamb`, on the warmup +
-    linear decay schedule."""
-    schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+    linear decay schedule (with a ScheduleRestart `restart`: that schedule to restart.start_step,
+    then the restart's; num_train_steps is then unused)."""
+    if restart is None:
+        schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+    else:
+        schedule = RestartedWarmupLinearDecay(learning_rate, num_warmup_steps, restart)
     if name == "adamw":
         return AdamWeightDecay(
             learning_rate=schedule,

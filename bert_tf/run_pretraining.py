@@ -15,6 +15,12 @@ The paper's pretraining ablations (Table 5) read the same records:
                                       (bert_tf.left_to_right_lm); the output's bert_config.json says
                                       attention_direction=left_to_right, so fine-tuning and export
                                       apply the same left-only attention mask
+
+The paper's two phases (bert_tf.pretraining_phases) in one run and one output directory:
+    --phase2_input_file=... --phase2_max_seq_length=512 --phase2_max_predictions_per_seq=80
+    --phase2_train_steps=N2 [--phase2_recipe=continue|restart]
+and the paper's batch on small hardware: --num_accumulation_steps=N sums N micro-batches'
+gradients into each update (exactly one batch of --train_batch_size).
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -36,6 +42,7 @@ from bert_tf import (
     masked_lm,
     model_dir,
     modeling,
+    pretraining_phases,
     training,
 )
 from bert_tf.cli import arg
@@ -80,7 +87,9 @@ class PretrainingArgs(LoopArgs):
     do_train: bool = arg(True, "Whether to run training.")
     do_eval: bool = arg(False, "Whether to run evaluation on the eval records.")
     eval_input_file: str = arg(
-        "", "Globs of the evaluation records (default: --input_file, as the original)."
+        "",
+        "Globs of the evaluation records, at the last phase's lengths (default: that phase's "
+        "records: --input_file, as the original, or --phase2_input_file).",
     )
     train_batch_size: int = arg(32, "Global batch size for training.")
     eval_batch_size: int = arg(8, "Global batch size for evaluation.")
@@ -110,6 +119,61 @@ class PretrainingArgs(LoopArgs):
         "LTR & No NSP ablation; needs --nsp=false).",
         choices=OBJECTIVES,
     )
+    phase2_input_file: str = arg(
+        "",
+        "Globs of the records of a second phase, which trains on from --num_train_steps for "
+        "--phase2_train_steps more steps in the same --output_dir (the paper's 90% at length 128, "
+        "then 10% at 512).",
+    )
+    phase2_max_seq_length: int = arg(512, "Phase 2's sequence length; must match its records.")
+    phase2_max_predictions_per_seq: int = arg(
+        80, "Phase 2's masked LM predictions per sequence; must match its records."
+    )
+    phase2_train_steps: int = arg(0, "Phase 2's number of steps (after --num_train_steps).")
+    phase2_num_accumulation_steps: int = arg(
+        None,
+        "Phase 2's --num_accumulation_steps (longer sequences need smaller micro-batches). "
+        "Default: --num_accumulation_steps.",
+    )
+    phase2_recipe: str = arg(
+        pretraining_phases.CONTINUE,
+        "The learning rate and optimizer across the phases. continue (the paper's): one warm-up "
+        "and linear decay over both phases, Adam's moments kept. restart (NVIDIA's): phase 1 "
+        "decays to 0 at --num_train_steps, phase 2 warms up afresh to --phase2_learning_rate over "
+        "--phase2_warmup_steps, the moments kept.",
+        choices=pretraining_phases.RECIPES,
+    )
+    phase2_learning_rate: float = arg(
+        None,
+        "Phase 2's peak learning rate under --phase2_recipe=restart. Default: --learning_rate.",
+    )
+    phase2_warmup_steps: int = arg(
+        None,
+        "Phase 2's warm-up under --phase2_recipe=restart. Default: a tenth of --phase2_train_steps.",
+    )
+    overwrite: bool = arg(
+        False,
+        "Resume a run in --output_dir even though its phase flags (steps, lengths, phase 2's) "
+        "differ from the ones it started with; without it that is refused.",
+    )
+
+    def phase_settings(self):
+        """The pretraining_phases.PhaseSettings of these flags."""
+        return pretraining_phases.PhaseSettings(
+            input_file=self.input_file,
+            max_seq_length=self.max_seq_length,
+            max_predictions_per_seq=self.max_predictions_per_seq,
+            num_train_steps=self.num_train_steps,
+            num_accumulation_steps=self.num_accumulation_steps,
+            phase2_input_file=self.phase2_input_file,
+            phase2_max_seq_length=self.phase2_max_seq_length,
+            phase2_max_predictions_per_seq=self.phase2_max_predictions_per_seq,
+            phase2_train_steps=self.phase2_train_steps,
+            phase2_num_accumulation_steps=self.phase2_num_accumulation_steps,
+            phase2_recipe=self.phase2_recipe,
+            phase2_learning_rate=self.phase2_learning_rate,
+            phase2_warmup_steps=self.phase2_warmup_steps,
+        )
 
 
 @dataclasses.dataclass
@@ -161,6 +225,7 @@ def _validate(args):
         raise io_utils.UsageError(
             "--dynamic_masking is for --objective=mlm: the left-to-right model reads no masks"
         )
+    args.phase_settings().validate()
     if args.model_size and args.model_size not in modeling.NAMED_SIZES:
         raise io_utils.UsageError(
             f"--model_size={args.model_size} is not one of {', '.join(modeling.NAMED_SIZES)}"
@@ -168,33 +233,39 @@ def _validate(args):
     distribution.check_tpu_paths(
         args.tpu if args.strategy == "tpu" else "",
         input_file=args.input_file,
+        phase2_input_file=args.phase2_input_file,
         eval_input_file=args.eval_input_file,
         output_dir=args.output_dir,
         init_checkpoint=args.init_checkpoint,
     )
 
 
-def check_records(args):
-    """(train files, eval files): the expanded globs, each file checked against the length flags."""
-    train_files = io_utils.expand_globs(args.input_file, "--input_file") if args.do_train else []
-    eval_files = (
-        io_utils.expand_globs(args.eval_input_file or args.input_file, "--eval_input_file")
-        if args.do_eval
-        else []
+def check_records(args, phases):
+    """(train files per phase, eval files): the expanded globs, each file checked against its
+    phase's length flags. The evaluation reads the last phase's lengths, and by default its records."""
+    train_files = {}
+    if args.do_train:
+        for phase in phases:
+            train_files[phase.number] = input_pipeline.check_input_files(
+                io_utils.expand_globs(phase.input_file, phase.input_flag),
+                phase.max_seq_length,
+                phase.max_predictions_per_seq,
+                phase.input_flag,
+                phase.length_flags,
+            )
+    last = phases[-1]
+    if not args.do_eval:
+        return train_files, []
+    if not args.eval_input_file and last.number in train_files:
+        return train_files, train_files[last.number]  # The same files, just checked.
+    flag = "--eval_input_file" if args.eval_input_file else last.input_flag
+    eval_files = input_pipeline.check_input_files(
+        io_utils.expand_globs(args.eval_input_file or last.input_file, flag),
+        last.max_seq_length,
+        last.max_predictions_per_seq,
+        flag,
+        last.length_flags,
     )
-    if train_files:
-        train_files = input_pipeline.check_input_files(
-            train_files, args.max_seq_length, args.max_predictions_per_seq, "--input_file"
-        )
-    if eval_files and train_files and not args.eval_input_file:
-        eval_files = train_files  # The same files, just checked.
-    elif eval_files:
-        eval_files = input_pipeline.check_input_files(
-            eval_files,
-            args.max_seq_length,
-            args.max_predictions_per_seq,
-            "--eval_input_file" if args.eval_input_file else "--input_file",
-        )
     return train_files, eval_files
 
 
@@ -240,21 +311,36 @@ def check_resumed_heads(args):
         )
 
 
-def job_config(args):
-    """The TrainingJob's settings of these flags."""
+def job_config(args, phase=None):
+    """The TrainingJob's settings of these flags (its steps: every phase's), starting in `phase`."""
+    phases = args.phase_settings()
     return JobConfig(
         output_dir=args.output_dir,
         train_batch_size=args.train_batch_size,
         learning_rate=args.learning_rate,
         num_warmup_steps=args.num_warmup_steps,
-        loop=args.loop_config(args.num_train_steps),
+        loop=args.loop_config(
+            phases.total_steps,
+            num_accumulation_steps=(phase or phases.phases()[0]).num_accumulation_steps,
+        ),
         optimizer=args.optimizer,
         weight_decay=args.weight_decay,
         adam_epsilon=args.adam_epsilon_value(),
         adam_bias_correction=args.adam_bias_correction_value(),
         mixed_precision=args.mixed_precision,
         seed=args.seed,
+        schedule_restart=phases.schedule_restart(args.learning_rate),
     )
+
+
+def check_phase_lengths(phases, config):
+    """Every phase's length fits the model's position embeddings (phase 1's: initial_weights)."""
+    for phase in phases[1:]:
+        if phase.max_seq_length > config.max_position_embeddings:
+            raise io_utils.UsageError(
+                f"--phase{phase.number}_max_seq_length={phase.max_seq_length} exceeds the model's "
+                f"max_position_embeddings={config.max_position_embeddings}"
+            )
 
 
 def run(args):
@@ -267,7 +353,13 @@ def run(args):
         args.num_cpu_replicas,
         {"train_batch_size": args.train_batch_size, "eval_batch_size": args.eval_batch_size},
     )
-    train_files, eval_files = check_records(args)
+    settings = args.phase_settings()
+    phases = settings.phases()
+    for phase in phases:
+        training.check_accumulation(
+            args.train_batch_size, strategy.num_replicas_in_sync, phase.num_accumulation_steps
+        )
+    train_files, eval_files = check_records(args, phases)
     source = initial_weights.resolve(
         args.init_checkpoint,
         args.bert_config_file,
@@ -281,7 +373,10 @@ def run(args):
         ),
     )
     check_attention_direction(args, source.config)
+    check_phase_lengths(phases, source.config)
     check_resumed_heads(args)
+    if args.do_train:
+        pretraining_phases.check_resumed(args.output_dir, settings, args.overwrite)
     config, vocab_file = source.config, source.vocab_file
     models = {}
 
@@ -296,36 +391,49 @@ def run(args):
             objective = masked_lm.PretrainingObjective(model, nsp=args.nsp)
         return objective, dict(models)
 
-    job = TrainingJob(strategy, job_config(args), build)
+    # The phase to resume in follows from the step of the checkpoint resumed from.
+    resume_point = training.resume_point(args.output_dir, args.resume_from)
+    phase = pretraining_phases.phase_at(
+        phases, model_dir.checkpoint_step(resume_point) if resume_point else 0
+    )
+    job = TrainingJob(strategy, job_config(args, phase), build)
     masking = (
         input_pipeline.DynamicMasking.from_vocab_file(vocab_file, config.vocab_size)
         if args.dynamic_masking
         else None
     )
 
-    def make_train_iterator(seed):
-        return iter(
-            input_pipeline.distributed_pretraining_dataset(
-                strategy,
-                train_files,
-                args.train_batch_size,
-                args.max_seq_length,
-                args.max_predictions_per_seq,
-                is_training=True,
-                seed=seed,
-                dynamic_masking=masking,
-                restore_masked_tokens=args.objective == LTR,
+    def phase_input(phase):
+        """make_train_iterator(seed) for `phase`'s records."""
+
+        def make_train_iterator(seed):
+            return iter(
+                input_pipeline.distributed_pretraining_dataset(
+                    strategy,
+                    train_files[phase.number],
+                    args.train_batch_size,
+                    phase.max_seq_length,
+                    phase.max_predictions_per_seq,
+                    is_training=True,
+                    seed=seed,
+                    dynamic_masking=masking,
+                    restore_masked_tokens=args.objective == LTR,
+                )
             )
-        )
+
+        return make_train_iterator
 
     job.start(
-        make_train_iterator if args.do_train else None,
+        phase_input(phase) if args.do_train else None,
         lambda: source.load_weights(**models),
+        iterator_name=phase.iterator_name,
     )
     if job.is_chief:
         ModelDir(args.output_dir).write_files(config, vocab_file)
+        if args.do_train:
+            pretraining_phases.record(args.output_dir, settings)
 
-    train_metrics = job.train() if args.do_train else {}
+    train_metrics = train_phases(job, phases, phase, phase_input) if args.do_train else {}
     eval_results = {}
     if args.do_eval:
         eval_iterator = iter(
@@ -333,8 +441,8 @@ def run(args):
                 strategy,
                 eval_files,
                 args.eval_batch_size,
-                args.max_seq_length,
-                args.max_predictions_per_seq,
+                phases[-1].max_seq_length,
+                phases[-1].max_predictions_per_seq,
                 is_training=False,
                 restore_masked_tokens=args.objective == LTR,
             )
@@ -354,6 +462,24 @@ def run(args):
     return PretrainingResult(
         job.step, train_metrics, eval_results, models["pretraining_model"], models["encoder"]
     )
+
+
+def train_phases(job, phases, current, phase_input):
+    """Trains `job` through the phases from `current` on; returns the last metrics.
+
+    At a boundary the job switches to the next phase's records and micro-batches in place: the
+    weights, the optimizer, the step and the summaries run on.
+    """
+    if job.finished:
+        return job.train()  # which says so
+    metrics = {}
+    for phase in phases[phases.index(current) :]:
+        if phase is not current:
+            job.switch_input(phase_input(phase), phase.iterator_name, phase.num_accumulation_steps)
+        if len(phases) > 1:
+            print(f"pretraining {phase.describe()}", flush=True)
+        metrics = job.train(until_step=phase.end_step)
+    return metrics
 
 
 # ----------------------------------------------------------------------------------------------

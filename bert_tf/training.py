@@ -66,6 +66,8 @@ LOSS_SCALE_GROWTH_INTERVAL = 2000
 # Written into the output directory when a run diverges: the checkpoints whose weights gave the
 # failing loss, which a rerun skips (Trainer.restore_or_initialize).
 SUSPECT_FILE = "suspect_checkpoints.json"
+# The training input's key in the checkpoints.
+TRAIN_ITERATOR = "train_iterator"
 # A healthy loss stays within a few times its running mean (pretraining starts near ln(vocab size)
 # and only falls); a diverging one grows by orders of magnitude within a few steps.
 DEFAULT_MAX_LOSS_RATIO = 100.0
@@ -122,6 +124,9 @@ class LoopConfig:
     # A checkpoint of the output directory to resume from ("ckpt-N"), instead of the newest
     # healthy one.
     resume_from: str = ""
+    # Each replica's batch is split into this many micro-batches, whose gradients are summed
+    # before the one update: a large batch in the memory of a small one.
+    num_accumulation_steps: int = 1
 
 
 # TensorBoard's scalar plugin metadata. Writing with tf.summary.write and this metadata is what
@@ -286,6 +291,34 @@ def resume_point(directory, resume_from=""):
     return healthy[-1]
 
 
+def check_accumulation(global_batch_size, num_replicas, num_accumulation_steps):
+    """A usage error unless the micro-batches split every replica's batch evenly."""
+    if num_accumulation_steps < 1:
+        raise io_utils.UsageError(
+            f"--num_accumulation_steps must be positive, got {num_accumulation_steps}"
+        )
+    per_replica = global_batch_size // max(num_replicas, 1)
+    if per_replica % num_accumulation_steps:
+        raise io_utils.UsageError(
+            f"--num_accumulation_steps={num_accumulation_steps} does not divide the batch per "
+            f"replica, {per_replica} (--train_batch_size={global_batch_size} over {num_replicas} "
+            f"replica{'s' if num_replicas != 1 else ''})"
+        )
+
+
+def split_micro_batches(batch, num_micro_batches):
+    """Every tensor of `batch` reshaped to [num_micro_batches, rows // num_micro_batches, ...]."""
+
+    def split(tensor):
+        inner = [
+            size if size is not None else tf.shape(tensor)[axis + 1]
+            for axis, size in enumerate(tensor.shape[1:])
+        ]
+        return tf.reshape(tensor, [num_micro_batches, -1] + inner)
+
+    return tf.nest.map_structure(split, batch)
+
+
 def format_duration(seconds):
     """Seconds as 1h02m / 3m05s / 12s for the progress line."""
     if not math.isfinite(seconds):
@@ -318,6 +351,9 @@ class Trainer:
         self.output_dir = output_dir
         self.global_batch_size = global_batch_size
         self.is_chief = is_chief(strategy)
+        check_accumulation(
+            global_batch_size, strategy.num_replicas_in_sync, config.num_accumulation_steps
+        )
         self._variables = list(objective.model.trainable_variables)
         self._norm_over_rows = [norm_over_rows(variable, strategy) for variable in self._variables]
         with strategy.scope():
@@ -380,29 +416,36 @@ class Trainer:
             self._scratch_dir = tempfile.mkdtemp(prefix="bert_tf_worker_ckpt_")
         return self._scratch_dir
 
-    def restore_or_initialize(self, train_iterator=None):
-        """Resumes everything from the newest checkpoint in output_dir; returns its path or None.
-
-        The input iterator is checkpointed too when it can be (the default strategy's iterator can;
-        tf.distribute's DistributedIterator cannot), which makes a resumed run see the same batches.
-        The chief first removes what interrupted saves left in output_dir (remove_interrupted_saves).
-        """
+    def _track(self, train_iterator, iterator_name):
+        """The checkpoint of the run's objects, with `train_iterator` under `iterator_name` when it
+        can be saved, and its CheckpointManager."""
         objects = dict(self._checkpoint_objects)
         if (
             train_iterator is not None
             and self.config.checkpoint_iterator
             and is_checkpointable(train_iterator)
         ):
-            objects["train_iterator"] = train_iterator
+            objects[iterator_name] = train_iterator
         self._checkpoint = tf.train.Checkpoint(**objects)
-        if self.is_chief:
-            remove_interrupted_saves(self.output_dir)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint,
             self._checkpoint_dir(),
             max_to_keep=self.config.max_checkpoints_to_keep,
             checkpoint_name=CHECKPOINT_NAME,
         )
+
+    def restore_or_initialize(self, train_iterator=None, iterator_name=TRAIN_ITERATOR):
+        """Resumes everything from the newest checkpoint in output_dir; returns its path or None.
+
+        The input iterator is checkpointed too when it can be (the default strategy's iterator can;
+        tf.distribute's DistributedIterator cannot), which makes a resumed run see the same batches.
+        `iterator_name` is its key in the checkpoint: an input that changes mid-run (pretraining's
+        phase 2) takes another, so that a checkpoint of the old input never restores into the new.
+        The chief first removes what interrupted saves left in output_dir (remove_interrupted_saves).
+        """
+        if self.is_chief:
+            remove_interrupted_saves(self.output_dir)
+        self._track(train_iterator, iterator_name)
         latest = resume_point(self.output_dir, self.config.resume_from)
         if latest:
             # Every worker restores from the chief's directory.
@@ -410,6 +453,17 @@ class Trainer:
             self._checkpoint.restore(latest).expect_partial().assert_nontrivial_match()
             logging.info("resumed from %s at step %d", latest, int(self.step.numpy()))
         return latest
+
+    def replace_train_iterator(self, train_iterator, iterator_name, num_accumulation_steps):
+        """Goes on with another input (under its own checkpoint key) split into
+        `num_accumulation_steps` micro-batches; the weights and the optimizer stay as they are."""
+        check_accumulation(
+            self.global_batch_size, self.strategy.num_replicas_in_sync, num_accumulation_steps
+        )
+        self.config.num_accumulation_steps = num_accumulation_steps
+        # A fresh trace: inputs of the old shapes would otherwise reuse the old micro-batch count.
+        self._train_loop = tf.function(self._train_loop_fn)
+        self._track(train_iterator, iterator_name)
 
     def save(self):
         """Writes a checkpoint numbered by the step (every worker saves; only the chief's is kept)."""
@@ -465,6 +519,44 @@ class Trainer:
         row_norms = [tf.stack(row_half_squares), tf.constant(by_rows)]
         return grads, self._stats_vector(loss, stats), row_norms
 
+    def _accumulate(self, batch, denominators, loss_scale):
+        """`_forward_backward` summed over the batch's micro-batches (num_accumulation_steps).
+
+        Every micro-batch's loss is its share of the GLOBAL batch's loss (the denominators are the
+        whole batch's), so the sums are the whole batch's gradients, stats and row norms: the
+        update, clip and divergence checks that follow see one large batch, exactly.
+        """
+        count = self.config.num_accumulation_steps
+        if count == 1:
+            return self._compute(batch, denominators, loss_scale)
+        micro_batches = split_micro_batches(batch, count)
+
+        def micro_batch(index):
+            return tf.nest.map_structure(lambda tensor: tensor[index], micro_batches)
+
+        grads, stats, (row_half_squares, by_rows) = self._compute(
+            micro_batch(0), denominators, loss_scale
+        )
+
+        def add_micro_batch(index, grads, stats, row_half_squares):
+            more_grads, more_stats, (more_rows, _) = self._compute(
+                micro_batch(index), denominators, loss_scale
+            )
+            return (
+                index + 1,
+                [g + more for g, more in zip(grads, more_grads)],
+                stats + more_stats,
+                row_half_squares + more_rows,
+            )
+
+        # A graph loop, not a Python one: the graph stays one micro-batch's size for any count.
+        _, grads, stats, row_half_squares = tf.while_loop(
+            lambda index, *_: index < count,
+            add_micro_batch,
+            (tf.constant(1), grads, stats, row_half_squares),
+        )
+        return grads, stats, (row_half_squares, by_rows)
+
     def _global_norm(self, grads, row_half_squares, by_rows):
         """The global norm of the summed gradients, each variable's part over its rows where the
         original takes it so; the same arithmetic as tf.linalg.global_norm (sqrt(2 sum l2_loss))."""
@@ -493,7 +585,9 @@ class Trainer:
             tf.distribute.ReduceOp.SUM, self.objective.denominators(batch)
         )
         loss_scale = tf.convert_to_tensor(self.loss_scale)
-        grads, stats, (row_half_squares, by_rows) = self._compute(batch, denominators, loss_scale)
+        grads, stats, (row_half_squares, by_rows) = self._accumulate(
+            batch, denominators, loss_scale
+        )
         # by_rows is the same constant on every replica: only the sums need the all-reduce.
         reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, grads + [stats, row_half_squares])
         grads, (stats, row_half_squares) = reduced[:-2], reduced[-2:]

@@ -42,6 +42,13 @@ class LoopArgs:
     )
     weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
     clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
+    num_accumulation_steps: int = arg(
+        1,
+        "Gradient accumulation: each replica's share of --train_batch_size is split into this many "
+        "micro-batches, run one after another, whose gradients are summed into one update (the "
+        "batch stays --train_batch_size; memory is that of a micro-batch). It must divide the "
+        "batch per replica.",
+    )
     steps_per_loop: int = arg(
         100, "Training steps inside one tf.function call (one progress line and summary per loop)."
     )
@@ -105,7 +112,7 @@ class LoopArgs:
             raise io_utils.UsageError(
                 f"--max_loss_ratio must be 0 (off) or above 1, got {self.max_loss_ratio}"
             )
-        for name in ("steps_per_loop", "save_checkpoints_steps"):
+        for name in ("steps_per_loop", "save_checkpoints_steps", "num_accumulation_steps"):
             if getattr(self, name) <= 0:
                 raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
 
@@ -121,6 +128,7 @@ class LoopArgs:
             max_checkpoints_to_keep=self.keep_checkpoint_max,
             max_loss_ratio=self.max_loss_ratio,
             resume_from=self.resume_from,
+            num_accumulation_steps=self.num_accumulation_steps,
         )
         fields.update(overrides)
         return training.LoopConfig(**fields)
@@ -263,9 +271,13 @@ class FinetuneArgs(LoopArgs):
 
     def make_strategy(self):
         """The --strategy, checked against the batch sizes; call it before any other TensorFlow op."""
-        return distribution.make_strategy(
+        strategy = distribution.make_strategy(
             self.strategy, self.tpu, self.num_cpu_replicas, self.batch_sizes()
         )
+        training.check_accumulation(
+            self.train_batch_size, strategy.num_replicas_in_sync, self.num_accumulation_steps
+        )
+        return strategy
 
     def model_source(self):
         """The config, vocab and initial weights (initial_weights.resolve of these flags).

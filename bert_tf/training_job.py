@@ -31,6 +31,8 @@ class JobConfig:
     adam_bias_correction: bool = False  # standard AdamW; the original omits the correction
     mixed_precision: str = "none"  # a key of training.MIXED_PRECISION_POLICIES
     seed: int = 12345
+    # A second schedule taking over mid-run (pretraining's phase 2 under the restart recipe).
+    schedule_restart: optimization.ScheduleRestart | None = None
 
 
 class TrainingJob:
@@ -54,6 +56,7 @@ class TrainingJob:
                 config.weight_decay,
                 config.adam_epsilon,
                 config.adam_bias_correction,
+                config.schedule_restart,
             )
         self.trainer = training.Trainer(
             strategy,
@@ -91,19 +94,30 @@ class TrainingJob:
             iterator = make_train_iterator(seed + start_step)
         return iterator
 
-    def start(self, make_train_iterator=None, initialize=None):
+    def start(
+        self, make_train_iterator=None, initialize=None, iterator_name=training.TRAIN_ITERATOR
+    ):
         """Resumes from the output directory's newest checkpoint, or calls `initialize()` (under the
         strategy's scope) to load the initial weights; returns the checkpoint resumed from, or None.
 
-        `make_train_iterator(seed)` builds the training input (needed to train).
+        `make_train_iterator(seed)` builds the training input (needed to train); `iterator_name`
+        is its key in the checkpoints.
         """
         if make_train_iterator is not None:
             self.train_iterator = self._train_iterator(make_train_iterator)
-        resumed = self.trainer.restore_or_initialize(self.train_iterator)
+        resumed = self.trainer.restore_or_initialize(self.train_iterator, iterator_name)
         if not resumed and initialize is not None:
             with self.strategy.scope():
                 initialize()
         return resumed
+
+    def switch_input(self, make_train_iterator, iterator_name, num_accumulation_steps):
+        """Trains on from here on another input (`make_train_iterator(seed)`), checkpointed under
+        `iterator_name`, in `num_accumulation_steps` micro-batches: pretraining's second phase."""
+        self.train_iterator = make_train_iterator(self.job_config.seed)
+        self.trainer.replace_train_iterator(
+            self.train_iterator, iterator_name, num_accumulation_steps
+        )
 
     def train(self, log_fn=print, until_step=None):
         """Trains to the loop's num_train_steps (or `until_step`, if sooner), resuming where the output

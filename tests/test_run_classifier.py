@@ -50,6 +50,7 @@ def test_cli_on_two_mirrored_cpus_writes_results_submission_and_an_exportable_mo
         "--seed=1",
         "--strategy=mirrored",
         "--num_cpu_replicas=2",
+        "--num_accumulation_steps=2",  # each replica's 16 rows in 2 micro-batches
         *flags,
     )
     assert process.returncode == 0, process.stderr[-3000:]
@@ -205,6 +206,19 @@ def test_a_missing_data_dir_flag_and_no_action_are_usage_errors(demo, tmp_path):
         run_classifier.run(run_classifier.ClassifierArgs(task_name="sst2", do_train=True, **base))
     with pytest.raises(io_utils.UsageError, match="--do_train, --do_eval and --do_predict"):
         run_classifier.run(run_classifier.ClassifierArgs(task_name="sst2", data_dir="x", **base))
+    with pytest.raises(
+        io_utils.UsageError,
+        match=r"--num_accumulation_steps=3 does not divide the batch per replica, 32 ",
+    ):
+        run_classifier.run(
+            run_classifier.ClassifierArgs(
+                task_name="sst2",
+                data_dir=demo["glue_dir"],
+                do_train=True,
+                num_accumulation_steps=3,
+                **base,
+            )
+        )
 
 
 def write_mnli_like(data_dir, rng, words):

@@ -387,6 +387,62 @@ def test_an_exploding_loss_stops_like_a_nan_and_names_the_last_healthy_checkpoin
     assert int(trainer.optimizer.iterations.numpy()) == 5
 
 
+def one_update(trainer, batch):
+    """The trainable weights after `trainer` takes one step on `batch`."""
+    iterator = iterate([batch])
+    trainer.restore_or_initialize(iterator)
+    trainer.train(iterator, log_fn=lambda line: None)
+    return [v.numpy() for v in trainer.objective.model.trainable_variables]
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [{}, {"clip_norm": 1e-3}, {"jit_compile": True}, {"loss_scaling": True}],
+    ids=["plain", "clipped", "xla", "loss_scaled"],
+)
+def test_accumulated_micro_batches_update_exactly_like_one_batch(records, tmp_path, loop):
+    files, vocab_file = records
+    config = no_dropout_config(vocab_file)
+    (batch,) = fixed_batches(files, 1)
+    weights = {}
+    for count in (1, 4):
+        trainer, _ = make_trainer(
+            config,
+            tmp_path / str(count),
+            steps_per_loop=1,
+            num_train_steps=1,
+            make_optimizer=sgd,
+            num_accumulation_steps=count,
+            **loop,
+        )
+        weights[count] = one_update(trainer, batch)
+        assert int(trainer.optimizer.iterations.numpy()) == 1
+    initial, _ = make_trainer(config, tmp_path / "initial")
+    moved = 0
+    for whole, accumulated, start, variable in zip(
+        weights[1], weights[4], initial.objective.model.trainable_variables, trainer._variables
+    ):
+        # SGD: a gradient off by any factor (a micro-batch's mean, not its share) would show.
+        np.testing.assert_allclose(accumulated, whole, rtol=0, atol=1e-6, err_msg=variable.path)
+        moved += not np.allclose(whole, start.numpy(), rtol=0, atol=1e-6)
+    assert moved > len(weights[1]) // 2
+
+
+def test_accumulation_must_split_the_batch_per_replica(records, tmp_path):
+    files, vocab_file = records
+    with pytest.raises(
+        io_utils.UsageError,
+        match=r"--num_accumulation_steps=3 does not divide the batch per replica, 8 "
+        r"\(--train_batch_size=8 over 1 replica\)",
+    ):
+        make_trainer(no_dropout_config(vocab_file), tmp_path, num_accumulation_steps=3)
+    with pytest.raises(io_utils.UsageError, match="--num_accumulation_steps must be positive"):
+        training_flags.LoopArgs(num_accumulation_steps=0).validate()
+    assert (
+        training_flags.LoopArgs(num_accumulation_steps=4).loop_config(1).num_accumulation_steps == 4
+    )
+
+
 MIRRORED_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
@@ -397,7 +453,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     files = sys.argv[3].split(",")
     config = t.no_dropout_config(sys.argv[4])
     trainer, model = t.make_trainer(config, sys.argv[2], strategy=strategy, make_optimizer=t.sgd,
-                                    steps_per_loop=3, num_train_steps=3)
+                                    steps_per_loop=3, num_train_steps=3,
+                                    num_accumulation_steps=int(sys.argv[5]))
     dataset = strategy.distribute_datasets_from_function(lambda ctx: t.input_pipeline.pretraining_dataset(
         files, ctx.get_per_replica_batch_size(t.BATCH), t.SEQ, t.PRED, is_training=False))
     trainer.restore_or_initialize()
@@ -422,11 +479,17 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
         PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]),
         TF_CPP_MIN_LOG_LEVEL="2",
     )
-    for name in ("mirrored", "default"):
+    # (output, strategy, micro-batches per replica's batch)
+    for name, strategy, accumulation in (
+        ("mirrored", "mirrored", 1),
+        ("default", "default", 1),
+        ("accumulated", "mirrored", 2),
+    ):
         out = tmp_path / name
         out.mkdir()
         subprocess.run(
-            [sys.executable, "-c", MIRRORED_SCRIPT, name, str(out), ",".join(files), vocab_file],
+            [sys.executable, "-c", MIRRORED_SCRIPT, strategy, str(out), ",".join(files), vocab_file]
+            + [str(accumulation)],
             check=True,
             env=env,
             cwd=ROOT,
@@ -435,6 +498,10 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
         )
         results[name] = np.load(out / "weights.npz")
     assert int(results["mirrored"]["replicas"]) == 2 and int(results["default"]["replicas"]) == 1
+    # Gradient accumulation under the mirrored strategy: each replica's 4 rows in 2 micro-batches.
+    assert float(results["accumulated"]["loss"]) == pytest.approx(
+        float(results["default"]["loss"]), rel=1e-5
+    )
     # Each replica saw half the global batch with a different number of masked tokens; the
     # all-reduced denominators make the summed update identical to one replica on the whole batch.
     assert float(results["mirrored"]["loss"]) == pytest.approx(
@@ -442,11 +509,12 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
     )
     names = [k for k in results["default"].files if k.startswith("arr_")]
     for name in names:
-        np.testing.assert_allclose(
-            results["mirrored"][name], results["default"][name], rtol=1e-4, atol=1e-6
-        )
+        for run in ("mirrored", "accumulated"):
+            np.testing.assert_allclose(
+                results[run][name], results["default"][name], rtol=1e-4, atol=1e-6
+            )
     # The clipped fine-tuning step too (the norm of the rows of both replicas, then the clip).
-    mirrored, default = (np.load(tmp_path / name / "classifier.npz") for name in results)
+    mirrored, default = (np.load(tmp_path / name / "classifier.npz") for name in list(results)[:2])
     assert len(default.files) > 30
     for name in default.files:
         np.testing.assert_allclose(mirrored[name], default[name], rtol=1e-5, atol=1e-7)
