@@ -63,8 +63,7 @@ def model_values(prefix):
     return {
         name: reader.get_tensor(name)
         for name in reader.get_variable_to_shape_map()
-        if "train_iterator" not in name
-        and not name.startswith(("_CHECKPOINTABLE", "save_counter"))
+        if "train_iterator" not in name and not name.startswith(("_CHECKPOINTABLE", "save_counter"))
     }
 
 
