@@ -103,7 +103,17 @@ def write_records(directory, num_records, seq, rng):
     return path
 
 
-def prepare_ours(config, record_file, batch, seq, steps, jit_compile, mixed_precision, output_dir):
+def prepare_ours(
+    config,
+    record_file,
+    batch,
+    seq,
+    steps,
+    jit_compile,
+    mixed_precision,
+    output_dir,
+    num_accumulation_steps=1,
+):
     """A compiled Trainer on the default strategy; returns a function timing one window of `steps` steps."""
     keras.mixed_precision.set_global_policy(mixed_precision)
     try:
@@ -116,6 +126,7 @@ def prepare_ours(config, record_file, batch, seq, steps, jit_compile, mixed_prec
         steps_per_loop=steps,
         save_checkpoints_steps=10**9,
         jit_compile=jit_compile,
+        num_accumulation_steps=num_accumulation_steps,
     )
     trainer = training.Trainer(
         tf.distribute.get_strategy(),
@@ -240,7 +251,8 @@ def main():
     parser.add_argument(
         "--variants",
         default="plain,xla",
-        help="ours: xla (jit_compile), plain (no XLA), xla_bf16, plain_bf16",
+        help="ours: xla (jit_compile), plain (no XLA), xla_bf16, plain_bf16; each may end in "
+        "_accN (gradient accumulation in N micro-batches, e.g. plain_acc4)",
     )
     parser.add_argument(
         "--windows", type=int, default=3, help="timed windows per contender; the best counts"
@@ -281,11 +293,15 @@ def main():
                 )
             )
         for variant in flags.variants.split(","):
+            name = variant
+            variant, _, micro_batches = variant.partition("_acc")
             jit = variant.startswith("xla")
             policy = "mixed_bfloat16" if variant.endswith("bf16") else "float32"
+            accumulation = f", {micro_batches} micro-batches" if micro_batches else ""
             contenders.append(
                 (
-                    f"bert_tf run_pretraining loop, {'jit_compile' if jit else 'no XLA'}, {policy}, MLM+NSP",
+                    f"bert_tf run_pretraining loop, {'jit_compile' if jit else 'no XLA'}, {policy}, "
+                    f"MLM+NSP{accumulation}",
                     prepare_ours(
                         config,
                         record_file,
@@ -294,7 +310,8 @@ def main():
                         flags.steps,
                         jit,
                         policy,
-                        os.path.join(tmp, variant),
+                        os.path.join(tmp, name),
+                        int(micro_batches or 1),
                     ),
                 )
             )

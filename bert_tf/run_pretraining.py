@@ -476,7 +476,7 @@ def train_phases(job, phases, current, phase_input):
     for phase in phases[phases.index(current) :]:
         if phase is not current:
             job.switch_input(phase_input(phase), phase.iterator_name, phase.num_accumulation_steps)
-        if len(phases) > 1:
+        if len(phases) > 1 and job.is_chief:
             print(f"pretraining {phase.describe()}", flush=True)
         metrics = job.train(until_step=phase.end_step)
     return metrics

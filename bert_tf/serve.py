@@ -69,7 +69,11 @@ class ServeArgs:
         "grpc.max_receive_message_length=1048576). The largest message received defaults to "
         "--max_request_bytes (TF Serving's: 2**31-1 bytes); the largest sent to 2**31-1 bytes.",
     )
-    grpc_max_threads: int = arg(0, "Most gRPC server threads; 0: 4 times the cores.")
+    grpc_max_threads: int = arg(
+        0,
+        "gRPC worker threads, which run received requests (the event loop receives them); "
+        "0: 4 times the cores.",
+    )
     file_system_poll_wait_seconds: float = arg(
         1.0, "Seconds between looks for new model versions; 0 turns polling off."
     )

@@ -357,9 +357,15 @@ def test_two_workers_on_localhost_end_with_identical_weights(data, tmp_path):
             data,
             tmp_path / "out",
             strategy="multi_worker_mirrored",
-            num_train_steps=10,
+            num_train_steps=5,
             steps_per_loop=5,
             save_checkpoints_steps=5,
+            # Accumulation and a phase switch under the cluster too (phase 2 reads the same files).
+            num_accumulation_steps=2,
+            phase2_input_file=data["input_file"],
+            phase2_max_seq_length=SEQ,
+            phase2_max_predictions_per_seq=PRED,
+            phase2_train_steps=5,
         )
     )
     processes = []
@@ -396,6 +402,7 @@ def test_two_workers_on_localhost_end_with_identical_weights(data, tmp_path):
     # Only the chief (worker 0) wrote the model directory; its checkpoint holds those weights.
     assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("ckpt-10")
     assert "step 10/10" in outputs[0] and "step 10/10" not in outputs[1]
+    assert "pretraining phase 2 (to step 10" in outputs[0]
 
 
 def test_mismatched_lengths_are_a_usage_error_naming_both_values(data, tmp_path):

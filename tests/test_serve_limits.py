@@ -4,6 +4,7 @@ its bytes are bounded, and a request its client gave up on stops between its chu
 Real servers on 127.0.0.1, requests through tensorflow-serving-api's stubs; every wait is bounded.
 """
 
+import os
 import threading
 import time
 
@@ -168,3 +169,38 @@ def test_grpc_messages_are_bounded_by_max_request_bytes(stub):
     assert code == "RESOURCE_EXHAUSTED", details
     code, response = predict(stub, string_tensor([1], [b"word " * (MAX_REQUEST_BYTES // 8)]))
     assert code == "OK", response
+
+
+def test_clients_that_never_send_their_message_stall_nobody(server, stub):
+    # Each call opens a stream, sends its headers and never the request: three times the worker
+    # pool's size (4 x cores). The server reads requests on its event loop, so they hold no worker.
+    release = threading.Event()
+
+    def never_sends():
+        release.wait(60)
+        yield from ()
+
+    channels = [grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") for _ in range(3)]
+    stalled = [
+        channel.stream_unary("/tensorflow.serving.PredictionService/Predict").future(
+            never_sends(), timeout=60
+        )
+        for channel in channels
+        for _ in range(4 * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(1.0)  # every stream is open and waiting
+        latencies = []
+        for _ in range(5):
+            start = time.monotonic()
+            code, response = predict(stub, string_tensor([1], [b"a short text"]), timeout=10)
+            latencies.append(time.monotonic() - start)
+            assert code == "OK", response
+        assert max(latencies) < 2.0, latencies
+        assert not any(call.done() for call in stalled)  # they were still stalled throughout
+    finally:
+        release.set()
+        for call in stalled:
+            call.cancel()
+        for channel in channels:
+            channel.close()

@@ -7,9 +7,11 @@ functions as REST requests, so the two protocols share checks, batching, chunkin
 ServingError ends the call with its canonical code, as TF Serving's ToGRPCStatus does.
 """
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import os
+import threading
 import time
 
 import grpc
@@ -479,8 +481,65 @@ _MODEL_METHODS = {
 }
 
 
-def _parsing_handler(service_name, servicer, methods):
-    """The service's methods, each parsing its own request bytes.
+class _Aborted(Exception):
+    """A call ended with a status (what grpc's sync context.abort does), raised off the event loop."""
+
+    def __init__(self, code, details):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _CallContext:
+    """What the servicers ask of their call, answered in a worker thread: the time left, whether
+    the client still waits, and the status. The asyncio server's own context belongs to its
+    event loop, so the loop sends what this collected (`_serve_in_thread`)."""
+
+    def __init__(self, time_remaining):
+        self._deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        self.cancelled = threading.Event()
+        self.code = self.details = None
+
+    def time_remaining(self):
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def is_active(self):
+        return not self.cancelled.is_set()
+
+    def abort(self, code, details):
+        raise _Aborted(code, details)
+
+    def set_code(self, code):
+        self.code = code
+
+    def set_details(self, details):
+        self.details = details
+
+
+async def _serve_in_thread(call, raw, context, executor):
+    """Runs the synchronous `call(raw, call_context)` in `executor` and sends its outcome.
+
+    The request bytes arrive on the event loop before any thread is taken, so a client that
+    opens a call and never sends its message holds no worker (grpcio's synchronous server read
+    it inside its pool, and 4 x cores such clients stopped every other call). A call the client
+    cancels marks its context, so work in chunks stops between them.
+    """
+    call_context = _CallContext(context.time_remaining())
+    loop = asyncio.get_running_loop()
+    try:
+        response = await loop.run_in_executor(executor, call, raw, call_context)
+    except _Aborted as aborted:
+        await context.abort(aborted.code, aborted.details)
+    except asyncio.CancelledError:
+        call_context.cancelled.set()
+        raise
+    if call_context.code is not None:
+        context.set_code(call_context.code)
+        context.set_details(call_context.details)
+    return response
+
+
+def _parsing_handler(service_name, servicer, methods, executor):
+    """The service's methods, each parsing its own request bytes in `executor`'s threads.
 
     grpcio answers a request it cannot deserialize with INTERNAL; parsing here turns bytes that are
     not the method's request proto into INVALID_ARGUMENT, the client's error that they are.
@@ -498,14 +557,22 @@ def _parsing_handler(service_name, servicer, methods):
                 )
             return call(request, context)
 
+        async def handle(raw, context, parse_and_call=parse_and_call):
+            return await _serve_in_thread(parse_and_call, raw, context, executor)
+
         handlers[method] = grpc.unary_unary_rpc_method_handler(
-            parse_and_call, response_serializer=lambda response: response.SerializeToString()
+            handle, response_serializer=lambda response: response.SerializeToString()
         )
     return grpc.method_handlers_generic_handler(service_name, handlers)
 
 
 class GrpcServer:
-    """A grpc.server with both services over one ServerCore; start(), .port, stop()."""
+    """Both services over one ServerCore on grpcio's asyncio server, in a thread of its own (the
+    rest of the server is threads); start(), .port, stop().
+
+    The event loop receives every call; the work runs in a pool of `max_threads` threads (default
+    4 x cores), so the pool bounds the work, not the number of connected clients.
+    """
 
     def __init__(
         self,
@@ -527,39 +594,69 @@ class GrpcServer:
         ):
             if key not in given:
                 options.append((key, value))
-        workers = max_threads or 4 * (os.cpu_count() or 1)
-        self._server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-            options=options,
+        self._options = options
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_threads or 4 * (os.cpu_count() or 1), thread_name_prefix="grpc"
         )
-        self._server.add_generic_rpc_handlers(
-            (
-                _parsing_handler(
-                    "tensorflow.serving.PredictionService",
-                    PredictionService(server_core, metrics),
-                    _PREDICTION_METHODS,
-                ),
-                _parsing_handler(
-                    "tensorflow.serving.ModelService",
-                    ModelService(server_core, metrics),
-                    _MODEL_METHODS,
-                ),
-            )
+        self._handlers = (
+            _parsing_handler(
+                "tensorflow.serving.PredictionService",
+                PredictionService(server_core, metrics),
+                _PREDICTION_METHODS,
+                self._executor,
+            ),
+            _parsing_handler(
+                "tensorflow.serving.ModelService",
+                ModelService(server_core, metrics),
+                _MODEL_METHODS,
+                self._executor,
+            ),
         )
         self.address = address
         self.port = None
+        self._loop = None
+        self._server = None
+        self._thread = None
+
+    async def _start_server(self):
+        server = grpc.aio.server(options=self._options)
+        server.add_generic_rpc_handlers(self._handlers)
+        try:
+            port = server.add_insecure_port(self.address)
+        except RuntimeError as e:
+            raise OSError(f"cannot bind gRPC to {self.address}: {e}") from e
+        if not port:
+            raise OSError(f"cannot bind gRPC to {self.address}")
+        await server.start()
+        return server, port
 
     def start(self):
         """Binds the address (port 0 picks one) and starts serving; a port in use is an OSError."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="grpc-loop", daemon=True
+        )
+        self._thread.start()
         try:
-            self.port = self._server.add_insecure_port(self.address)
-        except RuntimeError as e:
-            raise OSError(f"cannot bind gRPC to {self.address}: {e}") from e
-        if not self.port:
-            raise OSError(f"cannot bind gRPC to {self.address}")
-        self._server.start()
+            self._server, self.port = asyncio.run_coroutine_threadsafe(
+                self._start_server(), self._loop
+            ).result()
+        except BaseException:
+            self._stop_loop()
+            raise
         return self
+
+    def _stop_loop(self):
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def stop(self, grace_s=1.0):
         """Stops accepting calls and lets running ones finish for up to `grace_s` seconds."""
-        self._server.stop(grace_s).wait()
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self._loop).result()
+            self._server = None
+        if self._thread is not None:
+            self._stop_loop()
+            self._thread = None

@@ -24,7 +24,7 @@ class ServerOptions:
     # gRPC: None serves no gRPC API (a library user's choice; the CLI always serves it).
     grpc_host: str = "127.0.0.1"
     grpc_port: int = None
-    # --grpc_channel_arguments as (key, value) pairs; --grpc_max_threads (0: gRPC's default).
+    # --grpc_channel_arguments as (key, value) pairs; --grpc_max_threads (0: 4 x cores).
     grpc_channel_arguments: tuple = ()
     grpc_max_threads: int = 0
     file_system_poll_wait_seconds: float = 1.0
