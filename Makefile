@@ -43,10 +43,17 @@ demo: $(STAMP)
 	  --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing
 	for f in $(DEMO_DIR)/tfrecords/*.tfrecord; do cmp "$$f" "$(DEMO_DIR)/tfrecords_beam/$$(basename $$f)"; done
 	@echo "Beam's shards are byte-identical to the local run's"
-	$(PY) -m bert_tf.run_pretraining --input_file='$(DEMO_DIR)/tfrecords/*.tfrecord' \
+	@# The paper's two phases in miniature: most steps on short records, the rest on long ones
+	@# (phase 2 in micro-batches of 16: gradient accumulation).
+	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
+	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords_64 \
+	  --num_shards=2 --dupe_factor=2 --max_seq_length=64 --max_predictions_per_seq=10 --overwrite
+	$(PY) -m bert_tf.run_pretraining --input_file='$(DEMO_DIR)/tfrecords_64/*.tfrecord' \
 	  --output_dir=$(DEMO_DIR)/pretrained --model_size=tiny --vocab_file=$(DEMO_DIR)/vocab.txt \
 	  --do_lower_case=true --do_train --do_eval --train_batch_size=32 --eval_batch_size=32 \
-	  --max_seq_length=128 --max_predictions_per_seq=20 --num_train_steps=300 \
+	  --max_seq_length=64 --max_predictions_per_seq=10 --num_train_steps=250 \
+	  --phase2_input_file='$(DEMO_DIR)/tfrecords/*.tfrecord' --phase2_max_seq_length=128 \
+	  --phase2_max_predictions_per_seq=20 --phase2_train_steps=50 --phase2_num_accumulation_steps=2 \
 	  --num_warmup_steps=30 --steps_per_loop=50 --save_checkpoints_steps=100 \
 	  --max_eval_steps=20 --learning_rate=2e-4
 	$(PY) -m bert_tf.demo_data --glue_dir=$(DEMO_DIR)/glue --swag_dir=$(DEMO_DIR)/swag

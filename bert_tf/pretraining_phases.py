@@ -20,13 +20,16 @@ The learning rate and the optimizer across the boundary (--phase2_recipe):
             their phase 1 decayed towards 0 at N1.
   restart   NVIDIA's (DeepLearningExamples, PyTorch): phase 1's schedule decays to 0 at N1; phase 2
             warms up afresh to --phase2_learning_rate over --phase2_warmup_steps, then decays to 0 at
-            N1+N2. The moments are kept (NVIDIA loads LAMB's state and resets its step).
+            N1+N2. The moments are kept, as NVIDIA loads LAMB's state; NVIDIA also resets LAMB's
+            step, which restarts its bias correction: here the update count runs on (our LAMB and
+            the original's AdamW have no bias correction; --adam_bias_correction's AdamW keeps it).
 Google's other route, a new --output_dir with --init_checkpoint, and NVIDIA's TensorFlow 2 scripts
 restore the weights alone: the moments and the step start at 0. --init_checkpoint does that here.
 
 The phase flags are recorded in the output directory (PHASES_FILE); a two-phase run resumed with
 other values is refused, naming them, unless --overwrite. A run recorded without a phase 2 may
-gain one, and a one-phase run may change its steps or records as the original's may.
+gain one (under continue its decay then ends at N1+N2, not N1: the rate jumps up if phase 1 had
+decayed), and a one-phase run may change its steps or records as the original's may.
 """
 
 import dataclasses
@@ -68,6 +71,7 @@ class Phase:
     max_predictions_per_seq: int
     end_step: int  # the global step it trains to
     num_accumulation_steps: int
+    accumulation_flag: str  # the flag that set num_accumulation_steps
 
     @property
     def iterator_name(self):
@@ -75,10 +79,13 @@ class Phase:
         return training.TRAIN_ITERATOR if self.number == 1 else f"phase{self.number}_train_iterator"
 
     @property
+    def _flag_prefix(self):
+        return "--" if self.number == 1 else f"--phase{self.number}_"
+
+    @property
     def length_flags(self):
         """The flags of its two record lengths."""
-        prefix = "" if self.number == 1 else f"phase{self.number}_"
-        return (f"--{prefix}max_seq_length", f"--{prefix}max_predictions_per_seq")
+        return (f"{self._flag_prefix}max_seq_length", f"{self._flag_prefix}max_predictions_per_seq")
 
     def describe(self):
         return (
@@ -125,6 +132,8 @@ class PhaseSettings:
             )
             if getattr(self, name)
         ]
+        if self.phase2_recipe != CONTINUE:
+            given.append("phase2_recipe")
         if not self.has_phase2:
             if given:
                 raise io_utils.UsageError(
@@ -144,14 +153,6 @@ class PhaseSettings:
                 raise io_utils.UsageError(
                     f"--{name} must be positive with --phase2_input_file, got {getattr(self, name)}"
                 )
-        if (
-            self.phase2_num_accumulation_steps is not None
-            and self.phase2_num_accumulation_steps < 1
-        ):
-            raise io_utils.UsageError(
-                "--phase2_num_accumulation_steps must be positive, got "
-                f"{self.phase2_num_accumulation_steps}"
-            )
         if self.phase2_recipe == CONTINUE:
             for name in ("phase2_learning_rate", "phase2_warmup_steps"):
                 if getattr(self, name) is not None:
@@ -179,9 +180,17 @@ class PhaseSettings:
                 self.max_predictions_per_seq,
                 self.num_train_steps,
                 self.num_accumulation_steps,
+                "--num_accumulation_steps",
             )
         ]
         if self.has_phase2:
+            if self.phase2_num_accumulation_steps is None:  # phase 1's
+                accumulation = (self.num_accumulation_steps, "--num_accumulation_steps")
+            else:
+                accumulation = (
+                    self.phase2_num_accumulation_steps,
+                    "--phase2_num_accumulation_steps",
+                )
             phases.append(
                 Phase(
                     2,
@@ -190,7 +199,7 @@ class PhaseSettings:
                     self.phase2_max_seq_length,
                     self.phase2_max_predictions_per_seq,
                     self.total_steps,
-                    self.phase2_num_accumulation_steps or self.num_accumulation_steps,
+                    *accumulation,
                 )
             )
         return phases

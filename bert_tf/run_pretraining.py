@@ -357,7 +357,10 @@ def run(args):
     phases = settings.phases()
     for phase in phases:
         training.check_accumulation(
-            args.train_batch_size, strategy.num_replicas_in_sync, phase.num_accumulation_steps
+            args.train_batch_size,
+            strategy.num_replicas_in_sync,
+            phase.num_accumulation_steps,
+            phase.accumulation_flag,
         )
     train_files, eval_files = check_records(args, phases)
     source = initial_weights.resolve(

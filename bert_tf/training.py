@@ -6,7 +6,8 @@ Each step, on every replica:
 
   1. the objective's loss denominators (e.g. the number of real masked positions) are all-reduced, so
      the loss each replica computes is its share of the exact GLOBAL mean;
-  2. forward and backward (optionally XLA-compiled with jit_compile);
+  2. forward and backward (optionally XLA-compiled with jit_compile), with num_accumulation_steps
+     in that many micro-batches one after another, whose gradients and statistics are summed;
   3. ONE all-reduce of the gradients together with the step's statistics (loss, accuracy sums);
   4. the summed gradients are clipped by their global norm (identical on every replica): the
      gradient of the global batch's loss, clipped as the original clips it on one GPU or CPU,
@@ -47,6 +48,7 @@ import shutil
 import tempfile
 import time
 
+import keras
 import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
@@ -291,17 +293,17 @@ def resume_point(directory, resume_from=""):
     return healthy[-1]
 
 
-def check_accumulation(global_batch_size, num_replicas, num_accumulation_steps):
-    """A usage error unless the micro-batches split every replica's batch evenly."""
+def check_accumulation(
+    global_batch_size, num_replicas, num_accumulation_steps, flag="--num_accumulation_steps"
+):
+    """A usage error, naming `flag`, unless the micro-batches split every replica's batch evenly."""
     if num_accumulation_steps < 1:
-        raise io_utils.UsageError(
-            f"--num_accumulation_steps must be positive, got {num_accumulation_steps}"
-        )
+        raise io_utils.UsageError(f"{flag} must be positive, got {num_accumulation_steps}")
     per_replica = global_batch_size // max(num_replicas, 1)
     if per_replica % num_accumulation_steps:
         raise io_utils.UsageError(
-            f"--num_accumulation_steps={num_accumulation_steps} does not divide the batch per "
-            f"replica, {per_replica} (--train_batch_size={global_batch_size} over {num_replicas} "
+            f"{flag}={num_accumulation_steps} does not divide the batch per replica, "
+            f"{per_replica} (--train_batch_size={global_batch_size} over {num_replicas} "
             f"replica{'s' if num_replicas != 1 else ''})"
         )
 
@@ -456,10 +458,8 @@ class Trainer:
 
     def replace_train_iterator(self, train_iterator, iterator_name, num_accumulation_steps):
         """Goes on with another input (under its own checkpoint key) split into
-        `num_accumulation_steps` micro-batches; the weights and the optimizer stay as they are."""
-        check_accumulation(
-            self.global_batch_size, self.strategy.num_replicas_in_sync, num_accumulation_steps
-        )
+        `num_accumulation_steps` micro-batches (checked by the caller, who knows its flag); the
+        weights and the optimizer stay as they are."""
         self.config.num_accumulation_steps = num_accumulation_steps
         # A fresh trace: inputs of the old shapes would otherwise reuse the old micro-batch count.
         self._train_loop = tf.function(self._train_loop_fn)
@@ -531,29 +531,33 @@ class Trainer:
             return self._compute(batch, denominators, loss_scale)
         micro_batches = split_micro_batches(batch, count)
 
-        def micro_batch(index):
-            return tf.nest.map_structure(lambda tensor: tensor[index], micro_batches)
-
-        grads, stats, (row_half_squares, by_rows) = self._compute(
-            micro_batch(0), denominators, loss_scale
-        )
-
-        def add_micro_batch(index, grads, stats, row_half_squares):
-            more_grads, more_stats, (more_rows, _) = self._compute(
-                micro_batch(index), denominators, loss_scale
+        def add_micro_batch(index, grads, stats, row_half_squares, by_rows):
+            micro_batch = tf.nest.map_structure(lambda tensor: tensor[index], micro_batches)
+            more_grads, more_stats, (more_rows, by_rows) = self._compute(
+                micro_batch, denominators, loss_scale
             )
             return (
                 index + 1,
                 [g + more for g, more in zip(grads, more_grads)],
                 stats + more_stats,
                 row_half_squares + more_rows,
+                by_rows,
             )
 
-        # A graph loop, not a Python one: the graph stays one micro-batch's size for any count.
-        _, grads, stats, row_half_squares = tf.while_loop(
+        num_variables = len(self._variables)
+        # A graph loop, not a Python one: the graph holds one micro-batch's step for any count.
+        # One iteration at a time, so that only one micro-batch's activations are ever alive.
+        _, grads, stats, row_half_squares, by_rows = tf.while_loop(
             lambda index, *_: index < count,
             add_micro_batch,
-            (tf.constant(1), grads, stats, row_half_squares),
+            (
+                tf.constant(0),
+                [tf.zeros_like(v) for v in self._variables],
+                tf.zeros([len(self.objective.stat_names)]),
+                tf.zeros([num_variables]),
+                tf.zeros([num_variables]),
+            ),
+            parallel_iterations=1,
         )
         return grads, stats, (row_half_squares, by_rows)
 
@@ -600,6 +604,15 @@ class Trainer:
         grads_finite = tf.math.is_finite(global_norm)
         context.merge_call(self._apply_update, args=(grads, stats, grads_finite))
 
+    def learning_rate(self):
+        """The schedule's rate at the run's step. Keras' optimizer reads it at its update count,
+        which a skipped float16 step does not advance: the step keeps the schedule in line with
+        the steps taken (and with pretraining's phases, which the step counts)."""
+        schedule = self.optimizer._learning_rate
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            return schedule(self.step)
+        return self.optimizer.learning_rate
+
     def _loss_ok(self, loss):
         """Whether a step's (global) loss is finite and not over max_loss_ratio times the running mean."""
         ok = tf.math.is_finite(loss)
@@ -623,7 +636,7 @@ class Trainer:
             # What Keras' own TF optimizer does after ITS all-reduce: update_step per variable, on
             # each device's copy. Called directly because optimizer.apply() would all-reduce again.
             # (So only update_step runs: no Keras-side clipping, EMA or base weight decay; ours need none.)
-            learning_rate = self.optimizer.learning_rate
+            learning_rate = self.learning_rate()
 
             def update(variable, grad):
                 return self.optimizer.update_step(grad, variable, learning_rate)
@@ -735,7 +748,7 @@ class Trainer:
                 raise self._failure(bad_step, step, num_steps)
             step = int(self.step.numpy())
             learning_rate = float(
-                tf.convert_to_tensor(self.optimizer.learning_rate)
+                tf.convert_to_tensor(self.learning_rate())
             )  # The value at `step`.
             metrics = self.objective.metrics(dict(zip(self.objective.stat_names, sums)), num_steps)
             steps_per_second = num_steps / elapsed

@@ -209,7 +209,7 @@ def test_phase_flag_usage_errors_exit_2_naming_the_flag(data, tmp_path):
         (dict(num_accumulation_steps=3), r"--num_accumulation_steps=3 does not divide the batch"),
         (
             dict(phase2_num_accumulation_steps=16),
-            r"--num_accumulation_steps=16 does not divide the batch per replica, 8",
+            r"--phase2_num_accumulation_steps=16 does not divide the batch per replica, 8",
         ),
     ):
         with pytest.raises(io_utils.UsageError, match=message):

@@ -301,6 +301,11 @@ def test_float16_overflow_skips_the_step_and_halves_the_loss_scale(records, tmp_
     trainer.config.num_train_steps = 3
     trainer.train(iterate(fixed_batches(files, 1)), log_fn=lambda line: None)
     assert int(trainer.optimizer.iterations.numpy()) == 1
+    # The schedule runs on the steps taken, skipped ones included (Keras' own reading counts
+    # applied updates only), so the learning rate agrees with the step that pretraining's
+    # phases switch at.
+    assert float(trainer.learning_rate()) == pytest.approx(1e-2 * (1 - 3 / 100))
+    assert float(trainer.optimizer.learning_rate) == pytest.approx(1e-2 * (1 - 1 / 100))
     assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
 
 
@@ -462,7 +467,8 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     np.savez(sys.argv[2] + "/weights.npz", *[v.numpy() for v in model.trainable_variables],
              loss=metrics["loss"], replicas=strategy.num_replicas_in_sync)
     # Fine-tuning: the word embedding's norm over rows, whose squares are summed over replicas.
-    trainer, model = t.classifier_trainer(sys.argv[2] + "/classifier", strategy=strategy)
+    trainer, model = t.classifier_trainer(sys.argv[2] + "/classifier", strategy=strategy,
+                                          num_accumulation_steps=int(sys.argv[5]))
     trainer.restore_or_initialize()
     trainer.train(iter(strategy.experimental_distribute_dataset(t.clip_batches())),
                   log_fn=lambda line: None)
@@ -514,10 +520,15 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
                 results[run][name], results["default"][name], rtol=1e-4, atol=1e-6
             )
     # The clipped fine-tuning step too (the norm of the rows of both replicas, then the clip).
-    mirrored, default = (np.load(tmp_path / name / "classifier.npz") for name in list(results)[:2])
+    # (Accumulated: each replica's 2 rows one at a time, their rows' norms summed too.)
+    classifiers = {name: np.load(tmp_path / name / "classifier.npz") for name in results}
+    default = classifiers.pop("default")
     assert len(default.files) > 30
-    for name in default.files:
-        np.testing.assert_allclose(mirrored[name], default[name], rtol=1e-5, atol=1e-7)
+    for run, weights in classifiers.items():
+        for name in default.files:
+            np.testing.assert_allclose(
+                weights[name], default[name], rtol=1e-5, atol=1e-7, err_msg=f"{run} {name}"
+            )
 
 
 def test_progress_helpers_and_eval_results_format(tmp_path):

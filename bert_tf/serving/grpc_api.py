@@ -519,9 +519,8 @@ async def _serve_in_thread(call, raw, context, executor):
     """Runs the synchronous `call(raw, call_context)` in `executor` and sends its outcome.
 
     The request bytes arrive on the event loop before any thread is taken, so a client that
-    opens a call and never sends its message holds no worker (grpcio's synchronous server read
-    it inside its pool, and 4 x cores such clients stopped every other call). A call the client
-    cancels marks its context, so work in chunks stops between them.
+    opens a call and never sends its message holds no worker. A call the client cancels marks
+    its context, so work in chunks stops between them.
     """
     call_context = _CallContext(context.time_remaining())
     loop = asyncio.get_running_loop()
@@ -555,14 +554,13 @@ def _parsing_handler(service_name, servicer, methods, executor):
                     context,
                     errors.invalid_argument(f"Failed to parse {parse.DESCRIPTOR.full_name}: {e}"),
                 )
-            return call(request, context)
+            # Serialized here, in the worker: a big reply would otherwise hold the event loop.
+            return call(request, context).SerializeToString()
 
         async def handle(raw, context, parse_and_call=parse_and_call):
             return await _serve_in_thread(parse_and_call, raw, context, executor)
 
-        handlers[method] = grpc.unary_unary_rpc_method_handler(
-            handle, response_serializer=lambda response: response.SerializeToString()
-        )
+        handlers[method] = grpc.unary_unary_rpc_method_handler(handle)
     return grpc.method_handlers_generic_handler(service_name, handlers)
 
 
@@ -647,9 +645,13 @@ class GrpcServer:
         return self
 
     def _stop_loop(self):
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        self._loop.close()
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        if not thread.is_alive():
+            loop.close()
+        # Calls still running finish on their own; queued ones are dropped.
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def stop(self, grace_s=1.0):
@@ -657,6 +659,5 @@ class GrpcServer:
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(grace_s), self._loop).result()
             self._server = None
-        if self._thread is not None:
+        if self._loop is not None:
             self._stop_loop()
-            self._thread = None
