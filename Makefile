@@ -60,7 +60,7 @@ demo: $(STAMP)
 	$(PY) -m bert_tf.run_classifier --task_name=sst2 --data_dir=$(DEMO_DIR)/glue \
 	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/classifier \
 	  --do_train --do_eval --do_predict --max_seq_length=24 --train_batch_size=32 \
-	  --learning_rate=1e-3 --num_train_epochs=10
+	  --learning_rate=5e-4 --num_train_epochs=10
 	cat $(DEMO_DIR)/classifier/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/classifier --export_dir=$(DEMO_DIR)/export/demo_sst2
 	@# Multiple choice (SWAG's CSV layout): fine-tune, evaluate, export (context + endings in).
