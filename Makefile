@@ -36,11 +36,13 @@ demo: $(STAMP)
 	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
 	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords \
 	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite
-	@# The same job as an Apache Beam pipeline (DirectRunner, 2 processes): the same bytes.
+	@# The same job as an Apache Beam pipeline (DirectRunner, 2 processes): the same bytes, so
+	@# its log (the same first records again) is left out.
 	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
 	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords_beam \
 	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite \
-	  --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing
+	  --runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_processing \
+	  --verbosity=-1
 	for f in $(DEMO_DIR)/tfrecords/*.tfrecord; do cmp "$$f" "$(DEMO_DIR)/tfrecords_beam/$$(basename $$f)"; done
 	@echo "Beam's shards are byte-identical to the local run's"
 	@# The paper's two phases in miniature: most steps on short records, the rest on long ones
