@@ -4,6 +4,8 @@ its bytes are bounded, and a request its client gave up on stops between its chu
 Real servers on 127.0.0.1, requests through tensorflow-serving-api's stubs; every wait is bounded.
 """
 
+import http.client
+import json
 import os
 import threading
 import time
@@ -204,3 +206,68 @@ def test_clients_that_never_send_their_message_stall_nobody(server, stub):
             call.cancel()
         for channel in channels:
             channel.close()
+
+
+def slow_chunks(monkeypatch, seconds=0.1):
+    """Every model call takes `seconds` more; returns the list of their start times (and its lock)."""
+    calls, lock = [], threading.Lock()
+    call_signature = servable_module.call_signature
+
+    def slow(signature, arrays):
+        with lock:
+            calls.append(time.monotonic())
+        time.sleep(seconds)
+        return call_signature(signature, arrays)
+
+    monkeypatch.setattr(servable_module, "call_signature", slow)
+    return calls, lock
+
+
+def test_a_stopping_server_stops_big_requests_at_their_next_chunk(tmp_path, exports, monkeypatch):
+    calls, lock = slow_chunks(monkeypatch)
+    running = model_server(
+        {"clf": make_base(tmp_path, exports)}, grpc_port=0, warmup=False, max_batch_size=1
+    ).start()
+    rows = [f"text {i}" for i in range(200)]  # 200 chunks of 0.1 s each, over each protocol
+    outcomes = {}
+
+    def over_rest():
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=60)
+        try:
+            body = json.dumps({"signature_name": "echo", "instances": rows})
+            connection.request("POST", "/v1/models/clf:predict", body=body)
+            outcomes["rest"] = connection.getresponse().status
+        except (OSError, http.client.HTTPException) as e:
+            outcomes["rest"] = type(e).__name__  # the server went away mid-request
+        finally:
+            connection.close()
+
+    def over_grpc():
+        channel = grpc.insecure_channel(f"127.0.0.1:{running.grpc_port}")
+        proto = string_tensor([len(rows)], [row.encode() for row in rows])
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        outcomes["grpc"] = predict(stub, proto, signature="echo")[0]
+        channel.close()
+
+    clients = [threading.Thread(target=over_rest), threading.Thread(target=over_grpc)]
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # both requests are running their chunks
+        with lock:
+            if len(calls) >= 6:
+                break
+        time.sleep(0.05)
+    start = time.monotonic()
+    running.stop()
+    stopped_in = time.monotonic() - start
+    for client in clients:
+        client.join(timeout=30)
+    with lock:
+        ran = len(calls)
+    time.sleep(1.0)
+    with lock:
+        assert len(calls) == ran, "chunks went on after the server stopped"
+    assert stopped_in < 5, stopped_in
+    assert ran < 60, ran  # of the 400 chunks the two requests asked for
+    assert outcomes["grpc"] in ("CANCELLED", "UNAVAILABLE"), outcomes

@@ -44,6 +44,8 @@ class ServerCore:
 
     def __init__(self, server_config, options=CoreOptions(), on_loaded=None):
         self.options = options
+        # Set when the server stops: a request running in chunks stops at its next chunk.
+        self.stopping = threading.Event()
         self._on_loaded = on_loaded
         # One config change at a time (server_core.cc's config_mu_); requests never take it.
         self._lock = threading.Lock()
@@ -183,6 +185,15 @@ class ServerCore:
         """Looks once for new versions of every model."""
         for manager in list(self.managers.values()):
             manager.poll(wait_for_stable)
+
+    def run_options(self, is_active=None):
+        """The options a request runs with: it stays live while `is_active()` (its client still
+        waits; None: always) and the server is not stopping."""
+
+        def live():
+            return not self.stopping.is_set() and (is_active is None or is_active())
+
+        return dataclasses.replace(self.options, is_active=live)
 
     def close(self):
         """Stops every served version's batchers."""

@@ -9,7 +9,6 @@ ServingError ends the call with its canonical code, as TF Serving's ToGRPCStatus
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import os
 import threading
 import time
@@ -207,7 +206,7 @@ def _run_options(server_core, context):
         remaining = context.time_remaining()
         return context.is_active() and (remaining is None or remaining > 0)
 
-    return dataclasses.replace(server_core.options, is_active=is_active)
+    return server_core.run_options(is_active)
 
 
 def _model_spec_args(spec):

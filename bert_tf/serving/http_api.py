@@ -134,7 +134,7 @@ class RestApi:
 
     def _dispatch(self, request, body):
         """Runs a parsed request against the core."""
-        options = self.core.options
+        options = self.core.run_options()
         if request.method == "GET":
             if not request.metadata:
                 status = self.core.model_status(request.name, request.version, request.label)

@@ -162,7 +162,8 @@ class Servable:
                 if start and is_active is not None and not is_active():
                     raise errors.ServingError(
                         "CANCELLED",
-                        f"the request was cancelled or its deadline passed; stopped after {start} "
+                        "the request was cancelled, its deadline passed or the server is stopping; "
+                        f"stopped after {start} "
                         f"of its {rows} rows",
                     )
                 part = _take(tensors, start, start + max_rows)

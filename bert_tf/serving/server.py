@@ -229,8 +229,10 @@ class ModelServer:
             logging.error("%s", message)
 
     def stop(self):
-        """Stops accepting, stops polling, and releases the ports."""
+        """Stops accepting, stops polling, and releases the ports; requests running in chunks stop
+        at their next chunk, so that a stop never waits for a big request's end."""
         self._stopping.set()
+        self.core.stopping.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
