@@ -38,8 +38,9 @@ class RunOptions:
     max_instances_per_request: int = 0
     # None: every request runs on its own.
     batching_options: batching.BatchingOptions = None
-    # A request's liveness: a callable that turns False once its client cancelled it or its
-    # deadline passed, so that a big request stops between chunks; None: always live.
+    # A request's liveness: a callable that turns False once its client cancelled it, its
+    # deadline passed or the server is stopping, so that a big request stops between chunks
+    # (ServerCore.run_options); None: always live.
     is_active: object = None
 
 
