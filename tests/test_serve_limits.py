@@ -137,17 +137,8 @@ def test_negative_and_inconsistent_tensors_are_invalid_argument(stub):
 
 
 def test_a_timed_out_request_stops_its_remaining_chunks(server, stub, monkeypatch):
-    calls = []
-    lock = threading.Lock()
     call_signature = servable_module.call_signature
-
-    def slow(signature, arrays):
-        with lock:
-            calls.append(time.monotonic())
-        time.sleep(0.1)
-        return call_signature(signature, arrays)
-
-    monkeypatch.setattr(servable_module, "call_signature", slow)
+    calls, lock = slow_chunks(monkeypatch)
     # MAX_INSTANCES rows, one chunk each: about 1 s of work, and the client waits 0.3 s.
     rows = [f"text {i}".encode() for i in range(MAX_INSTANCES)]
     code, _ = predict(stub, string_tensor([MAX_INSTANCES], rows), signature="echo", timeout=0.3)
