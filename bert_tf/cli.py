@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
-from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text
+from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text, full_disk_message
 
 
 def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A002 (absl's own name)
@@ -81,12 +81,16 @@ def args_from_flags(args_class, flag_values=flags.FLAGS):
     )
 
 
-def job_main(args_class, run_fn, job_name, required=(), flag_values=flags.FLAGS):
+def job_main(
+    args_class, run_fn, job_name, required=(), flag_values=flags.FLAGS, clean_output_dir=None
+):
     """The absl `main` of a job: its flags -> `args_class` -> `run_fn(args)`.
 
     Refuses stray arguments and missing `required` flags (usage errors), writes the resolved flags
     into the args' `output_dir` when it has one, and removes that directory again when it made it
-    and a usage error stops the run before anything else was written there.
+    and a usage error stops the run before anything else was written there. An existing output_dir
+    is first given to `clean_output_dir(output_dir)`, which removes what a killed run left, so that
+    on a nearly full disk the space is freed before anything is written.
     """
 
     def main(argv):
@@ -104,6 +108,8 @@ def job_main(args_class, run_fn, job_name, required=(), flag_values=flags.FLAGS)
         import tensorflow as tf
 
         created = not tf.io.gfile.exists(output_dir)
+        if clean_output_dir and not created:
+            clean_output_dir(output_dir)
         tf.io.gfile.makedirs(output_dir)
         log_flags(output_dir, job_name)
         try:
@@ -131,7 +137,7 @@ def _parse_flags_or_exit(argv, known_only=False):
 
 def run(main, pass_unknown_flags=False):
     """Runs an absl `main`; a UsageError or flag error prints one line and exits with code 2, a
-    JobFailure logs its message and exits with code 1.
+    JobFailure or a full disk logs its message (naming the file) and exits with code 1.
 
     With `pass_unknown_flags`, `main(argv)` gets the arguments absl does not know (another
     library's options, such as Beam's) in argv[1:], and must refuse those it cannot use.
@@ -143,9 +149,12 @@ def run(main, pass_unknown_flags=False):
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
-        except JobFailure as e:
-            logging.error("%s", e)
-            print(f"error: {e}", flush=True)
+        except Exception as e:
+            message = str(e) if isinstance(e, JobFailure) else full_disk_message(e)
+            if message is None:
+                raise
+            logging.error("%s", message)
+            print(f"error: {message}", flush=True)
             sys.exit(1)
 
     # What the job imported (with TensorFlow and Keras, about 320,000 objects the collector

@@ -109,6 +109,21 @@ def make_strategy(name, tpu="", num_cpu_replicas=0, batch_sizes=None):
     return strategy
 
 
+def is_chief_task():
+    """Whether this process is the chief by TF_CONFIG alone (before any strategy exists): no
+    TF_CONFIG, its `chief` task, or worker 0 of a cluster without one."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        task = config.get("task") or {}
+        task_type, task_id = task.get("type"), int(task.get("index", 0))
+        has_chief = "chief" in (config.get("cluster") or {})
+    except (ValueError, TypeError, AttributeError):
+        return False  # make_strategy refuses it with a usage error; nothing is removed until then
+    return task_type in (None, "chief") or (
+        task_type == "worker" and task_id == 0 and not has_chief
+    )
+
+
 def is_chief(strategy):
     """Whether this task writes checkpoints, summaries and results (worker 0, or the only task)."""
     resolver = getattr(strategy, "cluster_resolver", None)

@@ -2,10 +2,12 @@
 
 import codecs
 import contextlib
+import errno
 import glob
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
 
@@ -24,6 +26,33 @@ class UsageError(Exception):
 
 class JobFailure(RuntimeError):
     """A run that started and cannot go on (e.g. a diverged loss): the CLIs report it and exit with code 1."""
+
+
+_FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# TensorFlow's file system errors end "<path>; No space left on device" (or the quota's message).
+_TF_FULL_DISK = re.compile(
+    "(?:(\\S+); )?(" + "|".join(os.strerror(n) for n in _FULL_DISK_ERRNOS) + ")"
+)
+
+
+def full_disk_message(error):
+    """'no space left on device writing PATH' when `error` (an OSError, or a TensorFlow error from a
+    file write) says that the disk or the quota is full; None for any other error."""
+    if isinstance(error, OSError):
+        if error.errno not in _FULL_DISK_ERRNOS:
+            return None
+        reason, path = error.strerror, error.filename
+    else:
+        if type(error).__module__.split(".")[0] != "tensorflow":
+            return None
+        found = _TF_FULL_DISK.search(str(error))
+        if not found:
+            return None
+        path, reason = found.groups()
+        if path and ".tempstate" in path:
+            path = path[: path.index(".tempstate")]  # TF's scratch name for the file it writes
+    where = f" writing {path}" if path else ""
+    return f"{reason.lower()}{where}"
 
 
 def is_remote(path):
@@ -66,9 +95,12 @@ def atomic_path(path):
     try:
         yield tmp
         rename(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if exists(tmp):
             remove(tmp)
+        if isinstance(e, OSError) and e.errno and e.filename is None:
+            # A failed write() names no file; the caller's message should name the one it wrote.
+            raise OSError(e.errno, e.strerror, path) from e
         raise
 
 

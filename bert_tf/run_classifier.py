@@ -22,7 +22,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf import cli, finetuning, io_utils, tasks, training
 from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.classification import data as classification
@@ -218,4 +218,8 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(ClassifierArgs)
-    cli.run(cli.job_main(ClassifierArgs, run, "run_classifier"))
+    cli.run(
+        cli.job_main(
+            ClassifierArgs, run, "run_classifier", clean_output_dir=training.clean_output_dir
+        )
+    )

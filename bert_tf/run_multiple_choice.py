@@ -20,7 +20,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf import cli, finetuning, io_utils, tasks, training
 from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
@@ -128,4 +128,11 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(MultipleChoiceArgs)
-    cli.run(cli.job_main(MultipleChoiceArgs, run, "run_multiple_choice"))
+    cli.run(
+        cli.job_main(
+            MultipleChoiceArgs,
+            run,
+            "run_multiple_choice",
+            clean_output_dir=training.clean_output_dir,
+        )
+    )

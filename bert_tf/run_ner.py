@@ -22,7 +22,7 @@ from bert_tf import job_process  # noqa: F401  (first: it sets the process up be
 import dataclasses
 import os
 
-from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf import cli, finetuning, io_utils, tasks, training
 from bert_tf.cli import arg
 from bert_tf.tasks import models, representations
 from bert_tf.tasks.ner import data as ner
@@ -206,4 +206,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(NerArgs)
-    cli.run(cli.job_main(NerArgs, run, "run_ner"))
+    cli.run(cli.job_main(NerArgs, run, "run_ner", clean_output_dir=training.clean_output_dir))

@@ -492,5 +492,11 @@ def train_phases(job, phases, current, phase_input):
 if __name__ == "__main__":
     cli.define_flags(PretrainingArgs, do_train=False)
     cli.run(
-        cli.job_main(PretrainingArgs, run, "run_pretraining", required=("input_file", "output_dir"))
+        cli.job_main(
+            PretrainingArgs,
+            run,
+            "run_pretraining",
+            required=("input_file", "output_dir"),
+            clean_output_dir=training.clean_output_dir,
+        )
     )

@@ -20,7 +20,7 @@ from bert_tf import job_process  # noqa: F401  (first: it sets the process up be
 
 import dataclasses
 
-from bert_tf import cli, finetuning, io_utils, tasks
+from bert_tf import cli, finetuning, io_utils, tasks, training
 from bert_tf.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
@@ -199,4 +199,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(SquadArgs)
-    cli.run(cli.job_main(SquadArgs, run, "run_squad"))
+    cli.run(cli.job_main(SquadArgs, run, "run_squad", clean_output_dir=training.clean_output_dir))

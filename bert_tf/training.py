@@ -53,7 +53,7 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
-from bert_tf import io_utils, model_dir, modeling
+from bert_tf import distribution, io_utils, model_dir, modeling
 from bert_tf.distribution import is_chief
 from bert_tf.model_dir import CHECKPOINT_NAME
 
@@ -195,6 +195,29 @@ def remove_interrupted_saves(directory):
         if pattern.fullmatch(name) and tf.io.gfile.isdir(path):
             tf.io.gfile.rmtree(path)
             logging.warning("removed %s, left by a checkpoint save that was interrupted", path)
+            removed.append(path)
+    return removed
+
+
+def clean_output_dir(output_dir):
+    """The training jobs' cleanup before they write anything (cli.job_main's clean_output_dir):
+    the chief removes what interrupted saves left, which can be what filled the disk. Other tasks
+    leave the directory alone: a restarted worker must not remove a save the chief has under way."""
+    if distribution.is_chief_task():
+        remove_interrupted_saves(output_dir)
+
+
+def remove_failed_save(directory, step):
+    """Deletes what a save of `step` that raised wrote: its `_temp/` directory and, unless the
+    `checkpoint` state names it, the merged files; returns the removed paths."""
+    prefix = os.path.join(directory, f"{CHECKPOINT_NAME}-{step}")
+    removed = []
+    if tf.io.gfile.isdir(prefix + "_temp"):
+        tf.io.gfile.rmtree(prefix + "_temp")
+        removed.append(prefix + "_temp")
+    if tf.train.latest_checkpoint(directory) != prefix:
+        for path in tf.io.gfile.glob(prefix + ".*"):
+            tf.io.gfile.remove(path)
             removed.append(path)
     return removed
 
@@ -466,8 +489,25 @@ class Trainer:
         self._track(train_iterator, iterator_name)
 
     def save(self):
-        """Writes a checkpoint numbered by the step (every worker saves; only the chief's is kept)."""
-        path = self._manager.save(checkpoint_number=int(self.step.numpy()))
+        """Writes a checkpoint numbered by the step (every worker saves; only the chief's is kept).
+
+        A full disk removes what the save wrote (a half-written checkpoint would hold the space the
+        rerun needs) and stops the run with a JobFailure naming the file and the resume point."""
+        step = int(self.step.numpy())
+        try:
+            path = self._manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as e:
+            message = io_utils.full_disk_message(e)
+            if message is None:
+                raise
+            directory = self._checkpoint_dir()
+            for removed in remove_failed_save(directory, step):
+                logging.warning("removed %s, written by the failed save", removed)
+            resume = tf.train.latest_checkpoint(directory) or "the start"
+            raise io_utils.JobFailure(
+                f"the checkpoint of step {step} was not saved, {message}: free some space and "
+                f"rerun, which resumes from {resume}"
+            ) from e
         if self.is_chief:
             clear_suspect(self.output_dir, path)
         if not self.is_chief:

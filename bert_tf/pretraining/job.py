@@ -280,14 +280,20 @@ def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args, b
         len(finished.to_build),
         f"Beam's {args.runner}" if args.runner else f"{args.num_workers} workers",
     )
-    if args.runner:
-        from bert_tf.pretraining import beam
+    try:
+        if args.runner:
+            from bert_tf.pretraining import beam
 
-        output_stats, run_text_bytes = beam.run_units(
-            args.runner, pipeline_args, config, plan, finished, beam_after_step
-        )
-    else:
-        output_stats, run_text_bytes = _run_units_here(args, config, plan, finished, pool)
+            output_stats, run_text_bytes = beam.run_units(
+                args.runner, pipeline_args, config, plan, finished, beam_after_step
+            )
+        else:
+            output_stats, run_text_bytes = _run_units_here(args, config, plan, finished, pool)
+    except OSError as e:
+        message = io_utils.full_disk_message(e)
+        if message is None:
+            raise
+        raise io_utils.JobFailure(full_disk_report(message, plan.work_dir)) from e
 
     total = collections.Counter()
     for stats in output_stats.values():
@@ -310,6 +316,16 @@ def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args, b
     )
     warn_about_input(summary)
     return summary
+
+
+def full_disk_report(message, work_dir):
+    """What a run stopped by a full disk says: the file (`message`), and what the work directory
+    keeps (every unfinished file was removed when its write failed)."""
+    kept = sum(files.getsize(path) for path in files.glob(os.path.join(work_dir, "*")))
+    return (
+        f"{message}. No partial output file is left; {work_dir} keeps {kept / 1e6:.1f} MB of "
+        "finished work that a rerun resumes from once there is space (delete it to start over)"
+    )
 
 
 def _run_units_here(args, config, plan, finished, pool):
