@@ -74,6 +74,11 @@ class ServeArgs:
         "gRPC worker threads, which run received requests (the event loop receives them); "
         "0: 4 times the cores.",
     )
+    rest_api_num_threads: int = arg(
+        0,
+        "REST worker threads, which run received requests (TF Serving's flag; the event loop "
+        "receives them, however many connections wait); 0: 4 times the cores.",
+    )
     file_system_poll_wait_seconds: float = arg(
         1.0, "Seconds between looks for new model versions; 0 turns polling off."
     )
@@ -184,6 +189,9 @@ def _check_ports(args):
         raise UsageError("--max_request_bytes must be positive")
     if args.rest_api_timeout_in_ms < 0:
         raise UsageError("--rest_api_timeout_in_ms must be 0 (no deadline) or more")
+    for flag in ("grpc_max_threads", "rest_api_num_threads"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag} must be 0 (4 times the cores) or more")
 
 
 def _channel_arguments(text):
@@ -252,6 +260,7 @@ def build_server(args, on_loaded=None):
         grpc_port=args.port,
         grpc_channel_arguments=tuple(_channel_arguments(args.grpc_channel_arguments)),
         grpc_max_threads=args.grpc_max_threads,
+        rest_api_num_threads=args.rest_api_num_threads,
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         max_request_bytes=args.max_request_bytes,
         rest_api_deadline_s=args.rest_api_timeout_in_ms / 1000.0 or None,

@@ -13,8 +13,15 @@ What only HTTP can get wrong (a body too large, stalled or unframed) gets the HT
 so (413, 408, 411), since TF Serving's own HTTP library also refuses those before its handler.
 """
 
-import http.server
+import asyncio
+import concurrent.futures
+import email.utils
+import http
+import http.client
+import io
+import os
 import re
+import resource
 import threading
 import time
 import urllib.parse
@@ -37,6 +44,10 @@ _GET_PATH = re.compile(
     re.IGNORECASE,
 )
 _INT64_MAX = (1 << 63) - 1
+# http.server's limits on a request's head: the bytes of one line, and the header lines.
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+SERVER_NAME = "bert_tf.serve"
 # TF Serving's "api" label of its request metrics for a REST request is the verb (empty for GET).
 _GET_API = ""
 
@@ -109,13 +120,14 @@ class RestApi:
         self.core = server_core
         self.metrics = metrics
 
-    def handle(self, method, path, body):
-        """Answers one request under /v1/: (HTTP status, reply text)."""
+    def handle(self, method, path, body, is_active=None):
+        """Answers one request under /v1/: (HTTP status, reply text). A big request stops at its
+        next chunk once `is_active()` turns False (its deadline passed)."""
         start = time.perf_counter()
         request = None
         try:
             request = parse_path(method, path)
-            reply = self._dispatch(request, body)
+            reply = self._dispatch(request, body, is_active)
             code, status = "OK", 200
         except errors.ServingError as e:
             code, status, reply = e.code, e.http_status, {"error": e.message}
@@ -132,9 +144,9 @@ class RestApi:
             )
         return status, reply
 
-    def _dispatch(self, request, body):
+    def _dispatch(self, request, body, is_active):
         """Runs a parsed request against the core."""
-        options = self.core.run_options()
+        options = self.core.run_options(is_active)
         if request.method == "GET":
             if not request.metadata:
                 status = self.core.model_status(request.name, request.version, request.label)
@@ -172,166 +184,218 @@ class RestApi:
         return json_codec.predict_response(outputs, format_)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    """One HTTP/1.1 connection: reads each request, hands it to the server's RestApi (or the
-    metrics page), and writes its JSON reply with a Content-Length (keep-alive)."""
+class _Head:
+    """A request's line and headers, as read off its connection."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = "bert_tf.serve"
-    # TCP_NODELAY: otherwise the reply's second segment waits on the client's delayed ACK (~40 ms).
-    disable_nagle_algorithm = True
-    error_content_type = "application/json"
+    def __init__(self, command, target, version, headers):
+        self.command, self.target, self.version, self.headers = command, target, version, headers
 
-    def setup(self):
-        """Applies the idle timeout, so a silent keep-alive connection does not hold a thread forever."""
-        self.timeout = self.server.idle_timeout_s
-        super().setup()
 
-    def log_message(self, format, *args):  # noqa: A002 (the stdlib's parameter name)
-        """Access log lines go to absl's debug log, not stderr."""
-        logging.debug("%s %s", self.address_string(), format % args)
+class _Connection:
+    """One HTTP/1.1 connection on the server's event loop: reads each request (its head and body
+    within one deadline), runs it in the server's worker pool, and writes its JSON reply with a
+    Content-Length (keep-alive). No failure escapes: each gets a JSON error or closes the line."""
 
-    def parse_request(self):
-        """The stdlib's parsing, minus HTTP/0.9: a request line without a version is a 400."""
-        if not super().parse_request():
-            return False
-        if self.request_version == "HTTP/0.9":  # "GET /path" alone; TF Serving refuses it too.
-            self.send_error(
+    def __init__(self, server, reader, writer):
+        self.server, self.reader, self.writer = server, reader, writer
+        self.close = False
+        self.command = ""
+        self.seen_bytes = False  # of the request being read: a silent idle line closes quietly
+
+    async def serve(self):
+        timeout = self.server.idle_timeout_s
+        while not self.close:
+            self.seen_bytes, self.command = False, ""
+            try:
+                # One deadline for the whole request, not per read: a client that sends a byte
+                # now and then must not hold its connection (and its memory) forever.
+                async with asyncio.timeout(timeout):
+                    head = await self._read_head()
+                    if head is None:
+                        return  # closed between requests
+                    body = await self._read_body(head)
+            except TimeoutError:
+                if self.seen_bytes:
+                    self.close = True
+                    await self._reply(
+                        408, {"error": f"the request did not arrive whole within {timeout:g}s"}
+                    )
+                return
+            except HttpError as e:
+                self.close = True
+                await self._reply(e.status, {"error": e.message})
+                return
+            except (ConnectionError, asyncio.IncompleteReadError):
+                return
+            try:
+                status, reply, content_type = await self._answer(head, body)
+            except HttpError as e:
+                status, reply, content_type = e.status, {"error": e.message}, None
+            except Exception as e:  # The client gets a short message; the trace stays in the log.
+                logging.exception("internal error on %s %s", head.command[:20], head.target[:200])
+                status, reply = 500, {"error": f"Internal error: {type(e).__name__}"}
+                content_type = None
+            await self._reply(status, reply, content_type)
+
+    async def _readline(self, too_long_status):
+        """One line of the head (with its line end); b"" at the end of the stream."""
+        # Its first byte alone first: a request that started and then stalls gets a 408.
+        first = await self.reader.read(1)
+        if not first:
+            return b""
+        self.seen_bytes = True
+        if first == b"\n":
+            return first
+        try:
+            return first + await self.reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as e:
+            return first + e.partial
+        except asyncio.LimitOverrunError as e:
+            raise HttpError(too_long_status, "Line too long") from e
+
+    async def _read_head(self):
+        """The request line and headers; None when the client closed before sending any."""
+        line = await self._readline(414)
+        if line in (b"\r\n", b"\n"):  # RFC 9112 2.2: an empty line before a request is ignored
+            line = await self._readline(414)
+        if not line:
+            return None
+        words = line.decode("iso-8859-1").rstrip("\r\n").split()
+        version = "HTTP/1.1"
+        if len(words) >= 3:
+            version = words[-1]
+            number = _parse_version(version)
+            if number >= (2, 0):
+                raise HttpError(505, f"Invalid HTTP version ({version})")
+            self.close = number < (1, 1)
+        if len(words) == 2:  # "GET /path" alone is HTTP/0.9; TF Serving refuses it too.
+            raise HttpError(
                 400, "Bad request syntax: HTTP/0.9 is not supported; send 'METHOD PATH HTTP/1.1'"
             )
-            return False
-        return True
+        if len(words) != 3:
+            raise HttpError(400, f"Bad request syntax ({errors.short(line)})")
+        self.command = words[0]
+        lines = []
+        while True:
+            header = await self._readline(431)
+            if header in (b"\r\n", b"\n", b""):
+                break
+            lines.append(header)
+            if len(lines) > _MAX_HEADERS:
+                raise HttpError(431, "Too many headers")
+        headers = http.client.parse_headers(io.BytesIO(b"".join(lines) + b"\r\n"))
+        connection = headers.get("Connection", "").lower()
+        if connection == "close":
+            self.close = True
+        elif connection == "keep-alive":
+            self.close = False
+        return _Head(words[0], words[1], version, headers)
 
-    def send_error(self, code, message=None, explain=None):
-        """The stdlib's own errors (malformed request line, headers too large) as JSON too."""
-        self.close_connection = True
-        # Until a request line parses, the stdlib takes the client for HTTP/0.9 and would write
-        # neither a status line nor headers: a bare JSON body no HTTP/1.x client can read.
-        if self.request_version == "HTTP/0.9":
-            self.request_version = self.protocol_version
-        self._reply(code, {"error": message or http.HTTPStatus(code).phrase})
-
-    def __getattr__(self, name):
-        """do_X for every method: TF Serving answers any method, if only to say it is malformed."""
-        if name.startswith("do_"):
-            return self._handle
-        raise AttributeError(name)
-
-    def _handle(self):
-        """Reads the body, routes the request, and writes the reply; no failure escapes."""
-        try:
-            status, reply, content_type = self._answer()
-        except HttpError as e:
-            status, reply, content_type = e.status, {"error": e.message}, None
-        except Exception as e:  # The client gets a short message; the trace stays in the log.
-            logging.exception("internal error on %s %s", self.command[:20], self.path[:200])
-            status, reply, content_type = (
-                500,
-                {"error": f"Internal error: {type(e).__name__}"},
-                None,
+    async def _read_body(self, head):
+        """Reads the body after checking Content-Length against the limit (413 before reading any
+        of it); a gzip body is uncompressed by the worker that runs the request."""
+        headers = head.headers
+        if "chunked" in headers.get("Transfer-Encoding", "").lower():
+            raise HttpError(411, "chunked request bodies are not supported; send Content-Length")
+        lengths = {value.strip() for value in headers.get_all("Content-Length", [])}
+        if not lengths:
+            if head.command == "POST":  # Whatever follows cannot be delimited.
+                raise HttpError(411, "POST needs a Content-Length header")
+            return b""
+        if len(lengths) > 1:
+            # Two lengths mean two readings of where this request ends (request smuggling): RFC 9110
+            # says to refuse. The same value repeated is one length.
+            raise HttpError(
+                400, f"conflicting Content-Length headers: {errors.short(sorted(lengths))}"
             )
-        self._reply(status, reply, content_type=content_type)
+        length_header = lengths.pop()
+        if not (length_header.isascii() and length_header.isdigit()) or len(length_header) > 18:
+            raise HttpError(400, f"bad Content-Length {errors.short(length_header)}")
+        length = int(length_header)
+        limit = self.server.max_request_bytes
+        if length > limit:
+            await self._drain(min(length, 4 * limit, 64 << 20))
+            raise HttpError(
+                413, f"request body of {length} bytes is larger than the limit of {limit} bytes"
+            )
+        if length and head.version == "HTTP/1.1":
+            if headers.get("Expect", "").lower() == "100-continue":  # curl's, for big bodies
+                self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            return await self.reader.readexactly(length)
+        except asyncio.IncompleteReadError as e:
+            raise HttpError(400, "request body ended before Content-Length bytes") from e
 
-    def _answer(self):
-        """(status, reply, content type) of the request on this connection."""
-        body = self._read_body()
-        path = self.path.split("?", 1)[0].split("#", 1)[0]
+    async def _drain(self, limit):
+        """Reads and drops what the client already sent (bounded), so the 413 is not lost to a TCP reset."""
+        try:
+            while limit > 0:
+                chunk = await asyncio.wait_for(self.reader.read(min(limit, 1 << 16)), 0.05)
+                if not chunk:
+                    break
+                limit -= len(chunk)
+        except (TimeoutError, OSError):
+            pass
+
+    async def _answer(self, head, body):
+        """(status, reply, content type) of one request."""
+        path = head.target.split("?", 1)[0].split("#", 1)[0]
         server = self.server
         if server.metrics_path is not None and path == server.metrics_path:
-            return 200, server.metrics.prometheus_text(), "text/plain"  # As TF Serving sends it.
+            text = await server.in_worker(server.metrics.prometheus_text)
+            return 200, text, "text/plain"  # As TF Serving sends it.
         if not _API_PATH.fullmatch(path):
             raise HttpError(404, f"Not found: {path[:200]} (the REST API is under /v1/)")
-        if self.command == "OPTIONS":  # A CORS preflight, as http_server.cc answers it.
-            if re.search(r"https?://", self.headers.get("Origin", "")):
+        if head.command == "OPTIONS":  # A CORS preflight, as http_server.cc answers it.
+            if re.search(r"https?://", head.headers.get("Origin", "")):
                 return 200, "", "application/json"
             error = errors.failed_precondition("Origin header is missing in CORS preflight")
             return error.http_status, {"error": error.message}, None
-        status, reply = server.run_with_deadline(self.command, path, body)
+        gzipped = "gzip" in head.headers.get("Content-Encoding", "").lower()
+        status, reply = await server.run_request(head.command, path, body, gzipped)
         return status, reply, None
 
-    def _reply(self, status, payload, headers=None, content_type=None):
+    async def _reply(self, status, payload, content_type=None):
         """Writes one reply: JSON (TF Serving's float text) unless a string with its own type."""
         if isinstance(payload, str):
             body = payload.encode("utf-8")
         else:
             body = json_codec.dumps(payload).encode("utf-8")
         try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type or "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            # The client is gone or stopped reading: nothing to tell it.
-            self.close_connection = True
-
-    def _read_body(self):
-        """Reads the body after checking Content-Length against the limit (413 before reading any
-        of it), and un-gzips a body sent with Content-Encoding: gzip, as TF Serving does."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            self.close_connection = True
-            raise HttpError(411, "chunked request bodies are not supported; send Content-Length")
-        lengths = {value.strip() for value in self.headers.get_all("Content-Length", [])}
-        if not lengths:
-            if self.command == "POST":
-                self.close_connection = True  # Whatever follows cannot be delimited.
-                raise HttpError(411, "POST needs a Content-Length header")
-            return b""
-        if len(lengths) > 1:
-            # Two lengths mean two readings of where this request ends (request smuggling): RFC 9110
-            # says to refuse. The same value repeated is one length.
-            self.close_connection = True
-            raise HttpError(
-                400, f"conflicting Content-Length headers: {errors.short(sorted(lengths))}"
-            )
-        length_header = lengths.pop()
-        if not (length_header.isascii() and length_header.isdigit()) or len(length_header) > 18:
-            self.close_connection = True
-            raise HttpError(400, f"bad Content-Length {errors.short(length_header)}")
-        length = int(length_header)
-        limit = self.server.max_request_bytes
-        if length > limit:
-            self.close_connection = True
-            self._drain(min(length, 4 * limit, 64 << 20))
-            raise HttpError(
-                413, f"request body of {length} bytes is larger than the limit of {limit} bytes"
-            )
+            phrase = http.HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""
+        lines = [
+            f"HTTP/1.1 {status} {phrase}",
+            f"Server: {SERVER_NAME}",
+            f"Date: {email.utils.formatdate(usegmt=True)}",
+            f"Content-Type: {content_type or 'application/json'}",
+            f"Content-Length: {len(body)}",
+        ]
+        if self.close:
+            lines.append("Connection: close")
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if self.command != "HEAD":
+            data += body
+        logging.debug("%s %s %d", self.writer.get_extra_info("peername"), self.command, status)
         try:
-            body = self.rfile.read(length)
-        except TimeoutError as e:
-            # Headers came, then the body stalled for the idle timeout.
-            self.close_connection = True
-            raise HttpError(
-                408,
-                f"the request body did not arrive within {self.timeout:g}s "
-                f"of silence ({length} bytes announced)",
-            ) from e
-        except ConnectionError as e:  # The client went away mid-body: no one is left to answer.
-            self.close_connection = True
-            raise HttpError(400, "the connection closed while the body was being read") from e
-        if len(body) != length:
-            self.close_connection = True
-            raise HttpError(400, "request body ended before Content-Length bytes")
-        if "gzip" in self.headers.get("Content-Encoding", "").lower():
-            body = _gunzip(body, limit)
-        return body
+            self.writer.write(data)
+            # A client that stops reading must not hold its connection forever either.
+            async with asyncio.timeout(self.server.idle_timeout_s):
+                await self.writer.drain()
+        except (ConnectionError, TimeoutError):
+            self.close = True  # The client is gone or stopped reading: nothing to tell it.
 
-    def _drain(self, limit):
-        """Reads and drops what the client already sent (bounded), so the 413 is not lost to a TCP reset."""
-        self.connection.settimeout(0.05)
-        try:
-            while limit > 0:
-                chunk = self.rfile.read1(min(limit, 1 << 16))
-                if not chunk:
-                    break
-                limit -= len(chunk)
-        except OSError:
-            pass
+
+def _parse_version(version):
+    """(major, minor) of "HTTP/x.y", as http.server reads it; a 400 for anything else."""
+    bad = HttpError(400, f"Bad request version ({errors.short(version)})")
+    if not version.startswith("HTTP/"):
+        raise bad
+    parts = version[len("HTTP/") :].split(".")
+    if len(parts) != 2 or not all(p.isdigit() and len(p) <= 10 for p in parts):
+        raise bad
+    return int(parts[0]), int(parts[1])
 
 
 def _gunzip(body, limit):
@@ -350,13 +414,11 @@ def _gunzip(body, limit):
     return data
 
 
-class HttpServer(http.server.ThreadingHTTPServer):
-    """A thread per connection; threads are daemons so stop() never waits on an idle keep-alive
-    client. Carries what the handler needs: the RestApi, limits and the metrics page."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+class HttpServer:
+    """The REST API on an asyncio event loop in its own thread ("http"). A connection costs the
+    loop a few KB, never a thread, so thousands of slow or idle clients hold no one up; the
+    requests themselves run in a pool of `num_threads` workers, where the excess waits its turn.
+    More than `max_connections` open at once are answered 503 and closed."""
 
     def __init__(
         self,
@@ -367,35 +429,123 @@ class HttpServer(http.server.ThreadingHTTPServer):
         deadline_s=None,
         metrics=None,
         metrics_path=None,
+        num_threads=0,
+        max_connections=0,
     ):
-        super().__init__(address, Handler)
         self.rest_api = rest_api
         self.max_request_bytes = max_request_bytes
         self.idle_timeout_s = idle_timeout_s
         self.deadline_s = deadline_s
         self.metrics = metrics
         self.metrics_path = metrics_path
+        self.max_connections = max_connections or _connections_the_file_limit_allows()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=num_threads or 4 * (os.cpu_count() or 1), thread_name_prefix="rest"
+        )
+        self._connections = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
+        self._thread.start()
+        host, port = address
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(
+                asyncio.start_server(
+                    self._on_connection, host, port, limit=_MAX_LINE, backlog=1024
+                ),
+                self._loop,
+            ).result()
+        except BaseException:
+            self._stop_loop()
+            raise
+        self.server_address = self._server.sockets[0].getsockname()[:2]
 
-    def run_with_deadline(self, method, path, body):
-        """rest_api.handle, answered with DEADLINE_EXCEEDED (504) once --rest_api_timeout_in_ms
-        passes, as TF Serving's RunOptions timeout does; the model call itself runs to its end."""
-        if not self.deadline_s:
-            return self.rest_api.handle(method, path, body)
-        outcome = {}
-        done = threading.Event()
+    @property
+    def open_connections(self):
+        """How many client connections are open now."""
+        return len(self._connections)
+
+    async def _on_connection(self, reader, writer):
+        task = asyncio.current_task()
+        self._connections.add(task)
+        connection = _Connection(self, reader, writer)
+        try:
+            if len(self._connections) > self.max_connections:
+                connection.close = True
+                await connection._reply(
+                    503, {"error": f"the server has {self.max_connections} connections open"}
+                )
+            else:
+                await connection.serve()
+        except asyncio.CancelledError:
+            pass  # stop()
+        finally:
+            writer.close()  # once what is buffered is sent
+            try:
+                async with asyncio.timeout(1.0):  # a client that stopped reading forfeits the rest
+                    await writer.wait_closed()
+            except (Exception, asyncio.CancelledError):
+                writer.transport.abort()
+            self._connections.discard(task)
+
+    async def in_worker(self, function, *args):
+        """function(*args) in the worker pool: the loop never runs TensorFlow or JSON work itself."""
+        return await self._loop.run_in_executor(self._executor, function, *args)
+
+    async def run_request(self, method, path, body, gzipped):
+        """(status, reply) of rest_api.handle in a worker; with a deadline
+        (--rest_api_timeout_in_ms), DEADLINE_EXCEEDED (504) once it passes, as TF Serving's
+        RunOptions timeout does, and the request stops at its next chunk."""
+        live = threading.Event()
+        live.set()
 
         def work():
-            try:
-                outcome["reply"] = self.rest_api.handle(method, path, body)
-            except BaseException as e:  # Re-raised in the connection's thread below.
-                outcome["error"] = e
-            finally:
-                done.set()
+            data = _gunzip(body, self.max_request_bytes) if gzipped else body
+            return self.rest_api.handle(method, path, data, is_active=live.is_set)
 
-        threading.Thread(target=work, name="rest-request", daemon=True).start()
-        if not done.wait(self.deadline_s):
+        future = self._loop.run_in_executor(self._executor, work)
+        if not self.deadline_s:
+            return await future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.deadline_s)
+        except TimeoutError:
+            live.clear()
+            future.add_done_callback(_retrieve)  # its outcome has no one left to go to
             error = errors.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded")
             return error.http_status, {"error": error.message}
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["reply"]
+
+    def stop(self):
+        """Stops accepting, closes every connection, and ends the loop; running requests stop at
+        their next chunk (the server core's stop), the workers are not waited for."""
+        if self._loop.is_closed():
+            return
+
+        async def close():
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self):
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(future):
+    """Reads a finished future's outcome, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _connections_the_file_limit_allows():
+    """The open-files limit, less room for the models' files, the gRPC API and the workers."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return max(64, soft - 512)

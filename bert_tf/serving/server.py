@@ -29,8 +29,11 @@ class ServerOptions:
     grpc_max_threads: int = 0
     file_system_poll_wait_seconds: float = 1.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    # An idle keep-alive connection is closed after this long.
+    # A REST request must arrive whole (head and body) within this long of the connection's
+    # last reply (or its start); an idle keep-alive connection is closed after it.
     idle_timeout_s: float = 60.0
+    # --rest_api_num_threads: the workers that run REST requests (0: 4 x cores).
+    rest_api_num_threads: int = 0
     # --rest_api_timeout_in_ms: a REST request not answered by then gets 504; None: no deadline.
     rest_api_deadline_s: float = None
     # --model_config_file and --model_config_file_poll_wait_seconds: re-read the file this often
@@ -122,6 +125,11 @@ class ModelServer:
         return f"http://{self.options.host}:{self.port}"
 
     @property
+    def open_rest_connections(self):
+        """How many REST client connections are open now."""
+        return self._httpd.open_connections
+
+    @property
     def grpc_port(self):
         """The bound gRPC port, or None when gRPC is not served."""
         return self._grpc.port if self._grpc is not None else None
@@ -145,15 +153,9 @@ class ModelServer:
             deadline_s=self.options.rest_api_deadline_s,
             metrics=self.metrics,
             metrics_path=self.metrics_path,
+            num_threads=self.options.rest_api_num_threads,
         )
-        self._threads = [
-            threading.Thread(
-                target=self._httpd.serve_forever,
-                kwargs={"poll_interval": 0.1},
-                name="http",
-                daemon=True,
-            )
-        ]
+        self._threads = []
         poll = self.options.file_system_poll_wait_seconds
         if poll and poll > 0:
             self._threads.append(
@@ -234,8 +236,7 @@ class ModelServer:
         self._stopping.set()
         self.core.stopping.set()
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            self._httpd.stop()
         if self._grpc is not None:
             self._grpc.stop()
         for thread in self._threads:

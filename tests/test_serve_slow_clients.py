@@ -1,0 +1,132 @@
+"""Slow REST clients cost the server a little memory each, never a thread, and never anyone else's
+latency: a request must arrive whole within the idle timeout, however it drips, and thousands of
+dripping connections leave an ordinary request fast. Real servers on 127.0.0.1, real sockets."""
+
+import http.client
+import json
+import resource
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+from helpers_serve import make_base, model_server
+
+DRIP_CLIENTS = 8000
+DRIP_EVERY_S = 5.0
+# One byte at a time of a request that never ends: its head never completes.
+DRIP_REQUEST = b"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 4096
+
+
+def predict_latency(port, connection):
+    start = time.perf_counter()
+    connection.request("POST", "/v1/models/clf:predict", body=json.dumps({"instances": ["a"]}))
+    response = connection.getresponse()
+    raw = response.read()
+    assert response.status == 200, raw[:300]
+    return time.perf_counter() - start
+
+
+def test_a_request_that_drips_in_is_cut_at_the_idle_timeout(tmp_path, exports):
+    # A byte every 0.2 s: each read succeeds, so a per-read timeout never fires.
+    with model_server(
+        {"clf": make_base(tmp_path, exports)}, idle_timeout_s=1.0, warmup=False
+    ) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            start = time.monotonic()
+            reply = b""
+            for byte in DRIP_REQUEST[:60]:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break  # closed by the server
+                sock.settimeout(0.2)
+                try:
+                    reply = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                break
+            cut_after = time.monotonic() - start
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        assert predict_latency(server.port, connection) < 5
+        connection.close()
+    assert reply.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), reply[:300]
+    assert b"within 1s" in reply
+    assert 0.9 < cut_after < 5, cut_after
+
+
+@pytest.fixture
+def open_files_for_the_flood():
+    """Room for both ends of every drip connection in this process (server and clients)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * DRIP_CLIENTS + 2048
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.fail(f"the open-files limit is {hard}; this test needs {needed} (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_8000_dripping_clients_leave_an_ordinary_request_fast(
+    tmp_path, exports, open_files_for_the_flood
+):
+    with model_server({"clf": make_base(tmp_path, exports)}, warmup=False) as server:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        predict_latency(server.port, connection)  # the model's first call traces it
+        threads_before = threading.active_count()
+        clients = []
+        stop = threading.Event()
+        try:
+            for _ in range(DRIP_CLIENTS):
+                clients.append(socket.create_connection(("127.0.0.1", server.port), timeout=10))
+
+            def drip():
+                # Each client sends its next byte every DRIP_EVERY_S, spread over the interval.
+                position = 0
+                while not stop.is_set():
+                    started = time.monotonic()
+                    for index, sock in enumerate(clients):
+                        if stop.is_set():
+                            return
+                        try:
+                            sock.send(DRIP_REQUEST[position : position + 1])
+                        except OSError:
+                            pass
+                        if index % 500 == 499:
+                            time.sleep(DRIP_EVERY_S * 500 / len(clients) / 2)
+                    position += 1
+                    stop.wait(max(0.0, DRIP_EVERY_S - (time.monotonic() - started)))
+
+            dripper = threading.Thread(target=drip, daemon=True)
+            dripper.start()
+            deadline = time.monotonic() + 10
+            while server.open_rest_connections < DRIP_CLIENTS and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.open_rest_connections >= DRIP_CLIENTS
+            latencies = []
+            end = time.monotonic() + 2 * DRIP_EVERY_S
+            while time.monotonic() < end:
+                latencies.append(predict_latency(server.port, connection))
+                time.sleep(0.05)
+            connection.close()
+            threads_during = threading.active_count()
+        finally:
+            stop.set()
+            for sock in clients:
+                sock.close()
+        start = time.monotonic()
+        while server.open_rest_connections and time.monotonic() - start < 20:
+            time.sleep(0.05)
+        drained_after = time.monotonic() - start
+        assert server.open_rest_connections == 0
+    median = statistics.median(latencies)
+    print(
+        f"{DRIP_CLIENTS} drip clients: {len(latencies)} predicts, median {median * 1e3:.1f} ms, "
+        f"max {max(latencies) * 1e3:.1f} ms; threads {threads_before} -> {threads_during}; "
+        f"drained in {drained_after:.2f} s"
+    )
+    assert len(latencies) >= 20
+    assert median < 0.1 and max(latencies) < 2.0, sorted(latencies)
+    assert threads_during < threads_before + 50  # the REST workers and the dripper, no more
+    assert drained_after < 5
