@@ -143,14 +143,7 @@ def test_a_timed_out_request_stops_its_remaining_chunks(server, stub, monkeypatc
     rows = [f"text {i}".encode() for i in range(MAX_INSTANCES)]
     code, _ = predict(stub, string_tensor([MAX_INSTANCES], rows), signature="echo", timeout=0.3)
     assert code == "DEADLINE_EXCEEDED"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # until no chunk started for 0.5 s (or 5 s passed)
-        with lock:
-            last = calls[-1] if calls else 0
-        if time.monotonic() - last > 0.5:
-            break
-        time.sleep(0.1)
-    assert 1 <= len(calls) <= 5, len(calls)
+    assert 1 <= wait_until_no_chunk_starts(calls, lock) <= 5, len(calls)
     # The server goes on answering.
     monkeypatch.setattr(servable_module, "call_signature", call_signature)
     assert predict(stub, string_tensor([1], [b"ok"]))[0] == "OK"
@@ -262,3 +255,33 @@ def test_a_stopping_server_stops_big_requests_at_their_next_chunk(tmp_path, expo
     assert stopped_in < 5, stopped_in
     assert ran < 60, ran  # of the 400 chunks the two requests asked for
     assert outcomes["grpc"] in ("CANCELLED", "UNAVAILABLE"), outcomes
+
+
+def wait_until_no_chunk_starts(calls, lock, quiet_s=0.5, limit_s=5):
+    """Waits until no chunk started for `quiet_s` (or `limit_s` passed); returns how many ran."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        with lock:
+            last = calls[-1] if calls else 0
+        if time.monotonic() - last > quiet_s:
+            break
+        time.sleep(0.1)
+    with lock:
+        return len(calls)
+
+
+def test_a_rest_request_past_its_deadline_stops_its_remaining_chunks(
+    tmp_path, exports, monkeypatch
+):
+    calls, lock = slow_chunks(monkeypatch)
+    with model_server(
+        {"clf": make_base(tmp_path, exports)}, warmup=False, max_batch_size=1, deadline_s=0.3
+    ) as running:
+        # 20 rows, one chunk each: about 2 s of work against --rest_api_timeout_in_ms=300.
+        body = json.dumps({"signature_name": "echo", "instances": [f"t {i}" for i in range(20)]})
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+        connection.request("POST", "/v1/models/clf:predict", body=body)
+        response = connection.getresponse()
+        assert response.status == 504, response.read()[:300]
+        connection.close()
+        assert 1 <= wait_until_no_chunk_starts(calls, lock) <= 6, len(calls)
