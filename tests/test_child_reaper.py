@@ -1,0 +1,66 @@
+"""A job's child processes die with it: a SIGKILLed job's children are killed by its watcher, and a
+job that ends normally leaves what it started alone. Real processes, real signals, /proc."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+from helpers import processes_with, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT)
+
+
+def start_job(mark, ending):
+    """A job that starts `sh -c 'sleep 60'` (as Beam starts its workers) inside reaped_children,
+    then ends as `ending` says."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal, subprocess, sys, time
+        from bert_tf import child_reaper
+        with child_reaper.reaped_children():
+            subprocess.Popen("sleep 60; true", shell=True)
+            print("started", flush=True)
+            {ending}
+        time.sleep(60)
+        """
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=dict(ENV, REAPER_TEST_MARK=mark),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_children_of_a_killed_job_are_killed():
+    mark = uuid.uuid4().hex
+    job = start_job(mark, "time.sleep(60)")
+    try:
+        assert job.stdout.readline() == "started\n"
+        assert wait_for(lambda: len(processes_with(mark)) >= 3)  # the job, sh and sleep
+        job.kill()
+        job.wait()
+        assert wait_for(lambda: not processes_with(mark), seconds=5), processes_with(mark)
+    finally:
+        for pid in processes_with(mark):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_that_leaves_the_block_leaves_its_children_alone():
+    mark = uuid.uuid4().hex
+    job = start_job(mark, "pass")
+    try:
+        assert job.stdout.readline() == "started\n"
+        time.sleep(1.0)  # the watcher has had its word and gone
+        job.kill()
+        job.wait()
+        time.sleep(1.0)
+        assert len(processes_with(mark)) == 2  # sh and sleep, outliving the job as started
+    finally:
+        for pid in processes_with(mark):
+            os.kill(pid, signal.SIGKILL)
