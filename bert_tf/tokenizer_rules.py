@@ -9,6 +9,7 @@ construction. No TensorFlow here (a vocabulary on gs:// imports it to read the f
 import collections
 import functools
 import os
+import re
 import unicodedata
 
 from bert_tf import io_utils
@@ -143,3 +144,26 @@ def is_punctuation(char):
 def is_cjk(cp):
     """True for a code point in one of the CJK ideograph blocks."""
     return any(low <= cp <= high for low, high in CJK_RANGES)
+
+
+# What is_whitespace accepts, as one regex class: the four ASCII ones and the Zs category
+# (tests/test_long_texts.py checks it against is_whitespace over every code point).
+WHITESPACE_CLASS = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+_WORD_RUN = re.compile(f"[^{WHITESPACE_CLASS}]+")
+_LETTER_DIGIT_OR_UNDERSCORE = re.compile(r"\w")
+
+
+def prefix_keeping_tokens(text, count):
+    """A prefix of `text` whose tokens, by the original's tokenizer, begin with the first `count`
+    tokens of `text`: `text` cut after its `count`-th word (between whitespace) that holds a letter,
+    digit or underscore. Each such word gives at least one token: the letter, digit or underscore
+    survives cleaning and accent stripping, and WordPiece gives a word at least [UNK]; the split
+    at whitespace is the first the tokenizer makes, so no token spans the cut. `text` itself when
+    it has fewer such words. Linear in the prefix's length."""
+    words = 0
+    for run in _WORD_RUN.finditer(text):
+        if _LETTER_DIGIT_OR_UNDERSCORE.search(text, run.start(), run.end()):
+            words += 1
+            if words == count:
+                return text[: run.end()]
+    return text

@@ -1,0 +1,127 @@
+"""Long texts are cut before tokenization where the export keeps only their first max_seq_length
+tokens, and the cut never changes a token it keeps: checked against the original's tokenizer on
+adversarial text, and through a served classifier export against a direct call on the whole text."""
+
+import json
+import random
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import tiny_config
+from helpers_serve import model_server
+
+from bert_tf import export, tokenizer_rules
+from bert_tf.model_dir import ModelDir
+from bert_tf.serving import servable as servable_module
+from bert_tf.tasks import models
+from bert_tf.tokenization import FullTokenizer
+
+# Letters with and without accents, lone combining marks (stripped when lower-casing), controls
+# the tokenizer drops (NUL, U+001C, a zero-width space, U+FFFD), every kind of whitespace (Zs, tab,
+# newline), punctuation, CJK ideographs, digits, underscore and an emoji (a symbol, no letter).
+PIECES = [
+    "the", "Movie", "élan", "Ünïcödé", "e\u0301", "\u0301", "\u0301\u0308", "\x00", "\x1c",
+    "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(", "\u4e2d\u6587",
+    "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
+]  # fmt: skip
+
+
+def random_text(rng, pieces=40):
+    return "".join(rng.choice(PIECES) for _ in range(pieces))
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_case):
+    tokenizer = FullTokenizer(real_vocab, do_lower_case=do_lower_case)
+    rng = random.Random(7)
+    cut_somewhere = 0
+    for _ in range(400):
+        text = random_text(rng)
+        whole = tokenizer.tokenize(text)
+        for count in (1, 2, 3, 5, 8, 13):
+            prefix = tokenizer_rules.prefix_keeping_tokens(text, count)
+            assert text.startswith(prefix)
+            kept = tokenizer.tokenize(prefix)
+            assert whole[: len(kept)] == kept, (text, count)
+            assert len(kept) >= min(count, len(whole)), (text, count)
+            cut_somewhere += len(prefix) < len(text)
+    assert cut_somewhere > 1000  # the cases cut, not only kept whole
+
+
+def test_the_whitespace_class_is_the_tokenizers_whitespace():
+    import re
+
+    pattern = re.compile(f"[{tokenizer_rules.WHITESPACE_CLASS}]")
+    for cp in range(tokenizer_rules.NUM_CODE_POINTS):
+        char = chr(cp)
+        assert bool(pattern.fullmatch(char)) == tokenizer_rules.is_whitespace(char), hex(cp)
+
+
+@pytest.fixture(scope="module")
+def pair_export(tmp_path_factory, real_vocab):
+    """A served pair classifier (random weights, max_seq_length 16) and its direct signature."""
+    root = tmp_path_factory.mktemp("long_texts")
+    spec = models.TaskSpec("classifier", labels=["0", "1", "2"], is_pair=True, max_seq_length=16)
+    keras.utils.set_random_seed(5)
+    model, encoder = models.build_task_model(tiny_config(real_vocab), spec)
+    head = [layer for layer in model.layers if layer.name.endswith("_head")][0]
+    rng = np.random.default_rng(5)  # large head weights, so that outputs differ between texts
+    head.set_weights([rng.normal(0, 1, w.shape).astype(np.float32) for w in head.get_weights()])
+    ModelDir(str(root / "model")).write(
+        tiny_config(real_vocab), real_vocab, encoder, spec=spec, model=model
+    )
+    path, _ = export.export(str(root / "model"), str(root / "export" / "pair"))
+    return str(root / "export" / "pair"), tf.saved_model.load(path)
+
+
+def test_a_served_long_text_is_cut_and_answered_as_the_whole_text(
+    pair_export, monkeypatch, real_vocab
+):
+    base, loaded = pair_export
+    rng = random.Random(11)
+    # Past the 64 KiB from which texts are looked at, and mostly what gives no token.
+    long_a = "\u0301 \x00 \u3000 " * 4000 + random_text(rng, 3000)
+    long_b = "...\u200b " * 8000 + random_text(rng, 3000)
+    texts_a = [long_a, "a short one", long_a[::-1]]
+    texts_b = ["short", long_b, long_b]
+    seen = []
+    call_signature = servable_module.call_signature
+
+    def recording(signature, arrays):
+        seen.append({name: [len(v) for v in value] for name, value in arrays.items()})
+        return call_signature(signature, arrays)
+
+    monkeypatch.setattr(servable_module, "call_signature", recording)
+    with model_server({"pair": base}, warmup=False) as server:
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        body = json.dumps({"inputs": {"text_a": texts_a, "text_b": texts_b}})
+        connection.request("POST", "/v1/models/pair:predict", body=body)
+        response = connection.getresponse()
+        reply = json.loads(response.read())
+        connection.close()
+    assert response.status == 200, reply
+    direct = loaded.signatures["serving_default"](
+        text_a=tf.constant(texts_a), text_b=tf.constant(texts_b)
+    )
+    np.testing.assert_allclose(
+        reply["outputs"]["probabilities"], direct["probabilities"].numpy(), atol=1e-6
+    )
+    assert reply["outputs"]["label"] == [v.decode() for v in direct["label"].numpy()]
+    (lengths,) = seen
+    wholes = {"text_a": texts_a, "text_b": texts_b}
+    for name, texts in wholes.items():
+        for length, text in zip(lengths[name], texts):
+            whole = len(text.encode())
+            assert length < whole if whole > 64 << 10 else length == whole, (name, length, whole)
+
+
+def test_texts_of_other_exports_and_invalid_utf8_are_not_cut():
+    text = ("word " * 20_000).encode()
+    assert servable_module._cut_texts(np.array([text], dtype=object), 16)[0] == text[:79]
+    invalid = text + b"\xff"
+    assert servable_module._cut_texts(np.array([invalid], dtype=object), 16)[0] == invalid
+    assert servable_module._words_to_keep("/nonexistent") is None
