@@ -10,7 +10,8 @@ up. Nothing can run in a process that SIGKILL ends, so a small watcher process d
 Inside the block every process started from this one inherits a token in its environment. The
 watcher holds the read end of a pipe whose only writer is this process: end of file without the
 word "done" means this process died, and the watcher kills every process whose environment holds
-the token (Linux /proc). Leaving the block normally tells the watcher "done".
+the token (Linux /proc), again until none is left (one may have forked meanwhile). Leaving the
+block, normally or by an exception, tells the watcher "done": then the job's own shutdown ran.
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 TOKEN_VARIABLE = "BERT_TF_REAPED_BY"
@@ -53,22 +55,30 @@ def reaped_children():
         with contextlib.suppress(OSError):
             os.write(write_fd, _DONE)
         os.close(write_fd)
-        watcher.wait(timeout=30)
+        try:
+            watcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # it has nothing left to do: the job must not wait on it
+            watcher.kill()
 
 
-def processes_holding(token, proc="/proc"):
-    """The ids of the processes whose environment holds TOKEN_VARIABLE=token."""
-    entry = f"{TOKEN_VARIABLE}={token}".encode()
+def processes_holding(token, variable=TOKEN_VARIABLE):
+    """The ids of the live processes (zombies left out), this one excepted, whose environment
+    holds `variable`=`token`."""
+    entry = f"{variable}={token}".encode()
     found = []
-    for name in os.listdir(proc):
+    for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
-            with open(os.path.join(proc, name, "environ"), "rb") as f:
-                if entry in f.read().split(b"\0"):
-                    found.append(int(name))
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if entry not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
         except OSError:  # gone, or not ours to read
             continue
+        found.append(int(name))
     return found
 
 
@@ -83,9 +93,14 @@ def _watch(token):
         said += chunk
     if said == _DONE:
         return
-    for pid in processes_holding(token):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    for _ in range(100):  # a process may fork between a scan and its kill: scan until none is left
+        found = processes_holding(token)
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 if __name__ == "__main__":

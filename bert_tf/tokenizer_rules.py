@@ -149,21 +149,28 @@ def is_cjk(cp):
 # What is_whitespace accepts, as one regex class: the four ASCII ones and the Zs category
 # (tests/test_long_texts.py checks it against is_whitespace over every code point).
 WHITESPACE_CLASS = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
-_WORD_RUN = re.compile(f"[^{WHITESPACE_CLASS}]+")
+_CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
+# The pieces the tokenizer splits text into first: a CJK ideograph, or a run of anything else
+# between whitespace.
+_PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
 _LETTER_DIGIT_OR_UNDERSCORE = re.compile(r"\w")
 
 
 def prefix_keeping_tokens(text, count):
     """A prefix of `text` whose tokens, by the original's tokenizer, begin with the first `count`
-    tokens of `text`: `text` cut after its `count`-th word (between whitespace) that holds a letter,
-    digit or underscore. Each such word gives at least one token: the letter, digit or underscore
-    survives cleaning and accent stripping, and WordPiece gives a word at least [UNK]; the split
-    at whitespace is the first the tokenizer makes, so no token spans the cut. `text` itself when
-    it has fewer such words. Linear in the prefix's length."""
+    tokens of `text`: `text` cut after its `count`-th word, where a word is a CJK ideograph or a
+    run between whitespace (and ideographs) that holds a letter, digit or underscore. Each word
+    gives at least one token: an ideograph is a token of its own, and a letter, digit or
+    underscore survives cleaning and accent stripping, and WordPiece gives a word at least [UNK].
+    Whitespace and ideographs are where the tokenizer splits first, so no token spans the cut.
+    `text` itself when it has fewer words. Linear in the prefix's length."""
     words = 0
-    for run in _WORD_RUN.finditer(text):
-        if _LETTER_DIGIT_OR_UNDERSCORE.search(text, run.start(), run.end()):
+    for piece in _PIECE.finditer(text):
+        start, end = piece.span()
+        if end - start == 1 and is_cjk(ord(text[start])) or (
+            _LETTER_DIGIT_OR_UNDERSCORE.search(text, start, end)
+        ):
             words += 1
             if words == count:
-                return text[: run.end()]
+                return text[:end]
     return text

@@ -261,25 +261,6 @@ def saved_model_ops_script(export_dir):
     )
 
 
-def processes_with(mark):
-    """The ids of the live processes whose environment holds REAPER_TEST_MARK=mark (a test sets
-    it on a job; its descendants inherit it); zombies are left out."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"REAPER_TEST_MARK={mark}".encode() in environ and state != "Z":
-            found.append(int(name))
-    return found
-
-
 def wait_for(condition, seconds=10):
     """Polls `condition()` until it holds or `seconds` pass; returns its last value."""
     deadline = time.monotonic() + seconds

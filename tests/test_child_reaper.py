@@ -9,10 +9,13 @@ import textwrap
 import time
 import uuid
 
-from helpers import processes_with, wait_for
+from helpers import wait_for
+
+from bert_tf.child_reaper import processes_holding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
+MARK = "REAPER_TEST_MARK"  # set on the job by the test; its descendants inherit it
 
 
 def start_job(mark, ending):
@@ -31,7 +34,7 @@ def start_job(mark, ending):
     )
     return subprocess.Popen(
         [sys.executable, "-c", script],
-        env=dict(ENV, REAPER_TEST_MARK=mark),
+        env=dict(ENV, **{MARK: mark}),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -42,12 +45,15 @@ def test_the_children_of_a_killed_job_are_killed():
     job = start_job(mark, "time.sleep(60)")
     try:
         assert job.stdout.readline() == "started\n"
-        assert wait_for(lambda: len(processes_with(mark)) >= 3)  # the job, sh and sleep
+        # The job, its watcher, sh and sleep.
+        assert wait_for(lambda: len(processes_holding(mark, MARK)) >= 4)
         job.kill()
         job.wait()
-        assert wait_for(lambda: not processes_with(mark), seconds=5), processes_with(mark)
+        assert wait_for(lambda: not processes_holding(mark, MARK), seconds=5), processes_holding(
+            mark, MARK
+        )
     finally:
-        for pid in processes_with(mark):
+        for pid in processes_holding(mark, MARK):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -60,7 +66,7 @@ def test_a_job_that_leaves_the_block_leaves_its_children_alone():
         job.kill()
         job.wait()
         time.sleep(1.0)
-        assert len(processes_with(mark)) == 2  # sh and sleep, outliving the job as started
+        assert len(processes_holding(mark, MARK)) == 2  # sh and sleep, outliving the job as started
     finally:
-        for pid in processes_with(mark):
+        for pid in processes_holding(mark, MARK):
             os.kill(pid, signal.SIGKILL)

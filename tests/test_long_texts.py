@@ -20,10 +20,11 @@ from bert_tf.tokenization import FullTokenizer
 
 # Letters with and without accents, lone combining marks (stripped when lower-casing), controls
 # the tokenizer drops (NUL, U+001C, a zero-width space, U+FFFD), every kind of whitespace (Zs, tab,
-# newline), punctuation, CJK ideographs, digits, underscore and an emoji (a symbol, no letter).
+# newline), punctuation, CJK ideographs (with and without spaces around), digits, underscore and
+# an emoji (a symbol, no letter).
 PIECES = [
     "the", "Movie", "élan", "Ünïcödé", "e\u0301", "\u0301", "\u0301\u0308", "\x00", "\x1c",
-    "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(", "\u4e2d\u6587",
+    "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(", "\u4e2d\u6587", "x\u4e2d", "\U00020000",
     "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
 ]  # fmt: skip
 
@@ -122,6 +123,10 @@ def test_a_served_long_text_is_cut_and_answered_as_the_whole_text(
 def test_texts_of_other_exports_and_invalid_utf8_are_not_cut():
     text = ("word " * 20_000).encode()
     assert servable_module._cut_texts(np.array([text], dtype=object), 16)[0] == text[:79]
+    chinese = "\u4e2d" * 30_000  # no whitespace at all: every ideograph is a word of its own
+    assert servable_module._cut_texts(np.array([chinese.encode()], dtype=object), 16)[0] == (
+        chinese[:16].encode()
+    )
     invalid = text + b"\xff"
     assert servable_module._cut_texts(np.array([invalid], dtype=object), 16)[0] == invalid
     assert servable_module._words_to_keep("/nonexistent") is None

@@ -22,6 +22,7 @@ import io
 import os
 import re
 import resource
+import socket
 import threading
 import time
 import urllib.parse
@@ -194,7 +195,8 @@ class _Head:
 class _Connection:
     """One HTTP/1.1 connection on the server's event loop: reads each request (its head and body
     within one deadline), runs it in the server's worker pool, and writes its JSON reply with a
-    Content-Length (keep-alive). No failure escapes: each gets a JSON error or closes the line."""
+    Content-Length (keep-alive). A bad request gets a JSON error; a client that went away, a
+    closed connection."""
 
     def __init__(self, server, reader, writer):
         self.server, self.reader, self.writer = server, reader, writer
@@ -225,8 +227,8 @@ class _Connection:
                 self.close = True
                 await self._reply(e.status, {"error": e.message})
                 return
-            except (ConnectionError, asyncio.IncompleteReadError):
-                return
+            except (OSError, asyncio.IncompleteReadError):
+                return  # the client went away
             try:
                 status, reply, content_type = await self._answer(head, body)
             except HttpError as e:
@@ -283,7 +285,10 @@ class _Connection:
             lines.append(header)
             if len(lines) > _MAX_HEADERS:
                 raise HttpError(431, "Too many headers")
-        headers = http.client.parse_headers(io.BytesIO(b"".join(lines) + b"\r\n"))
+        try:
+            headers = http.client.parse_headers(io.BytesIO(b"".join(lines) + b"\r\n"))
+        except http.client.HTTPException as e:  # a header line over http.client's own limit
+            raise HttpError(431, "Line too long") from e
         connection = headers.get("Connection", "").lower()
         if connection == "close":
             self.close = True
@@ -356,8 +361,11 @@ class _Connection:
         return status, reply, None
 
     async def _reply(self, status, payload, content_type=None):
-        """Writes one reply: JSON (TF Serving's float text) unless a string with its own type."""
-        if isinstance(payload, str):
+        """Writes one reply: JSON (TF Serving's float text) unless a string with its own type, or
+        bytes a worker already wrote (a big reply is never serialized on the loop)."""
+        if isinstance(payload, bytes):
+            body = payload
+        elif isinstance(payload, str):
             body = payload.encode("utf-8")
         else:
             body = json_codec.dumps(payload).encode("utf-8")
@@ -383,7 +391,7 @@ class _Connection:
             # A client that stops reading must not hold its connection forever either.
             async with asyncio.timeout(self.server.idle_timeout_s):
                 await self.writer.drain()
-        except (ConnectionError, TimeoutError):
+        except (OSError, TimeoutError):
             self.close = True  # The client is gone or stopped reading: nothing to tell it.
 
 
@@ -448,16 +456,18 @@ class HttpServer:
         self._thread.start()
         host, port = address
         try:
+            # One socket on the host's first address, as http.server binds: start_server given a
+            # name would bind each address it resolves to, on different ports when port is 0.
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+            listening = socket.create_server((host, port), family=family, backlog=1024)
             self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(
-                    self._on_connection, host, port, limit=_MAX_LINE, backlog=1024
-                ),
+                asyncio.start_server(self._on_connection, sock=listening, limit=_MAX_LINE),
                 self._loop,
             ).result()
         except BaseException:
             self._stop_loop()
             raise
-        self.server_address = self._server.sockets[0].getsockname()[:2]
+        self.server_address = listening.getsockname()[:2]
 
     @property
     def open_connections(self):
@@ -474,6 +484,7 @@ class HttpServer:
                 await connection._reply(
                     503, {"error": f"the server has {self.max_connections} connections open"}
                 )
+                await connection._drain(1 << 16)  # so that closing does not reset the reply away
             else:
                 await connection.serve()
         except asyncio.CancelledError:
@@ -499,8 +510,15 @@ class HttpServer:
         live.set()
 
         def work():
+            if not live.is_set():  # its deadline passed while it waited for a worker
+                return deadline_exceeded()
             data = _gunzip(body, self.max_request_bytes) if gzipped else body
-            return self.rest_api.handle(method, path, data, is_active=live.is_set)
+            status, reply = self.rest_api.handle(method, path, data, is_active=live.is_set)
+            return status, json_codec.dumps(reply).encode("utf-8")
+
+        def deadline_exceeded():
+            error = errors.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded")
+            return error.http_status, {"error": error.message}
 
         future = self._loop.run_in_executor(self._executor, work)
         if not self.deadline_s:
@@ -510,12 +528,11 @@ class HttpServer:
         except TimeoutError:
             live.clear()
             future.add_done_callback(_retrieve)  # its outcome has no one left to go to
-            error = errors.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded")
-            return error.http_status, {"error": error.message}
+            return deadline_exceeded()
 
     def stop(self):
-        """Stops accepting, closes every connection, and ends the loop; running requests stop at
-        their next chunk (the server core's stop), the workers are not waited for."""
+        """Stops accepting, closes every connection, and ends the loop; queued requests are
+        dropped, and running ones stop at their next chunk (the server core's stop)."""
         if self._loop.is_closed():
             return
 

@@ -307,18 +307,19 @@ _CUT_FROM_BYTES = 64 << 10
 
 def _words_to_keep(path):
     """For an export of a _CUT_KINDS task, the words (tokenizer_rules.prefix_keeping_tokens) that
-    hold every token its texts keep: max_seq_length; else None (nothing is cut)."""
-    task_file = os.path.join(path, "assets", "task.json")
-    if not tf.io.gfile.exists(task_file):
-        return None
+    hold every token its texts can keep: max_position_embeddings, which no export's sequence
+    length exceeds (`export --max_seq_length` may differ from the task.json it copies); else
+    None (nothing is cut)."""
+    assets = os.path.join(path, "assets")
     try:
-        with tf.io.gfile.GFile(task_file) as f:
-            task = json.load(f)
-        if task.get("kind") in _CUT_KINDS:
-            return int(task["max_seq_length"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass  # not ours to judge: the export serves as it is, uncut
-    return None
+        with tf.io.gfile.GFile(os.path.join(assets, "task.json")) as f:
+            kind = json.load(f).get("kind")
+        if kind not in _CUT_KINDS:
+            return None
+        with tf.io.gfile.GFile(os.path.join(assets, "bert_config.json")) as f:
+            return int(json.load(f)["max_position_embeddings"])
+    except (tf.errors.OpError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # not ours to judge: the export serves as it is, uncut
 
 
 def _cut_texts(texts, words):
