@@ -567,6 +567,16 @@ def test_a_bad_request_line_gets_a_status_line(server, request_line, status):
     assert set(json.loads(body)) == {"error"}
 
 
+@pytest.mark.parametrize("value_bytes", [65_527, 65_528, 70_000])
+def test_an_over_long_header_line_gets_a_431(server, value_bytes):
+    # Lines just over http.client's 65,536-byte limit once reached the header parser unchecked.
+    head = b"GET /v1/models/clf HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * value_bytes
+    raw = raw_exchange(server.port, head + b"\r\n\r\n")
+    status_line, headers, body = split_raw_reply(raw)
+    assert status_line == b"HTTP/1.1 431 Request Header Fields Too Large", raw[:200]
+    assert headers["connection"] == "close" and set(json.loads(body)) == {"error"}
+
+
 def test_conflicting_content_lengths_are_a_400(server):
     body = b'{"instances": ["a"]}'
     head = b"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
