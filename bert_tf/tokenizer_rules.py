@@ -167,9 +167,8 @@ def prefix_keeping_tokens(text, count):
     words = 0
     for piece in _PIECE.finditer(text):
         start, end = piece.span()
-        if end - start == 1 and is_cjk(ord(text[start])) or (
-            _LETTER_DIGIT_OR_UNDERSCORE.search(text, start, end)
-        ):
+        ideograph = end - start == 1 and is_cjk(ord(text[start]))
+        if ideograph or _LETTER_DIGIT_OR_UNDERSCORE.search(text, start, end):
             words += 1
             if words == count:
                 return text[:end]
