@@ -24,8 +24,8 @@ from bert_tf.tokenization import FullTokenizer
 # an emoji (a symbol, no letter).
 PIECES = [
     "the", "Movie", "élan", "Ünïcödé", "e\u0301", "\u0301", "\u0301\u0308", "\x00", "\x1c",
-    "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(", "\u4e2d\u6587", "x\u4e2d", "\U00020000",
-    "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
+    "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(",
+    "\u4e2d\u6587", "x\u4e2d", "\U00020000", "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
 ]  # fmt: skip
 
 
