@@ -577,6 +577,24 @@ def test_an_over_long_header_line_gets_a_431(server, value_bytes):
     assert headers["connection"] == "close" and set(json.loads(body)) == {"error"}
 
 
+def test_expect_100_continue_gets_its_interim_reply_before_the_body(server):
+    # curl sends big bodies this way: headers, a wait for "100 Continue", then the body.
+    body = json.dumps({"instances": ["a wonderful film"]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        )
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    status_line, _, reply = split_raw_reply(raw)
+    assert status_line == b"HTTP/1.1 200 OK", raw[:300]
+    assert len(json.loads(reply)["predictions"]) == 1
+
+
 def test_conflicting_content_lengths_are_a_400(server):
     body = b'{"instances": ["a"]}'
     head = b"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"

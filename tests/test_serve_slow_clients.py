@@ -13,6 +13,8 @@ import time
 import pytest
 from helpers_serve import make_base, model_server
 
+from bert_tf.serving import http_api
+
 DRIP_CLIENTS = 8000
 DRIP_EVERY_S = 5.0
 # One byte at a time of a request that never ends: its head never completes.
@@ -132,3 +134,31 @@ def test_8000_dripping_clients_leave_an_ordinary_request_fast(
     assert median < 0.1 and max(latencies) < 2.0, sorted(latencies)
     assert threads_during < threads_before + 50  # the REST workers and the dripper, no more
     assert drained_after < 5
+
+
+def test_connections_past_the_limit_get_a_503_and_the_others_go_on(tmp_path, exports):
+    with model_server({"clf": make_base(tmp_path, exports)}, warmup=False) as server:
+        limited = http_api.HttpServer(
+            ("127.0.0.1", 0),
+            http_api.RestApi(server.core),
+            max_request_bytes=1 << 20,
+            idle_timeout_s=30,
+            max_connections=2,
+        )
+        try:
+            port = limited.server_address[1]
+            held = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(2)]
+            for connection in held:
+                assert predict_latency(port, connection) < 30
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(b"GET /v1/models/clf HTTP/1.1\r\nHost: x\r\n\r\n")
+                reply = b""
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            assert reply.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), reply[:300]
+            assert b"2 connections open" in reply and b"Connection: close" in reply
+            for connection in held:  # the two already open are served as before
+                assert predict_latency(port, connection) < 30
+                connection.close()
+        finally:
+            limited.stop()
