@@ -388,11 +388,23 @@ class _Connection:
         logging.debug("%s %s %d", self.writer.get_extra_info("peername"), self.command, status)
         try:
             self.writer.write(data)
-            # A client that stops reading must not hold its connection forever either.
-            async with asyncio.timeout(self.server.idle_timeout_s):
-                await self.writer.drain()
+            await _drain_while_read(self.writer, self.server.idle_timeout_s)
         except (OSError, TimeoutError):
             self.close = True  # The client is gone or stopped reading: nothing to tell it.
+
+
+async def _drain_while_read(writer, idle_timeout_s):
+    """Waits for `writer`'s buffer to drain while the client keeps reading: a TimeoutError once
+    it read nothing for `idle_timeout_s` (a slow reader of a big reply is not cut off)."""
+    while True:
+        left = writer.transport.get_write_buffer_size()
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                await writer.drain()
+            return
+        except TimeoutError:
+            if writer.transport.get_write_buffer_size() >= left:
+                raise
 
 
 def _parse_version(version):
@@ -451,6 +463,7 @@ class HttpServer:
             max_workers=num_threads or 4 * (os.cpu_count() or 1), thread_name_prefix="rest"
         )
         self._connections = set()
+        self._stopping = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._thread.start()
@@ -477,6 +490,8 @@ class HttpServer:
     async def _on_connection(self, reader, writer):
         task = asyncio.current_task()
         self._connections.add(task)
+        # drain() then waits until the kernel took every byte: "sent" means sent.
+        writer.transport.set_write_buffer_limits(high=0)
         connection = _Connection(self, reader, writer)
         try:
             if len(self._connections) > self.max_connections:
@@ -490,12 +505,14 @@ class HttpServer:
         except asyncio.CancelledError:
             pass  # stop()
         finally:
-            writer.close()  # once what is buffered is sent
             try:
-                async with asyncio.timeout(1.0):  # a client that stopped reading forfeits the rest
+                if not self._stopping:  # the reply's last bytes, however slowly they are read
+                    await _drain_while_read(writer, self.idle_timeout_s)
+                writer.close()
+                async with asyncio.timeout(1.0):
                     await writer.wait_closed()
             except (Exception, asyncio.CancelledError):
-                writer.transport.abort()
+                writer.transport.abort()  # gone, stopped reading, or the server stops
             self._connections.discard(task)
 
     async def in_worker(self, function, *args):
@@ -537,6 +554,7 @@ class HttpServer:
             return
 
         async def close():
+            self._stopping = True
             self._server.close()
             for task in list(self._connections):
                 task.cancel()
