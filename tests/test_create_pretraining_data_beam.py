@@ -97,10 +97,15 @@ def without_timings(summary):
     return {k: v for k, v in summary.items() if k not in TIMINGS}
 
 
+def cli_command(*args):
+    return [sys.executable, "-m", "bert_tf.create_pretraining_data", *args]
+
+
 def run_cli(*args):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
-    command = [sys.executable, "-m", "bert_tf.create_pretraining_data", *args]
-    return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        cli_command(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +167,7 @@ def test_a_beam_run_prints_a_few_lines_and_no_alarming_notices(corpus_file, tmp_
     # Issue 34: the demo's Beam step printed about 120 lines: "apitools not found", "Discarding
     # unparseable args", every worker's INFO lines twice (once relayed as a protobuf dump).
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user runs it
-    command = [
-        sys.executable,
-        "-m",
-        "bert_tf.create_pretraining_data",
+    command = cli_command(
         f"--input_file={corpus_file}",
         f"--vocab_file={VOCAB_FILE}",
         f"--output_dir={tmp_path / 'beam'}",
@@ -176,7 +178,7 @@ def test_a_beam_run_prints_a_few_lines_and_no_alarming_notices(corpus_file, tmp_
         "--runner=DirectRunner",
         "--direct_running_mode=multi_processing",
         "--direct_num_workers=2",
-    ]
+    )
     result = subprocess.run(
         command,
         env={**env, "PYTHONPATH": REPO},
@@ -448,10 +450,7 @@ def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
     # (145 MB each) running for about 2 minutes.
     mark, MARK = uuid.uuid4().hex, "REAPER_TEST_MARK"  # its descendants inherit it
     job = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bert_tf.create_pretraining_data",
+        cli_command(
             f"--input_file={corpus_file}",
             f"--vocab_file={VOCAB_FILE}",
             f"--output_dir={tmp_path / 'beam'}",
@@ -460,7 +459,7 @@ def test_a_killed_beam_job_leaves_no_worker_behind(corpus_file, tmp_path):
             "--runner=DirectRunner",
             "--direct_running_mode=multi_processing",
             "--direct_num_workers=2",
-        ],
+        ),
         env=dict(os.environ, PYTHONPATH=REPO, **{MARK: mark}),
         cwd=REPO,
         stdout=subprocess.DEVNULL,

@@ -50,11 +50,10 @@ def resize(disk, size):
 
 def fill(path):
     """Writes zeros to `path` until the disk is full (what a save killed midway can leave)."""
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:  # unbuffered: nothing is left to fail at close
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
     # The last block may have half-landed: leave a few KB free, no more.
@@ -71,29 +70,32 @@ def records(tmp_path_factory):
     return directory
 
 
-def pretrain(records, output_dir, steps):
+def run_job(module, *flags):
+    """`python -m bert_tf.<module> flags...` to its end: the CompletedProcess, output captured."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bert_tf.run_pretraining",
-            f"--input_file={records}/records-*.tfrecord",
-            f"--output_dir={output_dir}",
-            f"--vocab_file={records}/vocab.txt",
-            f"--bert_config_file={records}/bert_config.json",
-            "--do_train",
-            "--train_batch_size=8",
-            f"--max_seq_length={SEQ}",
-            f"--max_predictions_per_seq={PRED}",
-            f"--num_train_steps={steps}",
-            "--steps_per_loop=1",
-            "--save_checkpoints_steps=2",
-        ],
+        [sys.executable, "-m", f"bert_tf.{module}", *flags],
         env=ENV,
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+    )
+
+
+def pretrain(records, output_dir, steps):
+    return run_job(
+        "run_pretraining",
+        f"--input_file={records}/records-*.tfrecord",
+        f"--output_dir={output_dir}",
+        f"--vocab_file={records}/vocab.txt",
+        f"--bert_config_file={records}/bert_config.json",
+        "--do_train",
+        "--train_batch_size=8",
+        f"--max_seq_length={SEQ}",
+        f"--max_predictions_per_seq={PRED}",
+        f"--num_train_steps={steps}",
+        "--steps_per_loop=1",
+        "--save_checkpoints_steps=2",
     )
 
 
@@ -152,25 +154,16 @@ def text_files(tmp_path_factory):
 
 
 def create_data(text_files, vocab_file, output_dir):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bert_tf.create_pretraining_data",
-            f"--input_file={text_files}/part*.txt",
-            f"--vocab_file={vocab_file}",
-            f"--output_dir={output_dir}",
-            "--max_seq_length=64",
-            "--max_predictions_per_seq=10",
-            "--num_shards=3",
-            "--dupe_factor=2",
-            "--num_workers=2",
-        ],
-        env=ENV,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return run_job(
+        "create_pretraining_data",
+        f"--input_file={text_files}/part*.txt",
+        f"--vocab_file={vocab_file}",
+        f"--output_dir={output_dir}",
+        "--max_seq_length=64",
+        "--max_predictions_per_seq=10",
+        "--num_shards=3",
+        "--dupe_factor=2",
+        "--num_workers=2",
     )
 
 
