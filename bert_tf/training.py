@@ -216,9 +216,11 @@ def remove_failed_save(directory, step):
         tf.io.gfile.rmtree(prefix + "_temp")
         removed.append(prefix + "_temp")
     if tf.train.latest_checkpoint(directory) != prefix:
-        for path in tf.io.gfile.glob(prefix + ".*"):
-            tf.io.gfile.remove(path)
-            removed.append(path)
+        name = f"{CHECKPOINT_NAME}-{step}."  # listed, not globbed: the directory may hold [ or *
+        for entry in tf.io.gfile.listdir(directory):
+            if entry.startswith(name):
+                tf.io.gfile.remove(os.path.join(directory, entry))
+                removed.append(os.path.join(directory, entry))
     return removed
 
 
@@ -503,7 +505,8 @@ class Trainer:
             directory = self._checkpoint_dir()
             for removed in remove_failed_save(directory, step):
                 logging.warning("removed %s, written by the failed save", removed)
-            resume = tf.train.latest_checkpoint(directory) or "the start"
+            # The chief's checkpoints are the run's (another task saves to a scratch directory).
+            resume = tf.train.latest_checkpoint(self.output_dir) or "the start"
             raise io_utils.JobFailure(
                 f"the checkpoint of step {step} was not saved, {message}: free some space and "
                 f"rerun, which resumes from {resume}"
