@@ -48,6 +48,8 @@ _INT64_MAX = (1 << 63) - 1
 # http.server's limits on a request's head: the bytes of one line, and the header lines.
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
+# Connections the kernel holds for the loop to accept, and the most it accepts at one wake-up.
+_BACKLOG = 1024
 SERVER_NAME = "bert_tf.serve"
 # TF Serving's "api" label of its request metrics for a REST request is the verb (empty for GET).
 _GET_API = ""
@@ -472,9 +474,11 @@ class HttpServer:
             # One socket on the host's first address, as http.server binds: start_server given a
             # name would bind each address it resolves to, on different ports when port is 0.
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-            listening = socket.create_server((host, port), family=family, backlog=1024)
+            listening = socket.create_server((host, port), family=family)
             self._server = asyncio.run_coroutine_threadsafe(
-                asyncio.start_server(self._on_connection, sock=listening, limit=_MAX_LINE),
+                asyncio.start_server(  # its backlog is what listen() gets (asyncio's own is 100)
+                    self._on_connection, sock=listening, limit=_MAX_LINE, backlog=_BACKLOG
+                ),
                 self._loop,
             ).result()
         except BaseException:
