@@ -7,6 +7,7 @@ Real servers on 127.0.0.1, requests through tensorflow-serving-api's stubs; ever
 import http.client
 import json
 import os
+import socket
 import threading
 import time
 
@@ -285,3 +286,43 @@ def test_a_rest_request_past_its_deadline_stops_its_remaining_chunks(
         assert response.status == 504, response.read()[:300]
         connection.close()
         assert 1 <= wait_until_no_chunk_starts(calls, lock) <= 6, len(calls)
+
+
+def test_a_rest_request_whose_client_hung_up_stops_its_remaining_chunks(
+    tmp_path, exports, monkeypatch
+):
+    calls, lock = slow_chunks(monkeypatch)
+    with model_server(
+        {"clf": make_base(tmp_path, exports)}, warmup=False, max_batch_size=1
+    ) as running:
+        # 30 rows, one chunk each: about 3 s of work, and no deadline to stop it.
+        body = json.dumps({"signature_name": "echo", "instances": [f"t {i}" for i in range(30)]})
+        head = (
+            "POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as client:
+            client.sendall(head.encode() + body.encode())
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(calls) < 2:
+                time.sleep(0.02)
+        assert 2 <= wait_until_no_chunk_starts(calls, lock) <= 6, len(calls)
+        deadline = time.monotonic() + 5
+        while running.open_rest_connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.open_rest_connections == 0
+        # The server goes on answering, pipelined requests included (the first one's
+        # watcher reads the second's first byte ahead).
+        monkeypatch.undo()
+        with socket.create_connection(("127.0.0.1", running.port), timeout=30) as client:
+            one = json.dumps({"instances": ["a text"]})
+            request = (
+                "POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Length: {len(one)}\r\n\r\n{one}"
+            ).encode()
+            client.sendall(request * 2)
+            replies = b""
+            while replies.count(b"HTTP/1.1 200") < 2:
+                chunk = client.recv(1 << 16)
+                assert chunk, replies
+                replies += chunk

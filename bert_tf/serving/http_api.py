@@ -198,13 +198,15 @@ class _Connection:
     """One HTTP/1.1 connection on the server's event loop: reads each request (its head and body
     within one deadline), runs it in the server's worker pool, and writes its JSON reply with a
     Content-Length (keep-alive). A bad request gets a JSON error; a client that went away, a
-    closed connection."""
+    closed connection, and the request it left stops at its next chunk."""
 
     def __init__(self, server, reader, writer):
         self.server, self.reader, self.writer = server, reader, writer
         self.close = False
         self.command = ""
         self.seen_bytes = False  # of the request being read: a silent idle line closes quietly
+        self.read_ahead = b""  # a pipelined request's first byte, read while the one before ran
+        self.hung_up = False  # the stream ended while a request ran: its reply has no reader
 
     async def serve(self):
         timeout = self.server.idle_timeout_s
@@ -239,12 +241,14 @@ class _Connection:
                 logging.exception("internal error on %s %s", head.command[:20], head.target[:200])
                 status, reply = 500, {"error": f"Internal error: {type(e).__name__}"}
                 content_type = None
+            if self.hung_up:
+                return
             await self._reply(status, reply, content_type)
 
     async def _readline(self, too_long_status):
         """One line of the head (with its line end); b"" at the end of the stream."""
         # Its first byte alone first: a request that started and then stalls gets a 408.
-        first = await self.reader.read(1)
+        first, self.read_ahead = self.read_ahead or await self.reader.read(1), b""
         if not first:
             return b""
         self.seen_bytes = True
@@ -359,8 +363,30 @@ class _Connection:
             error = errors.failed_precondition("Origin header is missing in CORS preflight")
             return error.http_status, {"error": error.message}, None
         gzipped = "gzip" in head.headers.get("Content-Encoding", "").lower()
-        status, reply = await server.run_request(head.command, path, body, gzipped)
+        live = threading.Event()
+        live.set()
+        watch = asyncio.ensure_future(self._watch_for_hangup(live))
+        try:
+            status, reply = await server.run_request(head.command, path, body, gzipped, live)
+        finally:
+            watch.cancel()  # a pending read(1) takes nothing from the stream when cancelled
+            await asyncio.wait([watch])
         return status, reply, None
+
+    async def _watch_for_hangup(self, live):
+        """Reads ahead while a request runs. At the end of the stream the client is taken as gone,
+        as nginx takes it (TCP cannot tell a half-close from a hang-up without writing): the
+        request stops at its next chunk and no reply is written. A pipelined request's first
+        byte is kept for its read."""
+        try:
+            byte = await self.reader.read(1)
+        except OSError:
+            byte = b""
+        if byte:
+            self.read_ahead = byte
+        else:
+            self.hung_up = True
+            live.clear()
 
     async def _reply(self, status, payload, content_type=None):
         """Writes one reply: JSON (TF Serving's float text) unless a string with its own type, or
@@ -523,15 +549,14 @@ class HttpServer:
         """function(*args) in the worker pool: the loop never runs TensorFlow or JSON work itself."""
         return await self._loop.run_in_executor(self._executor, function, *args)
 
-    async def run_request(self, method, path, body, gzipped):
-        """(status, reply) of rest_api.handle in a worker; with a deadline
-        (--rest_api_timeout_in_ms), DEADLINE_EXCEEDED (504) once it passes, as TF Serving's
-        RunOptions timeout does, and the request stops at its next chunk."""
-        live = threading.Event()
-        live.set()
+    async def run_request(self, method, path, body, gzipped, live):
+        """(status, reply) of rest_api.handle in a worker, which runs while the Event `live` is
+        set: it stops at its next chunk once it is cleared. With a deadline
+        (--rest_api_timeout_in_ms), DEADLINE_EXCEEDED (504) once it passes (clearing `live`), as
+        TF Serving's RunOptions timeout does."""
 
         def work():
-            if not live.is_set():  # its deadline passed while it waited for a worker
+            if not live.is_set():  # its deadline passed (or its client left) while it queued
                 return deadline_exceeded()
             data = _gunzip(body, self.max_request_bytes) if gzipped else body
             status, reply = self.rest_api.handle(method, path, data, is_active=live.is_set)
