@@ -206,7 +206,7 @@ def learn_vocab(
         joiner=JOINER,
     )
     # The learner only sees words up to MAX_TOKEN_LENGTH characters; characters found only in
-    # longer words (which the tokenizer still splits, up to 100 characters) are added here so that
+    # longer words (which the tokenizer still splits, up to 200 characters) are added here so that
     # no character of the corpus's alphabet becomes [UNK].
     present = set(tokens)
     missing = [t for c in kept_chars for t in (c, JOINER + c) if t not in present]

@@ -246,7 +246,8 @@ class GraphTokenizer(tf.Module):
             self._full = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["full"]))
             self._stripped = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["stripped"]))
         # Words arrive normalized and split; FastWordpieceTokenizer only matches pieces. Words
-        # over 100 characters are replaced by [UNK] before it, so 4 bytes x 100 always fits.
+        # over MAX_INPUT_CHARS_PER_WORD characters are replaced by [UNK] before it, so 4 bytes
+        # a character always fits.
         self._wordpiece = tf_text.FastWordpieceTokenizer(
             vocab=list(vocab),
             suffix_indicator="##",
@@ -476,7 +477,7 @@ class GraphTokenizer(tf.Module):
         words = tf.RaggedTensor.from_value_rowids(chars, word_ids)
         word_rows = tf.boolean_mask(rows, word_start)
         encoded = tf.strings.unicode_encode(words, "UTF-8")
-        # The original gives [UNK] to a word of over 100 characters; the vocabulary holds "[UNK]",
+        # The original gives [UNK] to a word of over 200 characters; the vocabulary holds "[UNK]",
         # so that string tokenizes to exactly the [UNK] id.
         too_long = words.row_lengths() > MAX_INPUT_CHARS_PER_WORD
         encoded = tf.where(too_long, tf.constant(UNK_TOKEN), encoded)
@@ -677,7 +678,7 @@ def _source_offsets(piece_starts, piece_ends, spans):
 
     first_char = char_at(base + piece_starts.flat_values)
     last_char = char_at(base + piece_ends.flat_values - 1)
-    # An [UNK] for a word over 100 characters covers the whole word.
+    # An [UNK] for a word over 200 characters covers the whole word.
     whole_word = tf.gather(spans["too_long"], piece_word)
     first_char = tf.where(whole_word, tf.gather(word_first, piece_word), first_char)
     last_char = tf.where(whole_word, tf.gather(word_last, piece_word), last_char)

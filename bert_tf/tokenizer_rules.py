@@ -16,7 +16,8 @@ from bert_tf import io_utils
 
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-MAX_INPUT_CHARS_PER_WORD = 100
+# google-research/bert's WordpieceTokenizer since 332a687 (2018-11-23; 100 before it, and in HF's).
+MAX_INPUT_CHARS_PER_WORD = 200
 NUM_CODE_POINTS = 0x110000
 
 # The CJK Unified Ideographs blocks the original treats as "Chinese characters". Hangul, kana and

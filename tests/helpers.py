@@ -74,6 +74,18 @@ def write_vocab(path, texts, extra_words=()):
     return path
 
 
+def hf_wordpiece_reference(vocab_file, lowercase=True):
+    """Hugging Face `tokenizers`' BertWordPieceTokenizer, the independent reference of the
+    original's tokenizer, set to the original's current word limit: its WordPiece keeps words up
+    to 100 characters, google-research/bert's limit until commit 332a687 (2018-11-23), 200 since."""
+    from tokenizers import BertWordPieceTokenizer
+
+    reference = BertWordPieceTokenizer(vocab_file, lowercase=lowercase)
+    assert reference._tokenizer.model.max_input_chars_per_word == 100
+    reference._tokenizer.model.max_input_chars_per_word = 200
+    return reference
+
+
 # ----------------------------------------------------------------------------------------------
 # The one tiny model
 # ----------------------------------------------------------------------------------------------

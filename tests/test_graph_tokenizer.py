@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 import tensorflow as tf
-from helpers import run_python_script, saved_model_ops_script
+from helpers import hf_wordpiece_reference, run_python_script, saved_model_ops_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,6 +48,9 @@ EDGE_CASES = [
     "x" * 100,
     "y" * 101,
     "ab" * 60 + " end",
+    "w" * 200,
+    "v" * 201,
+    "ab" * 100 + "c end",
     "ΟΔΟΣ ΣΑΣ ΑΣ. Σ ΑΣ́ ΑΣ1 ΑΣ'Β",
     "İstanbul ǅemal ΐ",
     "line\u2028separator\u2029paragraph",
@@ -85,9 +88,7 @@ def cased(real_vocab):
 
 @pytest.fixture(scope="module")
 def hf_uncased(real_vocab):
-    from tokenizers import BertWordPieceTokenizer
-
-    return BertWordPieceTokenizer(real_vocab, lowercase=True)
+    return hf_wordpiece_reference(real_vocab)
 
 
 def graph_ids(graph_tokenizer, texts):
@@ -246,6 +247,24 @@ def test_wordpiece_is_greedy_longest_match_first(tmp_path):
     assert graph_ids(graph, ["unaffable unaffablex"]) == [full.encode("unaffable unaffablex")]
 
 
+def test_words_up_to_200_characters_are_split_into_pieces(tmp_path):
+    # google-research/bert's tokenization.py, WordpieceTokenizer's max_input_chars_per_word: 200
+    # since commit 332a687 (2018-11-23); 100 before it, and 100 in Hugging Face's BertTokenizer.
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "ab", "##ab", "##c"]) + "\n")
+    full = FullTokenizer(str(vocab))
+    graph = GraphTokenizer(str(vocab))
+    texts = ["ab" * 50 + "c", "ab" * 100, "ab" * 100 + "c", "AB" * 80 + " " + "ab" * 101]
+    want = [
+        ["ab"] + ["##ab"] * 49 + ["##c"],
+        ["ab"] + ["##ab"] * 99,
+        ["[UNK]"],
+        ["ab"] + ["##ab"] * 79 + ["[UNK]"],
+    ]
+    assert [full.tokenize(text) for text in texts] == want
+    assert graph_ids(graph, texts) == [full.encode(text) for text in texts]
+
+
 def test_token_id_conversions(real_vocab):
     full = FullTokenizer(real_vocab)
     tokens = full.tokenize("The quick brown fox.")
@@ -396,7 +415,7 @@ def test_offsets_on_examples(uncased):
         "!",
     ]
     assert spans == ["Naïve", "café", ":", "Ο", "Δ", "ΟΣ", "中", "文", "!"]
-    long_word = "x" + "y" * 150
+    long_word = "x" + "y" * 250
     _, starts, ends = graph.tokenize_with_offsets(tf.constant([f"a {long_word} b"]))
     assert list(zip(starts.to_list()[0], ends.to_list()[0])) == [
         (0, 1),

@@ -16,14 +16,15 @@ The original pipeline:
   4. split on whitespace (Python's `str.split()`);
   5. uncased only: lower-case each word (`str.lower()`, with Greek final sigma), NFD, drop Mn;
   6. split each word on punctuation (Unicode P* and the ASCII symbol ranges);
-  7. greedy longest-match-first WordPiece with `##` continuations; a word over 100 characters,
+  7. greedy longest-match-first WordPiece with `##` continuations; a word over 200 characters,
      or one that cannot be covered by the vocabulary, becomes `[UNK]`.
 
-Step 2 drops Cc and Cf only, as the TF Model Garden's `official/nlp/tools/tokenization.py` and the
-BERT release as other ports read it (BlingFire, for one). The revision of google-research/bert's
-`tokenization.py` that benchmarks/bench_pretraining_data.py fetches (f18bd94b) drops every C*
-category, as Hugging Face does. They differ on private-use, unassigned and surrogate code points
-only: a word holding one becomes `[UNK]` here and loses the character there.
+These are the rules of google-research/bert's last `tokenization.py` (d66a146, 2019-03-28).
+Earlier revisions differ in two: until d66a146, step 2 dropped every C* category, as Hugging Face
+still does (they differ on private-use, unassigned and surrogate code points only: a word holding
+one becomes `[UNK]` here and loses the character there); until 332a687 (2018-11-23), step 7's
+limit was 100 characters, as Hugging Face's still is. The TF Model Garden's copy drops Cc and Cf
+too, and keeps words up to 400 characters.
 
 Special tokens in text: the original splits a literal "[MASK]" in the input into "[", "mask", "]".
 The `special_tokens` option (say `special_tokens=("[MASK]", "[SEP]")`, for fill-mask; the default
@@ -246,7 +247,7 @@ class FullTokenizer:
         self.vocab = load_vocab(vocab_file)
         self.inv_vocab = {i: t for t, i in self.vocab.items()}
         self.special_tokens = check_special_tokens(special_tokens, self.vocab, vocab_file)
-        # A literal (in the vocabulary, at most 100 characters) comes out of WordPiece whole.
+        # A literal (in the vocabulary, at most 200 characters) comes out of WordPiece whole.
         self.basic_tokenizer = BasicTokenizer(
             do_lower_case=do_lower_case, special_tokens=self.special_tokens
         )
