@@ -154,23 +154,53 @@ _CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 # The pieces the tokenizer splits text into first: a CJK ideograph, or a run of anything else
 # between whitespace.
 _PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
-_LETTER_DIGIT_OR_UNDERSCORE = re.compile(r"\w")
+# Within a run: an ASCII punctuation character (is_punctuation's ranges), a token of its own, or
+# what lies between them. Unicode punctuation splits that further; not counting it only makes
+# prefix_keeping_tokens' count of words a lower bound.
+_ASCII_PUNCTUATION = "!-/:-@\\[-`{-~"
+_RUN_PART = re.compile(f"(?P<punctuation>[{_ASCII_PUNCTUATION}])|[^{_ASCII_PUNCTUATION}]+")
+# A letter or digit: it survives cleaning and accent stripping as at least one character, and it
+# is never punctuation. A run of one more of them than a word may hold makes its word an [UNK]
+# (the lookbehind starts the match only where such a run starts: linear, not quadratic).
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
+_TOO_LONG = re.compile(f"(?<![^\\W_])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}")
 
 
 def prefix_keeping_tokens(text, count):
     """A prefix of `text` whose tokens, by the original's tokenizer, begin with the first `count`
-    tokens of `text`: `text` cut after its `count`-th word, where a word is a CJK ideograph or a
-    run between whitespace (and ideographs) that holds a letter, digit or underscore. Each word
-    gives at least one token: an ideograph is a token of its own, and a letter, digit or
-    underscore survives cleaning and accent stripping, and WordPiece gives a word at least [UNK].
-    Whitespace and ideographs are where the tokenizer splits first, so no token spans the cut.
-    `text` itself when it has fewer words. Linear in the prefix's length."""
+    tokens of `text` (`text` itself when it has fewer): `text` cut after its `count`-th word,
+    where a word gives at least one token: a CJK ideograph, an ASCII punctuation character, or a
+    stretch between whitespace, ideographs and ASCII punctuation that holds a letter or digit.
+    The tokenizer splits at each of their ends, so no token spans the cut, with one exception: a
+    capital sigma lower-cases by what follows it in its whitespace-delimited run (a final sigma),
+    so a run holding one before the cut is kept whole. Linear in the length of the prefix and of
+    the run it ends in."""
     words = 0
     for piece in _PIECE.finditer(text):
         start, end = piece.span()
-        ideograph = end - start == 1 and is_cjk(ord(text[start]))
-        if ideograph or _LETTER_DIGIT_OR_UNDERSCORE.search(text, start, end):
+        if end - start == 1 and is_cjk(ord(text[start])):
             words += 1
             if words == count:
                 return text[:end]
+            continue
+        sigma = text.find("\u03a3", start, end)
+        for part in _RUN_PART.finditer(text, start, end):
+            cut = _word_end(text, part)
+            if cut is None:
+                continue
+            words += 1
+            if words == count:
+                return text[: end if 0 <= sigma < cut else cut]
     return text
+
+
+def _word_end(text, part):
+    """Where a _RUN_PART match can be cut keeping its tokens: its end, or right after the first
+    run of more letters and digits than a word may hold (the word holding it is one [UNK],
+    however far it goes on); None when nothing in it is sure to give a token."""
+    if part.group("punctuation"):
+        return part.end()
+    if not _LETTER_OR_DIGIT.search(text, *part.span()):
+        return None
+    too_long = _TOO_LONG.search(text, *part.span())
+    return too_long.end() if too_long else part.end()

@@ -20,26 +20,32 @@ from bert_tf.tokenization import FullTokenizer
 
 # Letters with and without accents, lone combining marks (stripped when lower-casing), controls
 # the tokenizer drops (NUL, U+001C, a zero-width space, U+FFFD), every kind of whitespace (Zs, tab,
-# newline), punctuation, CJK ideographs (with and without spaces around), digits, underscore and
-# an emoji (a symbol, no letter).
+# newline), ASCII and Unicode punctuation, CJK ideographs (with and without spaces around),
+# digits, underscore, a currency sign and an emoji (symbols, no letter), capital sigmas (whose
+# lower case depends on what follows), and words around the 200 characters past which a word is
+# an [UNK].
 PIECES = [
     "the", "Movie", "élan", "Ünïcödé", "e\u0301", "\u0301", "\u0301\u0308", "\x00", "\x1c",
     "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(",
     "\u4e2d\u6587", "x\u4e2d", "\U00020000", "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
+    "y" * 200, "z" * 201, "b" * 260, "«", "»", "\u20ac", "a_b", "\u03a3", "\u039f\u03a3", ".\u0392", "'\u03a3",
 ]  # fmt: skip
+WHITESPACE = {" ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n"}
 
 
-def random_text(rng, pieces=40):
-    return "".join(rng.choice(PIECES) for _ in range(pieces))
+def random_text(rng, pieces=40, choices=PIECES):
+    return "".join(rng.choice(choices) for _ in range(pieces))
 
 
 @pytest.mark.parametrize("do_lower_case", [True, False])
-def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_case):
+@pytest.mark.parametrize("spaced", [True, False], ids=["spaced", "glued"])
+def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_case, spaced):
     tokenizer = FullTokenizer(real_vocab, do_lower_case=do_lower_case)
     rng = random.Random(7)
+    choices = PIECES if spaced else [piece for piece in PIECES if piece not in WHITESPACE]
     cut_somewhere = 0
     for _ in range(400):
-        text = random_text(rng)
+        text = random_text(rng, choices=choices)
         whole = tokenizer.tokenize(text)
         for count in (1, 2, 3, 5, 8, 13):
             prefix = tokenizer_rules.prefix_keeping_tokens(text, count)
