@@ -1,5 +1,6 @@
 """Small file helpers shared by every job: atomic writes and input globs."""
 
+import ast
 import codecs
 import contextlib
 import errno
@@ -53,6 +54,23 @@ def full_disk_message(error):
             path = path[: path.index(".tempstate")]  # TF's scratch name for the file it writes
     where = f" writing {path}" if path else ""
     return f"{reason.lower()}{where}"
+
+
+# An OSError as text (str(error): the file name as Python's repr writes it), the form in which a
+# Beam worker's error reaches the job.
+_OS_ERROR_TEXT = re.compile(
+    r"\[Errno (\d+)\] ([^:\n]+)(?:: ('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"))?"
+)
+
+
+def full_disk_error_in(text):
+    """The first full-disk OSError written out in `text` (a remote worker's failure, say), rebuilt
+    with its errno and file name; None when `text` holds none."""
+    for found in _OS_ERROR_TEXT.finditer(text):
+        number, reason, quoted = int(found.group(1)), found.group(2), found.group(3)
+        if number in _FULL_DISK_ERRNOS:
+            return OSError(number, reason, ast.literal_eval(quoted) if quoted else None)
+    return None
 
 
 def is_remote(path):

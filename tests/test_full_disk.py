@@ -5,6 +5,7 @@ write, leaves nothing half-written, and a rerun once there is space finishes the
 import errno
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -153,7 +154,7 @@ def text_files(tmp_path_factory):
     return directory
 
 
-def create_data(text_files, vocab_file, output_dir):
+def create_data(text_files, vocab_file, output_dir, *flags):
     return run_job(
         "create_pretraining_data",
         f"--input_file={text_files}/part*.txt",
@@ -164,23 +165,28 @@ def create_data(text_files, vocab_file, output_dir):
         "--num_shards=3",
         "--dupe_factor=2",
         "--num_workers=2",
+        *flags,
     )
 
 
+@pytest.mark.parametrize("runner", ["local", "beam"])
 def test_create_pretraining_data_on_a_full_disk_names_the_file_and_leaves_no_partial_shard(
-    records, text_files, small_disk, tmp_path
+    records, text_files, small_disk, tmp_path, runner
 ):
     vocab_file = records / "vocab.txt"
     reference = create_data(text_files, vocab_file, tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
     disk = small_disk("6m")  # room for the token files, not for the records (20 MB)
     output_dir = disk / "records"
-    failed = create_data(text_files, vocab_file, output_dir)
+    flags = ["--runner=DirectRunner", "--direct_num_workers=1"] if runner == "beam" else []
+    failed = create_data(text_files, vocab_file, output_dir, *flags)
     assert failed.returncode == 1, failed.stderr[-3000:]
-    assert "Traceback" not in failed.stderr
+    if runner == "local":  # (Beam logs the traceback of each failed bundle itself)
+        assert "Traceback" not in failed.stderr
     (line,) = [line for line in failed.stdout.splitlines() if line.startswith("error: ")]
     assert line.startswith(f"error: no space left on device writing {output_dir}/"), line
     assert "No partial output file is left; " in line and "a rerun resumes from" in line
+    assert re.search(r"keeps \d+\.\d MB of finished work", line), line
     left = [
         os.path.relpath(os.path.join(d, name), output_dir)
         for d, _, names in os.walk(output_dir)
@@ -212,6 +218,18 @@ def test_full_disk_message_names_the_file_and_ignores_other_errors():
     assert io_utils.full_disk_message(tf.errors.ResourceExhaustedError(None, None, "OOM")) is None
     assert io_utils.full_disk_message(OSError(errno.EACCES, "Permission denied", "/d")) is None
     assert io_utils.full_disk_message(ValueError("No space left on device")) is None
+
+
+def test_a_full_disk_error_written_out_as_text_is_read_back():
+    # How a Beam worker's OSError reaches the job: its text inside the runner's own error.
+    for name in ("/d/plain.bin", "/d/it's.bin", '/d/back\\slash"quote.bin'):
+        error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+        found = io_utils.full_disk_error_in(f"RuntimeError: Traceback\n  ...\n{error} [Build]")
+        assert (found.errno, found.filename) == (errno.ENOSPC, name)
+    quota = io_utils.full_disk_error_in(str(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))))
+    assert (quota.errno, quota.filename) == (errno.EDQUOT, None)
+    assert io_utils.full_disk_error_in("[Errno 13] Permission denied: '/d'") is None
+    assert io_utils.full_disk_error_in("the pipeline failed") is None
 
 
 def test_a_failed_write_through_atomic_path_names_the_file_and_removes_its_temp(tmp_path):

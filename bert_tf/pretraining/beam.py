@@ -174,6 +174,9 @@ def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
             result = pipeline.run()
             result.wait_until_finish()
     except Exception as e:
+        full_disk = io_utils.full_disk_error_in(str(e))  # reported as the local path reports it
+        if full_disk:
+            raise full_disk from e
         raise io_utils.JobFailure(f"the Beam pipeline failed: {e}") from e
     finally:
         if runner == "DirectRunner":  # this machine's copies of a remote work directory
