@@ -56,20 +56,26 @@ def full_disk_message(error):
     return f"{reason.lower()}{where}"
 
 
-# An OSError as text (str(error): the file name as Python's repr writes it), the form in which a
-# Beam worker's error reaches the job.
-_OS_ERROR_TEXT = re.compile(
-    r"\[Errno (\d+)\] ([^:\n]+)(?:: ('(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"))?"
-)
+# An OSError as text (str(error): "[Errno N] reason: 'file'", the file name as repr writes it),
+# the form in which a Beam worker's error reaches the job.
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ")
+_QUOTED_NAME = re.compile(r": (b?'(?:[^'\\\n]|\\.)*'|b?\"(?:[^\"\\\n]|\\.)*\")")
 
 
 def full_disk_error_in(text):
     """The first full-disk OSError written out in `text` (a remote worker's failure, say), rebuilt
-    with its errno and file name; None when `text` holds none."""
-    for found in _OS_ERROR_TEXT.finditer(text):
-        number, reason, quoted = int(found.group(1)), found.group(2), found.group(3)
-        if number in _FULL_DISK_ERRNOS:
-            return OSError(number, reason, ast.literal_eval(quoted) if quoted else None)
+    with its errno and, where it can be read back, its file name; None when `text` holds none."""
+    for found in _ERRNO_TEXT.finditer(text):
+        number = int(found.group(1))
+        reason = os.strerror(number)
+        if number not in _FULL_DISK_ERRNOS or not text.startswith(reason, found.end()):
+            continue
+        name = _QUOTED_NAME.match(text, found.end() + len(reason))
+        try:
+            filename = os.fsdecode(ast.literal_eval(name.group(1))) if name else None
+        except (ValueError, SyntaxError, TypeError):
+            filename = None  # cut short or mangled on its way: the reason alone
+        return OSError(number, reason, filename)
     return None
 
 

@@ -160,10 +160,13 @@ _PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
 _ASCII_PUNCTUATION = "!-/:-@\\[-`{-~"
 _RUN_PART = re.compile(f"(?P<punctuation>[{_ASCII_PUNCTUATION}])|[^{_ASCII_PUNCTUATION}]+")
 # A letter or digit: it survives cleaning and accent stripping as at least one character, and it
-# is never punctuation. A run of one more of them than a word may hold makes its word an [UNK]
-# (the lookbehind starts the match only where such a run starts: linear, not quadratic).
+# is never punctuation (tests/test_long_texts.py checks both over every code point). A run of one
+# more of them than a word may hold makes its word an [UNK]; the lookbehind starts the match only
+# where such a run starts (an ideograph before it is a word of its own), so the search is linear.
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
-_TOO_LONG = re.compile(f"(?<![^\\W_])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}")
+_TOO_LONG = re.compile(
+    f"(?<![^\\W_{_CJK_CLASS}])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}"
+)
 
 
 def prefix_keeping_tokens(text, count):
@@ -173,8 +176,9 @@ def prefix_keeping_tokens(text, count):
     stretch between whitespace, ideographs and ASCII punctuation that holds a letter or digit.
     The tokenizer splits at each of their ends, so no token spans the cut, with one exception: a
     capital sigma lower-cases by what follows it in its whitespace-delimited run (a final sigma),
-    so a run holding one before the cut is kept whole. Linear in the length of the prefix and of
-    the run it ends in."""
+    so a run holding one before the cut is kept whole. For tokenizers without special_tokens (a
+    literal "[MASK]" may be cut after its "["). Linear in the length of the prefix and of the run
+    it ends in."""
     words = 0
     for piece in _PIECE.finditer(text):
         start, end = piece.span()
@@ -183,14 +187,13 @@ def prefix_keeping_tokens(text, count):
             if words == count:
                 return text[:end]
             continue
-        sigma = text.find("\u03a3", start, end)
         for part in _RUN_PART.finditer(text, start, end):
             cut = _word_end(text, part)
             if cut is None:
                 continue
             words += 1
             if words == count:
-                return text[: end if 0 <= sigma < cut else cut]
+                return text[: end if "\u03a3" in text[start:cut] else cut]
     return text
 
 

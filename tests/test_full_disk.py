@@ -226,8 +226,18 @@ def test_a_full_disk_error_written_out_as_text_is_read_back():
         error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
         found = io_utils.full_disk_error_in(f"RuntimeError: Traceback\n  ...\n{error} [Build]")
         assert (found.errno, found.filename) == (errno.ENOSPC, name)
-    quota = io_utils.full_disk_error_in(str(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))))
-    assert (quota.errno, quota.filename) == (errno.EDQUOT, None)
+    quota = str(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)))
+    found = io_utils.full_disk_error_in(quota)
+    assert (found.errno, found.filename) == (errno.EDQUOT, None)
+    bytes_name = io_utils.full_disk_error_in(str(OSError(errno.ENOSPC, "x", b"/d/raw.bin")))
+    assert bytes_name is None  # its reason is not the system's: not an OSError of this machine
+    raw = f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: b'/d/raw.bin'"
+    assert io_utils.full_disk_error_in(raw).filename == "/d/raw.bin"
+    # A name cut short or mangled on its way, and Beam's suffix after a nameless error.
+    mangled = f"[Errno {errno.ENOSPC}] {os.strerror(errno.ENOSPC)}: '/a\\x' [while running 'W']"
+    assert io_utils.full_disk_error_in(mangled).filename is None
+    nameless = io_utils.full_disk_error_in(f"{quota} [while running 'W']")
+    assert io_utils.full_disk_message(nameless) == "disk quota exceeded"
     assert io_utils.full_disk_error_in("[Errno 13] Permission denied: '/d'") is None
     assert io_utils.full_disk_error_in("the pipeline failed") is None
 

@@ -29,6 +29,7 @@ PIECES = [
     "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(",
     "\u4e2d\u6587", "x\u4e2d", "\U00020000", "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
     "y" * 200, "z" * 201, "b" * 260, "«", "»", "\u20ac", "a_b", "\u03a3", "\u039f\u03a3", ".\u0392", "'\u03a3",
+    "\u4e2d" + "7" * 260,
 ]  # fmt: skip
 WHITESPACE = {" ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n"}
 
@@ -57,6 +58,15 @@ def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_cas
     assert cut_somewhere > 1000  # the cases cut, not only kept whole
 
 
+def test_a_run_of_too_many_letters_is_cut_wherever_it_starts():
+    # Each is one [UNK] however long it goes on: cut after 201 letters or digits. Before it: a
+    # word of its own (x, an ideograph, an ASCII mark) or a Unicode mark the count does not see.
+    for before, count in (("", 1), ("x ", 2), ("\u4e2d", 2), ("(", 2), ("\u00ab", 1)):
+        text = before + "7" * 300 + " z"
+        cut = tokenizer_rules.prefix_keeping_tokens(text, count)
+        assert len(cut) == len(before) + 201, before
+
+
 def test_the_whitespace_class_is_the_tokenizers_whitespace():
     import re
 
@@ -64,6 +74,32 @@ def test_the_whitespace_class_is_the_tokenizers_whitespace():
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         assert bool(pattern.fullmatch(char)) == tokenizer_rules.is_whitespace(char), hex(cp)
+
+
+def test_a_letter_or_digit_always_leaves_a_character_that_is_no_split_point():
+    # What the cut's word count rests on: a character Python's re takes for a letter or digit
+    # ([^\W_]) is never dropped by cleaning, never whitespace or punctuation, no combining mark
+    # (so nothing reorders across a cut next to it), and lower-casing with accent stripping leaves
+    # at least one character of it, none of them whitespace, punctuation or dropped.
+    import re
+    import unicodedata
+
+    letter_or_digit = re.compile(r"[^\W_]")
+    for cp in range(tokenizer_rules.NUM_CODE_POINTS):
+        char = chr(cp)
+        if not letter_or_digit.match(char):
+            continue
+        assert cp not in (0, 0xFFFD) and not tokenizer_rules.is_control(char), hex(cp)
+        assert not tokenizer_rules.is_whitespace(char), hex(cp)
+        assert not tokenizer_rules.is_punctuation(char), hex(cp)
+        assert unicodedata.combining(char) == 0, hex(cp)
+        lowered = unicodedata.normalize("NFD", char.lower())
+        kept = [c for c in lowered if unicodedata.category(c) != "Mn"]
+        assert kept, hex(cp)
+        for c in kept:
+            assert not tokenizer_rules.is_whitespace(c), hex(cp)
+            assert not tokenizer_rules.is_punctuation(c), hex(cp)
+            assert not tokenizer_rules.is_control(c), hex(cp)
 
 
 @pytest.fixture(scope="module")

@@ -288,8 +288,9 @@ def test_a_rest_request_past_its_deadline_stops_its_remaining_chunks(
         assert 1 <= wait_until_no_chunk_starts(calls, lock) <= 6, len(calls)
 
 
+@pytest.mark.parametrize("leaving", ["close", "shutdown"])
 def test_a_rest_request_whose_client_hung_up_stops_its_remaining_chunks(
-    tmp_path, exports, monkeypatch
+    tmp_path, exports, monkeypatch, leaving
 ):
     calls, lock = slow_chunks(monkeypatch)
     with model_server(
@@ -306,6 +307,11 @@ def test_a_rest_request_whose_client_hung_up_stops_its_remaining_chunks(
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and len(calls) < 2:
                 time.sleep(0.02)
+            if leaving == "shutdown":
+                # Only its sending side: TCP cannot tell that from a hang-up, so the same happens
+                # (and nginx does the same), and the server closes the connection unanswered.
+                client.shutdown(socket.SHUT_WR)
+                assert client.recv(1 << 16) == b""
         assert 2 <= wait_until_no_chunk_starts(calls, lock) <= 6, len(calls)
         deadline = time.monotonic() + 5
         while running.open_rest_connections and time.monotonic() < deadline:

@@ -125,7 +125,7 @@ class RestApi:
 
     def handle(self, method, path, body, is_active=None):
         """Answers one request under /v1/: (HTTP status, reply text). A big request stops at its
-        next chunk once `is_active()` turns False (its deadline passed)."""
+        next chunk once `is_active()` turns False (its deadline passed, or its client left)."""
         start = time.perf_counter()
         request = None
         try:
@@ -380,7 +380,7 @@ class _Connection:
         byte is kept for its read."""
         try:
             byte = await self.reader.read(1)
-        except OSError:
+        except Exception:  # a broken connection, whatever the transport calls it
             byte = b""
         if byte:
             self.read_ahead = byte
