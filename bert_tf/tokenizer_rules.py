@@ -164,9 +164,7 @@ _RUN_PART = re.compile(f"(?P<punctuation>[{_ASCII_PUNCTUATION}])|[^{_ASCII_PUNCT
 # more of them than a word may hold makes its word an [UNK]; the lookbehind starts the match only
 # where such a run starts (an ideograph before it is a word of its own), so the search is linear.
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
-_TOO_LONG = re.compile(
-    f"(?<![^\\W_{_CJK_CLASS}])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}"
-)
+_TOO_LONG = re.compile(f"(?<![^\\W_{_CJK_CLASS}])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}")
 
 
 def prefix_keeping_tokens(text, count):
