@@ -2,8 +2,10 @@
 latency: a request must arrive whole within the idle timeout, however it drips, and thousands of
 dripping connections leave an ordinary request fast. Real servers on 127.0.0.1, real sockets."""
 
+import base64
 import http.client
 import json
+import re
 import resource
 import socket
 import statistics
@@ -180,3 +182,40 @@ def test_connections_past_the_limit_get_a_503_and_the_others_go_on(tmp_path, exp
                 connection.close()
         finally:
             limited.stop()
+
+
+def test_a_slow_reader_gets_a_big_reply_whole(tmp_path, exports):
+    # A 5 MB reply read at most 64 KB every 50 ms through a small receive buffer: about 10 s
+    # against a 1 s idle timeout. Each read is progress, so the reply must arrive whole (the
+    # kernel's send buffer hides it from asyncio's for seconds at a time: it was cut at 3.6 MB).
+    rows = [f"{i:02d}" + "x" * (750_000 - 2) for i in range(5)]
+    body = json.dumps({"signature_name": "echo", "instances": rows}).encode()
+    head = (
+        f"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with model_server(
+        {"clf": make_base(tmp_path, exports)}, idle_timeout_s=1.0, warmup=False
+    ) as server:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+            sock.settimeout(30)
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(head + body)
+            start = time.monotonic()
+            reply = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+                head_end = reply.find(b"\r\n\r\n")
+                if head_end >= 0:
+                    length = int(re.search(rb"Content-Length: (\d+)", reply[:head_end])[1])
+                    if len(reply) >= head_end + 4 + length:
+                        break
+                time.sleep(0.05)
+            took = time.monotonic() - start
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n"), reply[:300]
+    outputs = json.loads(reply[head_end + 4 :])["predictions"]
+    assert [base64.b64decode(row["b64"]).decode() for row in outputs] == rows
+    assert took > 5, took  # far slower than the idle timeout

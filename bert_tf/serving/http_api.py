@@ -16,6 +16,7 @@ so (413, 408, 411), since TF Serving's own HTTP library also refuses those befor
 import asyncio
 import concurrent.futures
 import email.utils
+import fcntl
 import http
 import http.client
 import io
@@ -23,6 +24,8 @@ import os
 import re
 import resource
 import socket
+import struct
+import termios
 import threading
 import time
 import urllib.parse
@@ -425,14 +428,28 @@ async def _drain_while_read(writer, idle_timeout_s):
     """Waits for `writer`'s buffer to drain while the client keeps reading: a TimeoutError once
     it read nothing for `idle_timeout_s` (a slow reader of a big reply is not cut off)."""
     while True:
-        left = writer.transport.get_write_buffer_size()
+        left = _unsent_bytes(writer)
         try:
             async with asyncio.timeout(idle_timeout_s):
                 await writer.drain()
             return
         except TimeoutError:
-            if writer.transport.get_write_buffer_size() >= left:
+            if _unsent_bytes(writer) >= left:
                 raise
+
+
+def _unsent_bytes(writer):
+    """The bytes written that the client has not taken yet: asyncio's buffer, and the kernel's
+    send queue where it can be read (Linux). The kernel wakes a writer only once a third of its
+    send buffer (megabytes) is free, so asyncio's buffer alone can stand still for seconds while
+    a slow client reads steadily."""
+    unsent = writer.transport.get_write_buffer_size()
+    try:
+        sock = writer.get_extra_info("socket")
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        return unsent + struct.unpack("i", queued)[0]
+    except (OSError, AttributeError, ValueError):
+        return unsent
 
 
 def _parse_version(version):
