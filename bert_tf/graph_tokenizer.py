@@ -246,8 +246,8 @@ class GraphTokenizer(tf.Module):
             self._full = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["full"]))
             self._stripped = tf.RaggedTensor.from_row_splits(*map(tf.constant, tables["stripped"]))
         # Words arrive normalized and split; FastWordpieceTokenizer only matches pieces. Words
-        # over MAX_INPUT_CHARS_PER_WORD characters are replaced by [UNK] before it, so 4 bytes
-        # a character always fits.
+        # over MAX_INPUT_CHARS_PER_WORD characters are replaced by [UNK] before it, so a limit of
+        # 4 bytes a character never cuts one.
         self._wordpiece = tf_text.FastWordpieceTokenizer(
             vocab=list(vocab),
             suffix_indicator="##",
