@@ -232,3 +232,14 @@ def model_server(
         warmup=warmup,
     )
     return server.ModelServer(models, options, core_options, on_loaded, metrics, metrics_path)
+
+
+def split_raw_reply(raw):
+    """(status line, {lower-case header: value}, body) of one raw HTTP reply."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines:
+        key, _, value = line.partition(b":")
+        headers[key.strip().lower().decode()] = value.strip().decode()
+    return status_line, headers, body

@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
-from helpers_serve import LABELS, V2_LABELS, make_base, model_server
+from helpers_serve import LABELS, V2_LABELS, make_base, model_server, split_raw_reply
 from tensorflow.core.framework import types_pb2
 
 from bert_tf import serve
@@ -531,17 +531,6 @@ def raw_exchange(port, data, timeout=30):
             chunks.append(chunk)
             size += len(chunk)
     return b"".join(chunks)
-
-
-def split_raw_reply(raw):
-    """(status line, {lower-case header: value}, body) of one raw HTTP reply."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line, *lines = head.split(b"\r\n")
-    headers = {}
-    for line in lines:
-        key, _, value = line.partition(b":")
-        headers[key.strip().lower().decode()] = value.strip().decode()
-    return status_line, headers, body
 
 
 @pytest.mark.parametrize(

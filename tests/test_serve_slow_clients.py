@@ -5,7 +5,6 @@ dripping connections leave an ordinary request fast. Real servers on 127.0.0.1, 
 import base64
 import http.client
 import json
-import re
 import resource
 import socket
 import statistics
@@ -16,7 +15,7 @@ import threading
 import time
 
 import pytest
-from helpers_serve import make_base, model_server
+from helpers_serve import make_base, model_server, split_raw_reply
 
 from bert_tf.serving import http_api
 
@@ -191,7 +190,8 @@ def test_a_slow_reader_gets_a_big_reply_whole(tmp_path, exports):
     rows = [f"{i:02d}" + "x" * (750_000 - 2) for i in range(5)]
     body = json.dumps({"signature_name": "echo", "instances": rows}).encode()
     head = (
-        f"POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        "POST /v1/models/clf:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     with model_server(
         {"clf": make_base(tmp_path, exports)}, idle_timeout_s=1.0, warmup=False
@@ -202,20 +202,14 @@ def test_a_slow_reader_gets_a_big_reply_whole(tmp_path, exports):
             sock.connect(("127.0.0.1", server.port))
             sock.sendall(head + body)
             start = time.monotonic()
-            reply = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                reply += chunk
-                head_end = reply.find(b"\r\n\r\n")
-                if head_end >= 0:
-                    length = int(re.search(rb"Content-Length: (\d+)", reply[:head_end])[1])
-                    if len(reply) >= head_end + 4 + length:
-                        break
+            raw = b""
+            while chunk := sock.recv(65536):  # until the server closes, after the reply or not
+                raw += chunk
                 time.sleep(0.05)
             took = time.monotonic() - start
-    assert reply.startswith(b"HTTP/1.1 200 OK\r\n"), reply[:300]
-    outputs = json.loads(reply[head_end + 4 :])["predictions"]
+    status_line, headers, reply = split_raw_reply(raw)
+    assert status_line == b"HTTP/1.1 200 OK", raw[:300]
+    assert len(reply) == int(headers["content-length"]), (len(reply), headers)
+    outputs = json.loads(reply)["predictions"]
     assert [base64.b64decode(row["b64"]).decode() for row in outputs] == rows
     assert took > 5, took  # far slower than the idle timeout

@@ -427,6 +427,8 @@ class _Connection:
 async def _drain_while_read(writer, idle_timeout_s):
     """Waits for `writer`'s buffer to drain while the client keeps reading: a TimeoutError once
     it read nothing for `idle_timeout_s` (a slow reader of a big reply is not cut off)."""
+    if not writer.transport.get_write_buffer_size():
+        return  # the kernel took it all: most replies, with no system call to count them
     while True:
         left = _unsent_bytes(writer)
         try:
