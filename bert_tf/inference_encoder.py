@@ -8,11 +8,19 @@ The arithmetic is the same, so the gain is the kernels not run, which shows at s
 MiniLM export's batch-1 call takes about 0.8x the time (benchmarks/RESULTS.md, "Inference: what
 each export choice buys"); under XLA, which fuses either graph, the two are within noise.
 
-Each layer is also split by heads into SHARDS parts, each with its heads' query, key and value
-columns, its rows of the attention output kernel, and its share of the feedforward's columns and
-of the second kernel's rows; the parts' outputs are summed before each LayerNorm. A small
-batch's matmuls are bound by reading their weights, and the parts, independent ops, can run side
-by side on TensorFlow's inter-op threads.
+Each layer's attention is split by heads into SHARDS parts, each with its heads' query, key and
+value columns and its rows of the attention output kernel, and its feedforward into parts of the
+first kernel's columns and the second kernel's rows (feedforward_parts); the parts' outputs are
+summed before each LayerNorm. A small batch's matmuls are bound by reading their weights, and the
+parts, independent ops, can run side by side on TensorFlow's inter-op threads.
+
+At TensorFlow's default threads, every oneDNN kernel that splits its work waits for the intra-op
+threads, which costs more than a small batch's kernel itself: a MiniLM call with 19 tokens spent
+a third of its time in such hand-offs (benchmarks/RESULTS.md, "Inference: TensorFlow's default
+threads"). So the graph keeps a small batch's kernels on the thread that runs them: transposes go
+through integers (Eigen's kernel, which runs small ones inline), a small attention takes Eigen's
+batch matmul and log-softmax (SMALL_ATTENTION_SCORES), and the feedforward parts are made small
+enough for oneDNN to run each on one thread (SINGLE_THREAD_KERNEL_BYTES).
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
@@ -33,13 +41,21 @@ from bert_tf import checkpoints, modeling
 
 # The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
 _MASKED_SCORE = -1e9
-# How many parts each layer's heads and feedforward columns are split into (tensor parallelism, as
-# Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts' ops on its inter-op
-# threads side by side, so a small batch's skinny matmuls, bound by reading the weights, read them
-# on two cores at once. It pays with one intra-op thread (BERT-base's batch-1 call in 0.67x to
-# 0.75x the time on 2 cores); TensorFlow's default intra-op pool competes with the parts. Figures:
-# benchmarks/RESULTS.md, "Inference: what each export choice buys".
+# How many parts each layer's heads are split into, and its feedforward columns at least (tensor
+# parallelism, as Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts'
+# ops on its inter-op threads side by side, so a small batch's skinny matmuls, bound by reading the
+# weights, read them on two cores at once (BERT-base's batch-1 call in 0.67x to 0.75x the time on 2
+# cores, one intra-op thread). Figures: benchmarks/RESULTS.md, "Inference: what each export choice
+# buys".
 SHARDS = 2
+# oneDNN runs a matmul on the calling thread when its operands fit the L2 cache (TensorFlow's
+# ExecuteSingleThreadedGemm; 1 MB a core on these EPYCs): a feedforward is split in twice SHARDS
+# parts when that brings each part's kernel within this size, leaving room for a small batch's rows.
+SINGLE_THREAD_KERNEL_BYTES = 640 * 1024
+# The attention scores per head (batch x length x length) up to which a call takes Eigen's batch
+# matmul and softmax, which run a small attention inline, instead of oneDNN's, which hand every
+# call to the intra-op threads but are faster on large ones.
+SMALL_ATTENTION_SCORES = 4096
 
 
 def _layer_norm(x, gamma, beta):
@@ -47,6 +63,44 @@ def _layer_norm(x, gamma, beta):
     return keras.ops.layer_normalization(
         x, gamma, beta, axis=-1, epsilon=modeling.LAYER_NORM_EPSILON
     )
+
+
+def _transpose(x, perm):
+    """tf.transpose of x through the integer type of its width, which oneDNN does not take over."""
+    integer = {2: tf.int16, 4: tf.int32}[x.dtype.size]
+    return tf.bitcast(tf.transpose(tf.bitcast(x, integer), perm), x.dtype)
+
+
+def _batch_matmul(x, y, inline, transpose_y=False):
+    """x @ y (y transposed if `transpose_y`); `inline`: with Eigen's kernel (BatchMatMulV3, which
+    oneDNN does not take over), else oneDNN's."""
+    if inline:
+        return tf.raw_ops.BatchMatMulV3(x=x, y=y, Tout=x.dtype, adj_y=transpose_y)
+    return tf.matmul(x, y, transpose_b=transpose_y)
+
+
+def _softmax(x, inline):
+    """Softmax over the last axis; `inline`: as exp(log_softmax), Eigen's kernels."""
+    if inline:
+        return tf.exp(tf.nn.log_softmax(x))
+    return tf.nn.softmax(x)
+
+
+def small_attention(batch, length):
+    """Whether an attention of `batch` rows of `length` takes Eigen's kernels: bool []."""
+    scores = tf.cast(batch, tf.int64) * tf.cast(length, tf.int64) ** 2
+    return scores <= SMALL_ATTENTION_SCORES
+
+
+def feedforward_parts(intermediate_kernel_bytes, shards):
+    """How many parts a feedforward is split into: twice `shards` if that brings each part's
+    kernel within SINGLE_THREAD_KERNEL_BYTES, else `shards` (BERT-base's 9 MB would need 16 parts;
+    its batch-1 call ran slower in 8 or 12 than in 2)."""
+    if intermediate_kernel_bytes / shards <= SINGLE_THREAD_KERNEL_BYTES:
+        return shards
+    if intermediate_kernel_bytes / (2 * shards) <= SINGLE_THREAD_KERNEL_BYTES:
+        return 2 * shards
+    return shards
 
 
 class InferenceEncoder(keras.layers.Layer):
@@ -96,13 +150,20 @@ class InferenceEncoder(keras.layers.Layer):
             copy(f"embeddings_layer_norm_{part}", source[f"{embeddings}/LayerNorm/{part}"])
             for part in ("gamma", "beta")
         ]
-        # Each layer's heads, and its feedforward columns, split in `shards` parts: the parts of a
-        # layer depend on nothing but its input, so the graph runs them side by side.
+        # Each layer's heads split in `shards` parts, its feedforward columns in
+        # `feedforward_parts`: the parts of a layer depend on nothing but its input, so the graph
+        # runs them side by side.
         if shards < 1:
             raise ValueError(f"shards must be at least 1, got {shards}")
         # No part without a head or a feedforward column: oneDNN aborts the process on a
         # zero-width matmul.
-        self.shards = min(shards, self.num_heads, config.intermediate_size)
+        self.shards = min(shards, self.num_heads)
+        kernel_bytes = (
+            config.hidden_size * config.intermediate_size * tf.as_dtype(self.compute_dtype).size
+        )
+        self.feedforward_parts = min(
+            feedforward_parts(kernel_bytes, self.shards), config.intermediate_size
+        )
         head_size = self.hidden_size // self.num_heads
         self.transformer_layers = []
         for i in range(config.num_hidden_layers):
@@ -122,11 +183,7 @@ class InferenceEncoder(keras.layers.Layer):
                 "ffn_norm_gamma": source[f"{layer}/output/LayerNorm/gamma"],
                 "ffn_norm_beta": source[f"{layer}/output/LayerNorm/beta"],
             }
-            parts = zip(
-                np.array_split(np.arange(self.num_heads), self.shards),
-                np.array_split(np.arange(intermediate_kernel.shape[1]), self.shards),
-            )
-            for shard, (heads, columns) in enumerate(parts):
+            for shard, heads in enumerate(np.array_split(np.arange(self.num_heads), self.shards)):
                 # This shard's heads' columns of the query, key and value projections.
                 head_columns = np.arange(heads[0] * head_size, (heads[-1] + 1) * head_size)
                 weights.update(
@@ -140,9 +197,17 @@ class InferenceEncoder(keras.layers.Layer):
                             [bias[head_columns] for bias in projection_biases]
                         ),
                         f"shard_{shard}_output_kernel": output_kernel[head_columns],
-                        f"shard_{shard}_intermediate_kernel": intermediate_kernel[:, columns],
-                        f"shard_{shard}_intermediate_bias": intermediate_bias[columns],
-                        f"shard_{shard}_ffn_output_kernel": ffn_output_kernel[columns],
+                    }
+                )
+            columns = np.array_split(np.arange(config.intermediate_size), self.feedforward_parts)
+            for part, part_columns in enumerate(columns):
+                weights.update(
+                    {
+                        f"feedforward_{part}_intermediate_kernel": intermediate_kernel[
+                            :, part_columns
+                        ],
+                        f"feedforward_{part}_intermediate_bias": intermediate_bias[part_columns],
+                        f"feedforward_{part}_output_kernel": ffn_output_kernel[part_columns],
                     }
                 )
             self.transformer_layers.append(
@@ -162,30 +227,36 @@ class InferenceEncoder(keras.layers.Layer):
         dtype = self.compute_dtype
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
-    def _attention(self, x, layer, shard, keys, batch, length):
+    def _attention(self, x, layer, shard, keys, batch, length, small):
         """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1 or s, s]): its
-        context.
+        context, [b*s, the shard's heads times head_size].
 
-        The context is [b*s, the shard's heads times head_size].
+        `small` (bool []): whether the scores are few enough for Eigen's kernels
+        (SMALL_ATTENTION_SCORES).
         """
         head_size = self.hidden_size // self.num_heads
         kernel = layer[f"shard_{shard}_qkv_kernel"]
         width = kernel.shape[1] // 3  # this shard's heads times head_size
         qkv = self._dense(x, kernel, layer[f"shard_{shard}_qkv_bias"])
         # [3, b, heads, s, head_size]
-        qkv = tf.transpose(
+        qkv = _transpose(
             tf.reshape(qkv, [batch, length, 3, width // head_size, head_size]), [2, 0, 3, 1, 4]
         )
         query, key, value = tf.unstack(qkv)
         # Keras scales the query before the product when it has attention dropout (every released
         # config); so do we, for the same rounding.
         query = query * tf.cast(1.0 / math.sqrt(head_size), query.dtype)
-        products = tf.matmul(query, key, transpose_b=True)
-        scores = tf.where(keys, products, tf.cast(_MASKED_SCORE, products.dtype))
-        # Zeroed after the softmax too, as Keras does: a row without real keys attends to nothing.
-        probabilities = tf.where(keys, tf.nn.softmax(scores), tf.zeros([], products.dtype))
-        context = tf.matmul(probabilities, value)  # [b, heads, s, head_size]
-        return tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [-1, width])
+
+        def context(inline):  # [b, heads, s, head_size]
+            products = _batch_matmul(query, key, inline, transpose_y=True)
+            scores = tf.where(keys, products, tf.cast(_MASKED_SCORE, products.dtype))
+            # Zeroed after the softmax too, as Keras does: a row without real keys attends to
+            # nothing.
+            probabilities = tf.where(keys, _softmax(scores, inline), tf.zeros([], products.dtype))
+            return _batch_matmul(probabilities, value, inline)
+
+        attended = tf.cond(small, lambda: context(True), lambda: context(False))
+        return tf.reshape(_transpose(attended, [0, 2, 1, 3]), [-1, width])
 
     def _project(self, x, kernel, bias=None):
         """x @ kernel (+ bias), in the compute dtype."""
@@ -198,17 +269,18 @@ class InferenceEncoder(keras.layers.Layer):
         total = tf.add_n([tf.cast(t, "float32") for t in [*partials, x]])
         return tf.cast(_layer_norm(total, gamma, beta), self.compute_dtype)
 
-    def _transformer_layer(self, x, layer, keys, batch, length):
-        """One post-LN transformer layer on x [b*s, H], shard by shard.
+    def _transformer_layer(self, x, layer, keys, batch, length, small):
+        """One post-LN transformer layer on x [b*s, H], part by part.
 
         Each shard's heads project their context onto the output with their rows of the output
-        kernel, and its feedforward columns feed their rows of the second kernel: the shards'
-        products add up to the whole layer's. The first shard's products carry the attention
-        output and feedforward output biases; the other biases are split with their columns.
+        kernel, and each feedforward part's columns feed their rows of the second kernel: the
+        parts' products add up to the whole layer's. The first part's products carry the
+        attention output and feedforward output biases; the other biases are split with their
+        columns.
         """
         attended = [
             self._project(
-                self._attention(x, layer, shard, keys, batch, length),
+                self._attention(x, layer, shard, keys, batch, length, small),
                 layer[f"shard_{shard}_output_kernel"],
                 layer["output_bias"] if shard == 0 else None,
             )
@@ -222,14 +294,14 @@ class InferenceEncoder(keras.layers.Layer):
                 self.activation(
                     self._dense(
                         x,
-                        layer[f"shard_{shard}_intermediate_kernel"],
-                        layer[f"shard_{shard}_intermediate_bias"],
+                        layer[f"feedforward_{part}_intermediate_kernel"],
+                        layer[f"feedforward_{part}_intermediate_bias"],
                     )
                 ),
-                layer[f"shard_{shard}_ffn_output_kernel"],
-                layer["ffn_output_bias"] if shard == 0 else None,
+                layer[f"feedforward_{part}_output_kernel"],
+                layer["ffn_output_bias"] if part == 0 else None,
             )
-            for shard in range(self.shards)
+            for part in range(self.feedforward_parts)
         ]
         return self._add_and_norm(x, transformed, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
 
@@ -251,9 +323,10 @@ class InferenceEncoder(keras.layers.Layer):
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         if self.left_to_right:  # [b, 1, s, s]: query i sees the real keys j <= i
             keys = tf.logical_and(keys, modeling.left_to_right_mask(1, length)[:, tf.newaxis])
+        small = small_attention(batch, length)
         encoder_outputs = []
         for layer in self.transformer_layers:
-            x = self._transformer_layer(x, layer, keys, batch, length)
+            x = self._transformer_layer(x, layer, keys, batch, length, small)
             encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
         sequence_output = encoder_outputs[-1]
         if self.left_to_right:
@@ -292,7 +365,7 @@ def with_inference_encoder(encoder, config, model=None, shards=SHARDS, fast=None
     `fast`: an InferenceEncoder of `encoder` to use, so that several models share one copy of its
     weights (the pretrained export's encoder and heads); else a new one.
     """
-    # `shards`: how many parts each layer is split into (SHARDS, above).
+    # `shards`: how many parts each layer's attention is split into (SHARDS, above).
     fast = fast or InferenceEncoder(encoder, config, shards)
     if model is None:
         inputs = modeling.encoder_inputs()

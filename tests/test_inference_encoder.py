@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from helpers import tiny_config, tiny_inputs
 
-from bert_tf import export, modeling
+from bert_tf import export, inference_encoder, modeling
 from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
 from bert_tf.tasks import models, registry
 
@@ -19,6 +19,14 @@ CONFIG = tiny_config(
     hidden_size=24, num_attention_heads=3, intermediate_size=40, initializer_range=0.5
 )
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(params=["eigen", "onednn"])
+def attention_kernels(request, monkeypatch):
+    """Every attention takes Eigen's kernels (as small ones do) or oneDNN's (as large ones do)."""
+    threshold = 10**9 if request.param == "eigen" else 0
+    monkeypatch.setattr(inference_encoder, "SMALL_ATTENTION_SCORES", threshold)
+    return request.param
 
 
 def specs():
@@ -51,7 +59,7 @@ def assert_same_encoder_outputs(got, want, num_layers):
 
 @pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
 @pytest.mark.parametrize("hidden_act", ["gelu", "gelu_exact", "relu"])
-def test_every_encoder_output_matches_the_keras_encoder(hidden_act, direction):
+def test_every_encoder_output_matches_the_keras_encoder(hidden_act, direction, attention_kernels):
     tf.keras.utils.set_random_seed(1)
     config = tiny_config(
         hidden_size=24,
@@ -72,7 +80,7 @@ def test_every_encoder_output_matches_the_keras_encoder(hidden_act, direction):
 
 
 @pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
-def test_masks_read_as_keras_reads_them(direction):
+def test_masks_read_as_keras_reads_them(direction, attention_kernels):
     """A row with no real token attends to nothing, and any positive mask value marks a real token."""
     tf.keras.utils.set_random_seed(2)
     config = dataclasses.replace(CONFIG, attention_direction=direction)
@@ -106,7 +114,7 @@ def test_every_task_model_gives_the_keras_models_outputs(spec, direction):
     assert head and head <= {id(v) for v in fast.weights}
 
 
-def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras():
+def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras(attention_kernels):
     # Weights of a real model's scale: with CONFIG's, tanh saturates and rounding errors swing.
     config = dataclasses.replace(CONFIG, initializer_range=0.02)
     tf.keras.utils.set_random_seed(5)
@@ -122,8 +130,9 @@ def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras():
     # Keras head's own weights, stay float32.
     fast_layer = fast.get_layer("inference_encoder")
     kernels = {v.path for v in fast_layer.weights if v.path.endswith("kernel")}
-    assert fast_layer.shards == 2
-    assert len(kernels) == 4 * fast_layer.shards * config.num_hidden_layers + 1
+    assert fast_layer.shards == fast_layer.feedforward_parts == 2
+    per_layer = 2 * fast_layer.shards + 2 * fast_layer.feedforward_parts
+    assert len(kernels) == per_layer * config.num_hidden_layers + 1
     assert all(v.dtype == ("bfloat16" if v.path in kernels else "float32") for v in fast.weights)
     inputs = tiny_inputs(batch=8, seq=12, seed=6)
     encoded = in_graph(fast_encoder, inputs)
@@ -173,11 +182,11 @@ def test_each_shard_holds_its_heads_and_feedforward_columns():
             layer[f"shard_{shard}_output_kernel"].numpy(), output[columns]
         )
         np.testing.assert_array_equal(
-            layer[f"shard_{shard}_intermediate_kernel"].numpy(),
+            layer[f"feedforward_{shard}_intermediate_kernel"].numpy(),
             weights["transformer_layer_1/feedforward_intermediate_dense/kernel"][:, ffn_columns],
         )
         np.testing.assert_array_equal(
-            layer[f"shard_{shard}_ffn_output_kernel"].numpy(),
+            layer[f"feedforward_{shard}_output_kernel"].numpy(),
             weights["transformer_layer_1/feedforward_output_dense/kernel"][ffn_columns],
         )
     assert not any(v.trainable for v in fast.weights)
@@ -200,8 +209,12 @@ def test_any_number_of_shards_computes_the_same_network(shards):
     assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
 
 
-@pytest.mark.parametrize("heads, intermediate, parts", [(3, 2, 2), (1, 40, 1)])
-def test_no_part_is_left_without_a_head_or_a_feedforward_column(heads, intermediate, parts):
+@pytest.mark.parametrize(
+    "heads, intermediate, shards, feedforward_parts", [(3, 2, 3, 2), (1, 40, 1, 1)]
+)
+def test_no_part_is_left_without_a_head_or_a_feedforward_column(
+    heads, intermediate, shards, feedforward_parts
+):
     """Fewer feedforward columns, or heads, than shards asked for: as many parts as there are."""
     tf.keras.utils.set_random_seed(10)
     config = tiny_config(
@@ -212,7 +225,8 @@ def test_no_part_is_left_without_a_head_or_a_feedforward_column(heads, intermedi
     )
     encoder = modeling.build_encoder(config)
     fast = with_inference_encoder(encoder, config, shards=3)
-    assert fast.get_layer("inference_encoder").shards == parts
+    layer = fast.get_layer("inference_encoder")
+    assert (layer.shards, layer.feedforward_parts) == (shards, feedforward_parts)
     inputs = tiny_inputs(batch=2, seq=5, seed=11)
     got = as_float32(in_graph(fast, inputs))
     assert_same_encoder_outputs(got, as_float32(in_graph(encoder, inputs)), 2)
@@ -226,6 +240,51 @@ def test_an_empty_batch_gives_empty_outputs():
     outputs = in_graph(with_inference_encoder(encoder, CONFIG), empty)
     assert outputs["sequence_output"].shape == (0, 5, CONFIG.hidden_size)
     assert outputs["pooled_output"].shape == (0, CONFIG.hidden_size)
+
+
+@pytest.mark.parametrize(
+    "batch, length, small", [(1, 64, True), (1, 65, False), (4, 32, True), (5, 32, False)]
+)
+def test_attention_of_up_to_4096_scores_a_head_takes_eigen_kernels(batch, length, small):
+    assert inference_encoder.SMALL_ATTENTION_SCORES == 4096
+    assert bool(inference_encoder.small_attention(batch, length)) is small
+
+
+@pytest.mark.parametrize(
+    "hidden, intermediate, dtype, parts",
+    [
+        (384, 1536, "float32", 4),  # MiniLM: 2.25 MB, 576 KB in 4 parts
+        (384, 1536, "bfloat16", 2),  # 576 KB in 2
+        (768, 3072, "float32", 2),  # BERT-base: 9 MB, still 2.25 MB a part in 4
+        (24, 40, "float32", 2),
+    ],
+)
+def test_feedforward_parts_are_small_enough_for_one_thread(hidden, intermediate, dtype, parts):
+    kernel_bytes = hidden * intermediate * tf.as_dtype(dtype).size
+    assert inference_encoder.feedforward_parts(kernel_bytes, shards=2) == parts
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_small_attention_runs_on_kernels_that_onednn_does_not_take_over(policy):
+    """At TensorFlow's default threads each oneDNN kernel hands its work to the intra-op threads:
+    the graph transposes integers, and its small-attention branch uses BatchMatMulV3 and
+    LogSoftmax, which TensorFlow's oneDNN rewrite leaves to Eigen."""
+    with export.dtype_policy(policy):
+        fast = InferenceEncoder(modeling.build_encoder(CONFIG), CONFIG)
+    spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
+    graph = tf.function(lambda x: fast(x)).get_concrete_function(spec).graph.as_graph_def()
+    functions = {f.signature.name: {node.op for node in f.node_def} for f in graph.library.function}
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    transposes = [node.attr["T"].type for node in nodes if node.op == "Transpose"]
+    width = tf.int32 if policy == "float32" else tf.int16
+    assert transposes and set(transposes) == {width.as_datatype_enum}
+    conds = [node for node in nodes if node.op in ("If", "StatelessIf")]
+    assert len(conds) == CONFIG.num_hidden_layers * fast.shards
+    for cond in conds:
+        small = functions[cond.attr["then_branch"].func.name]
+        large = functions[cond.attr["else_branch"].func.name]
+        assert {"BatchMatMulV3", "LogSoftmax"} <= small and not {"BatchMatMulV2", "Softmax"} & small
+        assert {"BatchMatMulV2", "Softmax"} <= large
 
 
 def _ancestors(op):
@@ -249,22 +308,26 @@ def test_the_shards_of_a_layer_do_not_wait_for_each_other():
     placeholders = {id(external): internal for external, internal in graph.captures}
     layer = fast.transformer_layers[1]
 
-    def readers(shard, weights):
-        """The ops that use layer 1's `weights` of `shard` (its matmuls and bias adds)."""
+    def readers(part, weights):
+        """The ops that use layer 1's `weights` of `part` (its matmuls and bias adds)."""
         reads = [
             consumer
             for name in weights
-            for consumer in placeholders[id(layer[f"shard_{shard}_{name}"].handle)].consumers()
+            for consumer in placeholders[id(layer[f"{part}_{name}"].handle)].consumers()
         ]
         return {op for read in reads for output in read.outputs for op in output.consumers()}
 
-    # The shards meet at each LayerNorm: inside the attention, and inside the feedforward, the
-    # ops of one shard need none of the other's.
-    for weights in (
-        ["qkv_kernel", "qkv_bias", "output_kernel"],
-        ["intermediate_kernel", "intermediate_bias", "ffn_output_kernel"],
+    # The parts meet at each LayerNorm: inside the attention, and inside the feedforward, the
+    # ops of one part need none of the other's.
+    for first, second, weights in (
+        ("shard_0", "shard_1", ["qkv_kernel", "qkv_bias", "output_kernel"]),
+        (
+            "feedforward_0",
+            "feedforward_1",
+            ["intermediate_kernel", "intermediate_bias", "output_kernel"],
+        ),
     ):
-        first, second = readers(0, weights), readers(1, weights)
+        first, second = readers(first, weights), readers(second, weights)
         assert len(first) == len(second) == 3 and "MatMul" in {op.type for op in first}
         for op in first:
             assert not _ancestors(op) & second, op.name
