@@ -20,7 +20,10 @@ from bert_tf import io_utils
 from bert_tf.tasks import export_graph
 
 MAX_ANSWER_LENGTH = 30  # run_squad.py's --max_answer_length default
-# Windows go through the encoder this many at a time, so a huge context costs time, not memory.
+# Windows of an export padded to max_seq_length go through the encoder this many at a time, so a
+# huge context costs time, not memory. Length-aware exports run them in groups of similar length
+# (export_graph.call_by_length), which bounds memory the same way and pads each group only to its
+# longest window.
 SQUAD_WINDOWS_PER_CHUNK = 32
 
 
@@ -129,9 +132,13 @@ class SquadModule(export_graph.ServingModule):
         query = tokenizer.tokenize(question)[:, : self.max_query_length]
         doc, doc_starts, doc_ends = tokenizer.tokenize_with_offsets(context)
         inputs, example, doc_index, window_start, window_length = self._windows(query, doc)
-        outputs = export_graph.run_in_chunks(
-            self.model, inputs, ("start_logits", "end_logits"), SQUAD_WINDOWS_PER_CHUNK
-        )
+        logits = ("start_logits", "end_logits")
+        if self.packer.dynamic_length:
+            outputs = self.packer.call(self.model, inputs, token_outputs=logits)
+        else:
+            outputs = export_graph.run_in_chunks(
+                self.model, inputs, logits, SQUAD_WINDOWS_PER_CHUNK
+            )
         start_logits, end_logits = outputs["start_logits"], outputs["end_logits"]
 
         # Every (start, end) with end - start < MAX_ANSWER_LENGTH, inside the context, start scored
