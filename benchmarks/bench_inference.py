@@ -6,7 +6,7 @@ their values) and each `--max_seq_lengths`.
 
 classifier, rows:
   - ours: `bert_tf.export` of a classifier model directory, called through `serving_default`
-    with raw strings (tokenization in the graph), each batch padded to its longest input,
+    with raw strings (tokenization in the graph; every output fetched), each batch padded to its longest input,
     float32 and, with `--precisions`, bfloat16; and XLA-compiled (`--jit_compile`, float32,
     lengths rounded up to 16);
   - ours, static: the same export with --pad_to_max_seq_length (every batch padded to
@@ -15,6 +15,13 @@ classifier, rows:
     sequence_length, strings in (preprocessor, then the model in one tf.function);
   - Hugging Face: `BertForSequenceClassification` on PyTorch with its fast tokenizer and
     dynamic padding (`padding=True`, as its pipelines do), 2 threads.
+
+ner, squad, multiple_choice (rows ours, xla, static and hf of `--rows`): as the classifier, with a
+model directory of that kind (random head) and the request of benchmarks/task_requests.py made from
+each sentence (squad: a question of its first words, the sentence as context; multiple_choice: 4
+endings of its words); Hugging Face's row calls BertForTokenClassification (argmax per token),
+BertForQuestionAnswering (argmax of the start and end logits; the export also picks the best valid
+span) or BertForMultipleChoice (softmax) on the same text with its fast tokenizer.
 
 fill_mask (rows ours and hf of `--rows`): the model is a Hugging Face `BertForMaskedLM` (MiniLM's
 encoder, or BERT-base's shape at random, with a randomly initialized MLM head) saved with
@@ -46,6 +53,7 @@ per run). The sentences are real English: the first `--sentences` lines of the e
         --max_seq_lengths=128 --rows=ours,hf [--intra_op_threads=1]
 """
 
+import functools
 import itertools
 import json
 import os
@@ -63,13 +71,15 @@ from absl import app, flags, logging  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import latency  # noqa: E402
+import task_requests  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list(
     "tasks",
     ["classifier", "fill_mask"],
-    "Which tasks to time: classifier (serving_default of a classifier export), fill_mask (the "
-    "fill_mask signature of a model with an MLM head; rows ours and hf only).",
+    "Which tasks to time: classifier, ner, squad, multiple_choice (serving_default of an export of "
+    "that kind), fill_mask (the fill_mask signature of a model with an MLM head; rows ours and hf "
+    "only).",
 )
 flags.DEFINE_list("sizes", ["minilm", "base"], "Model sizes: minilm (real weights), base.")
 flags.DEFINE_list("max_seq_lengths", ["128", "256", "512"], "Export max_seq_length values.")
@@ -128,14 +138,20 @@ def real_sentences(count):
     return list(itertools.islice(lines, count))
 
 
-def classifier_model_dir(size, work):
-    """A classifier model directory (random head) of `size`; returns (path, hf_source)."""
+# The labels of each kind's model directory (the others have none).
+KIND_LABELS = {"classifier": ["0", "1"], "ner": ["O", "B-X", "I-X"]}
+
+
+def task_model_dir(size, work, kind="classifier"):
+    """A model directory of `kind` (random head) of `size`; returns (path, its BertConfig)."""
     from bert_tf import checkpoints, modeling
     from bert_tf.model_dir import ModelDir
     from bert_tf.tasks import models
 
-    path = os.path.join(work, f"{size}_classifier")
-    spec = models.TaskSpec("classifier", labels=["0", "1"], max_seq_length=512, task_name="bench")
+    path = os.path.join(work, f"{size}_{kind}")
+    spec = models.TaskSpec(
+        kind, labels=KIND_LABELS.get(kind, []), max_seq_length=512, task_name="bench"
+    )
     vocab = os.path.join(minilm_dir(), "vocab.txt")
     if size == "minilm":
         pretrained = os.path.join(work, "minilm")
@@ -168,10 +184,17 @@ def export_signature(model_dir, seq_length, work, signature, **options):
     return tf.saved_model.load(path).signatures[signature]
 
 
-def ours(model_dir, seq_length, work, **options):
-    """Exports MODEL_DIR with export `options` and returns a call of its serving_default on strings."""
+def ours(model_dir, seq_length, work, kind="classifier", **options):
+    """Exports MODEL_DIR with export `options` and returns a call of its serving_default on the
+    request of `kind` made from sentences, that returns every output as numpy."""
     serving = export_signature(model_dir, seq_length, work, "serving_default", **options)
-    return lambda texts: serving(text=tf.constant(texts))["probabilities"].numpy()
+
+    def call(texts):
+        inputs = task_requests.request(kind, texts)
+        outputs = serving(**{name: tf.constant(value) for name, value in inputs.items()})
+        return {name: value.numpy() for name, value in outputs.items()}
+
+    return call
 
 
 def ours_fill_mask(model_dir, seq_length, work, **options):
@@ -273,7 +296,8 @@ def main(argv):
     )
     if FLAGS.quick:
         sizes, seq_lengths, count = ["minilm"], [128], 32
-    tables = {"classifier": classifier_table, "fill_mask": fill_mask_table}
+    tables = {kind: functools.partial(task_table, kind) for kind in task_requests.KINDS}
+    tables["fill_mask"] = fill_mask_table
     unknown = set(FLAGS.tasks) - set(tables)
     if unknown:
         raise app.UsageError(f"unknown --tasks {', '.join(sorted(unknown))}")
@@ -291,17 +315,17 @@ def main(argv):
             tables[task](sizes, seq_lengths, sentences, work)
 
 
-def classifier_table(sizes, seq_lengths, sentences, work):
-    """Times the classifier's rows and prints their table."""
-    print("\nclassifier:\n")
+def task_table(kind, sizes, seq_lengths, sentences, work):
+    """Times the rows of an export of `kind` and prints their table."""
+    print(f"\n{kind}:\n")
     print_header(["HF"])
     # The padded rows take seconds per batch at 512; then every row times the same few batches.
     slow = {"static", "keras_hub"} & set(FLAGS.rows)
     max_batches = FLAGS.static_batches if slow else None
     for size in sizes:
-        model_dir, config = classifier_model_dir(size, work)
+        model_dir, config = task_model_dir(size, work, kind)
         for seq_length in seq_lengths:
-            runs, references = row_calls(size, seq_length, model_dir, config, work)
+            runs, references = row_calls(kind, size, seq_length, model_dir, config, work)
             print_rows(size, seq_length, runs, sentences, references, max_batches)
 
 
@@ -326,24 +350,24 @@ def fill_mask_table(sizes, seq_lengths, sentences, work):
     print("\n" + "\n".join(notes))
 
 
-def row_calls(size, seq_length, model_dir, config, work):
-    """The classifier's rows that FLAGS.rows asks for: ({row name: texts -> seconds}, HF's last;
-    [HF's row name or None])."""
+def row_calls(kind, size, seq_length, model_dir, config, work):
+    """The rows of an export of `kind` that FLAGS.rows asks for (keras_hub: classifier only):
+    ({row name: texts -> seconds}, HF's last; [HF's row name or None])."""
     calls = {}
     if "ours" in FLAGS.rows:
         for precision in FLAGS.precisions:
             calls[f"bert_tf export, {precision}"] = ours(
-                model_dir, seq_length, work, precision=precision
+                model_dir, seq_length, work, kind, precision=precision
             )
     if "xla" in FLAGS.rows:
         calls["bert_tf export, float32, --jit_compile"] = ours(
-            model_dir, seq_length, work, jit_compile=True
+            model_dir, seq_length, work, kind, jit_compile=True
         )
     if "static" in FLAGS.rows:
         calls["bert_tf export, --pad_to_max_seq_length"] = ours(
-            model_dir, seq_length, work, pad_to_max_seq_length=True
+            model_dir, seq_length, work, kind, pad_to_max_seq_length=True
         )
-    if "keras_hub" in FLAGS.rows:
+    if "keras_hub" in FLAGS.rows and kind == "classifier":
         calls["keras-hub BertTextClassifier + preprocessor"] = keras_hub_classifier(
             config, seq_length
         )
@@ -353,7 +377,7 @@ def row_calls(size, seq_length, model_dir, config, work):
         peers.append(
             hugging_face(
                 HF_ROW,
-                task="classifier",
+                task=kind,
                 size=size,
                 minilm=minilm_dir(),
                 vocab=os.path.join(minilm_dir(), "vocab.txt"),

@@ -39,7 +39,7 @@ def main(argv):
 
     sentences = bench_inference.real_sentences(256)
     with tempfile.TemporaryDirectory() as work:
-        model_dir, config = bench_inference.classifier_model_dir("minilm", work)
+        model_dir, config = bench_inference.task_model_dir("minilm", work)
         directory = ModelDir(model_dir)
         float32_model = models.load_task_model(directory)[0]
         int8_model = models.load_task_model(directory)[0]

@@ -70,7 +70,7 @@ def main(argv):
         groups = singles + batches
         packed_by_multiple = {}
         with tempfile.TemporaryDirectory() as work:
-            model_dir, config = bench_inference.classifier_model_dir(size, work)
+            model_dir, config = bench_inference.task_model_dir(size, work)
             model = models.load_task_model(ModelDir(model_dir))[0]
             for m in multiples:
                 # Packed ahead, so that only the model's call is timed.

@@ -7,6 +7,9 @@ on stdin/stdout: one JSON list of texts in, the seconds its call took out, until
 Tasks (the request's "task"), on the request's "threads" (default 2):
   - classifier: BertForSequenceClassification (MiniLM's weights, or BERT-base's shape at random),
     its fast tokenizer, dynamic padding, softmax;
+  - ner, squad, multiple_choice: as the classifier, with BertForTokenClassification (argmax per
+    token), BertForQuestionAnswering (argmax of the start and end logits) or BertForMultipleChoice
+    (softmax), on the request task_requests.py makes from each text;
   - fill_mask_model: BertForMaskedLM from "hf_dir" called directly with its fast tokenizer
     (padding=True), the [MASK] positions' logits gathered, softmax, top 5;
   - fill_mask_pipeline: transformers.pipeline("fill-mask", model=hf_dir, top_k=5), a list of texts
@@ -45,7 +48,7 @@ def main(request):
         print(json.dumps(ids), file=protocol, flush=True)
         return
     call = {
-        "classifier": classifier,
+        **{kind: task_model for kind in TASK_MODELS},
         "fill_mask_model": fill_mask_model,
         "fill_mask_pipeline": fill_mask_pipeline,
         "pretraining": pretraining,
@@ -57,30 +60,51 @@ def main(request):
     serve_timed_calls(call, stdout=protocol)
 
 
-def classifier(request):
+# The Hugging Face class of each export kind, and its number of labels.
+TASK_MODELS = {
+    "classifier": ("BertForSequenceClassification", 2),
+    "ner": ("BertForTokenClassification", 3),
+    "squad": ("BertForQuestionAnswering", 2),
+    "multiple_choice": ("BertForMultipleChoice", 2),
+}
+
+
+def task_model(request):
     import torch
     import transformers
+    from task_requests import request as task_request
 
+    kind = request["task"]
+    class_name, num_labels = TASK_MODELS[kind]
+    model_class = getattr(transformers, class_name)
     tokenizer = transformers.BertTokenizerFast(request["vocab"], do_lower_case=True)
     if request["size"] == "minilm":
-        model = transformers.BertForSequenceClassification.from_pretrained(
-            request["minilm"], num_labels=2
-        )
+        model = model_class.from_pretrained(request["minilm"], num_labels=num_labels)
     else:
-        config = transformers.BertConfig(num_labels=2, **request["shape"])
-        model = transformers.BertForSequenceClassification(config)
+        model = model_class(transformers.BertConfig(num_labels=num_labels, **request["shape"]))
     model.eval()
+    encode = dict(padding=True, max_length=request["seq_length"], return_tensors="pt")
 
     def call(texts):
-        encoded = tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=request["seq_length"],
-            return_tensors="pt",
-        )
+        inputs = task_request(kind, texts)
+        if kind == "squad":
+            encoded = tokenizer(
+                inputs["question"], inputs["context"], truncation="only_second", **encode
+            )
+        elif kind == "multiple_choice":
+            pairs = [(c, e) for c, ends in zip(inputs["context"], inputs["endings"]) for e in ends]
+            encoded = tokenizer(*zip(*pairs), truncation=True, **encode)
+            choices = len(inputs["endings"][0])
+            encoded = {name: value.view(len(texts), choices, -1) for name, value in encoded.items()}
+        else:
+            encoded = tokenizer(inputs["text"], truncation=True, **encode)
         with torch.inference_mode():
-            return model(**encoded).logits.softmax(-1).numpy()
+            outputs = model(**encoded)
+        if kind == "squad":
+            return outputs.start_logits.argmax(-1).numpy(), outputs.end_logits.argmax(-1).numpy()
+        if kind == "ner":
+            return outputs.logits.argmax(-1).numpy()
+        return outputs.logits.softmax(-1).numpy()
 
     return call
 
