@@ -149,10 +149,10 @@ class SquadModule(export_graph.ServingModule):
         end_padded = tf.pad(end_logits, pad)
         valid_end_padded = tf.pad(valid_end, pad)
         width = tf.shape(end_logits)[1]
-        ends = tf.stack([end_padded[:, k : k + width] for k in range(MAX_ANSWER_LENGTH)], axis=-1)
-        ends_valid = tf.stack(
-            [valid_end_padded[:, k : k + width] for k in range(MAX_ANSWER_LENGTH)], axis=-1
-        )
+        # Position start + k of each start, in one gather each (not a slice per k: fewer ops).
+        end_position = tf.range(width)[:, tf.newaxis] + tf.range(MAX_ANSWER_LENGTH)[tf.newaxis]
+        ends = tf.gather(end_padded, end_position, axis=1)
+        ends_valid = tf.gather(valid_end_padded, end_position, axis=1)
         scores = start_logits[:, :, tf.newaxis] + ends
         scores = tf.where(valid_start[:, :, tf.newaxis] & ends_valid, scores, -float("inf"))
         flat_scores = tf.reshape(scores, [tf.shape(scores)[0], -1])
