@@ -6,9 +6,9 @@ their values) and each `--max_seq_lengths`.
 
 classifier, rows:
   - ours: `bert_tf.export` of a classifier model directory, called through `serving_default`
-    with raw strings (tokenization in the graph; every output fetched), each batch padded to its longest input,
-    float32 and, with `--precisions`, bfloat16; and XLA-compiled (`--jit_compile`, float32,
-    lengths rounded up to 16);
+    with raw strings (tokenization in the graph; every output fetched), each batch padded to its
+    longest input, float32 and, with `--precisions`, bfloat16; and XLA-compiled (`--jit_compile`,
+    float32, lengths rounded up to 16);
   - ours, static: the same export with --pad_to_max_seq_length (every batch padded to
     max_seq_length);
   - keras-hub: `BertTextClassifier` with its `BertTextClassifierPreprocessor` at the same
