@@ -49,13 +49,17 @@ _MASKED_SCORE = -1e9
 # buys".
 SHARDS = 2
 # oneDNN runs a matmul on the calling thread when its operands fit the L2 cache (TensorFlow's
-# ExecuteSingleThreadedGemm; 1 MB a core on these EPYCs): a feedforward is split in twice SHARDS
-# parts when that brings each part's kernel within this size, leaving room for a small batch's rows.
+# ExecuteSingleThreadedGemm; 1 MB a core on these EPYCs): a feedforward is split in twice as many
+# parts as the attention when that brings each part's kernel within this size, leaving room for a
+# small batch's rows.
 SINGLE_THREAD_KERNEL_BYTES = 640 * 1024
 # The attention scores per head (batch x length x length) up to which a call takes Eigen's batch
 # matmul and softmax, which run a small attention inline, instead of oneDNN's, which hand every
 # call to the intra-op threads but are faster on large ones.
 SMALL_ATTENTION_SCORES = 4096
+# The compute dtypes that have CPU kernels for Eigen's BatchMatMulV3 (float16 has none; a cond
+# needs kernels for both its branches, so float16 attention takes oneDNN's whatever its size).
+_EIGEN_ATTENTION_DTYPES = ("float32", "bfloat16")
 
 
 def _layer_norm(x, gamma, beta):
@@ -94,7 +98,7 @@ def small_attention(batch, length):
 
 def feedforward_parts(intermediate_kernel_bytes, shards):
     """How many parts a feedforward is split into: twice `shards` if that brings each part's
-    kernel within SINGLE_THREAD_KERNEL_BYTES, else `shards` (BERT-base's 9 MB would need 16 parts;
+    kernel within SINGLE_THREAD_KERNEL_BYTES, else `shards` (BERT-base's 9 MB would need 15 parts;
     its batch-1 call ran slower in 8 or 12 than in 2)."""
     if intermediate_kernel_bytes / shards <= SINGLE_THREAD_KERNEL_BYTES:
         return shards
@@ -255,7 +259,10 @@ class InferenceEncoder(keras.layers.Layer):
             probabilities = tf.where(keys, _softmax(scores, inline), tf.zeros([], products.dtype))
             return _batch_matmul(probabilities, value, inline)
 
-        attended = tf.cond(small, lambda: context(True), lambda: context(False))
+        if self.compute_dtype in _EIGEN_ATTENTION_DTYPES:
+            attended = tf.cond(small, lambda: context(True), lambda: context(False))
+        else:
+            attended = context(False)
         return tf.reshape(_transpose(attended, [0, 2, 1, 3]), [-1, width])
 
     def _project(self, x, kernel, bias=None):

@@ -287,6 +287,21 @@ def test_small_attention_runs_on_kernels_that_onednn_does_not_take_over(policy):
         assert {"BatchMatMulV2", "Softmax"} <= large
 
 
+def test_a_float16_encoder_runs_on_kernels_that_have_float16():
+    """Eigen's BatchMatMulV3 has no CPU float16 kernel: float16 attention takes oneDNN's."""
+    config = dataclasses.replace(CONFIG, initializer_range=0.02)
+    tf.keras.utils.set_random_seed(12)
+    reference = modeling.build_encoder(config)
+    with export.dtype_policy("mixed_float16"):
+        encoder = modeling.build_encoder(config)
+        encoder.set_weights(reference.get_weights())
+        fast = with_inference_encoder(encoder, config)
+    inputs = tiny_inputs(batch=2, seq=5, seed=13)
+    got = as_float32(in_graph(fast, inputs))["sequence_output"]
+    want = as_float32(in_graph(reference, inputs))["sequence_output"]
+    np.testing.assert_allclose(got, want, atol=2e-2)
+
+
 def _ancestors(op):
     """Every op `op` depends on, through data and control inputs."""
     seen, stack = set(), [op]

@@ -10,8 +10,8 @@ max_query_length tokens, and the context is split into windows every doc_stride 
 (task.json); the best span over all windows wins (at most 30 tokens, start <= end, inside the
 context, each start token scored only in its max-context window), searched exhaustively rather
 than among the 20 best starts and ends. A v2 model answers "" when the null score beats the best
-span; an empty context has no answer. Windows go through the model 32 at a time, so a
-megabyte-long context costs time, not memory.
+span; an empty context has no answer. Windows go through the model a bounded number at a time
+(SQUAD_WINDOWS_PER_CHUNK, or length groups), so a megabyte-long context costs time, not memory.
 """
 
 import tensorflow as tf
@@ -22,8 +22,8 @@ from bert_tf.tasks import export_graph
 MAX_ANSWER_LENGTH = 30  # run_squad.py's --max_answer_length default
 # Windows of an export padded to max_seq_length go through the encoder this many at a time, so a
 # huge context costs time, not memory. Length-aware exports run them in groups of similar length
-# (export_graph.call_by_length), which bounds memory the same way and pads each group only to its
-# longest window.
+# (export_graph.call_by_length: at most GROUPS_IN_FLIGHT groups of LENGTH_GROUP_ROWS windows at
+# once), each padded only to its longest window.
 SQUAD_WINDOWS_PER_CHUNK = 32
 
 
