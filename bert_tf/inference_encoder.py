@@ -100,9 +100,8 @@ def feedforward_parts(intermediate_kernel_bytes, shards):
     """How many parts a feedforward is split into: twice `shards` if that brings each part's
     kernel within SINGLE_THREAD_KERNEL_BYTES, else `shards` (BERT-base's 9 MB would need 15 parts;
     its batch-1 call ran slower in 8 or 12 than in 2)."""
-    if intermediate_kernel_bytes / shards <= SINGLE_THREAD_KERNEL_BYTES:
-        return shards
-    if intermediate_kernel_bytes / (2 * shards) <= SINGLE_THREAD_KERNEL_BYTES:
+    too_big = intermediate_kernel_bytes / shards > SINGLE_THREAD_KERNEL_BYTES
+    if too_big and intermediate_kernel_bytes / (2 * shards) <= SINGLE_THREAD_KERNEL_BYTES:
         return 2 * shards
     return shards
 
