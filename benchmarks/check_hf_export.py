@@ -26,17 +26,19 @@ It prints, per kind, the class and the largest |difference| of each output over 
 texts and pairs, with [CLS]/[SEP]) equal bert_tf's FullTokenizer's on the sentences and a few edge
 cases. It exits 1 if any output differs by more than 1e-4 or any id differs.
 
-A run (transformers 5.24.0, torch 2.14.1, CPU; each fine-tuned for 2 to 4 steps), largest |difference|:
-    encoder          BertModel                      sequence_output 7.9e-06, pooled_output 2.4e-07
-    classifier       BertForSequenceClassification  logits 3.4e-08
-    regressor        BertForSequenceClassification  score 1.2e-07
-    ner              BertForTokenClassification     logits 8.5e-07
-    squad            BertForQuestionAnswering       start_logits 1.6e-06, end_logits 1.0e-06
-    multiple_choice  BertForMultipleChoice          logits 3.0e-08
-    pretraining      BertForPreTraining             mlm_logits 7.9e-06, nsp_logits 1.0e-07
-    mlm              BertForMaskedLM                mlm_logits 7.9e-06
-    nsp              BertForNextSentencePrediction  nsp_logits 1.0e-07
-    AutoTokenizer: 206/206 texts and 50/50 pairs give bert_tf's ids, type ids and masks.
+A run (transformers 5.24.0, torch 2.14.1, CPU, 2026-11-28; each fine-tuned for 2 to 4 steps),
+largest |difference|:
+    encoder          BertModel                      sequence_output 2.1e-05, pooled_output 2.2e-07
+    classifier       BertForSequenceClassification  logits 3.5e-08
+    regressor        BertForSequenceClassification  score 8.9e-08
+    ner              BertForTokenClassification     logits 6.4e-07
+    squad            BertForQuestionAnswering       start_logits 1.7e-06, end_logits 9.6e-07
+    multiple_choice  BertForMultipleChoice          logits 4.5e-08
+    pretraining      BertForPreTraining             mlm_logits 8.6e-06, nsp_logits 4.5e-08
+    mlm              BertForMaskedLM                mlm_logits 8.6e-06
+    nsp              BertForNextSentencePrediction  nsp_logits 4.5e-08
+    AutoTokenizer (TokenizersBackend, from tokenizer.json): 208/208 texts and 50/50 pairs give
+    bert_tf's ids, type ids and masks.
 transformers lists the pooler of BertForMaskedLM, BertForTokenClassification and
 BertForQuestionAnswering exports as UNEXPECTED keys: it is written for the exact round trip.
 """
@@ -71,6 +73,10 @@ EDGE_TEXTS = [
     "The year 1984: $3.50 & 50% off; e-mail: a.b@c.de",
     "tabs\tand\nnewlines  and   spaces",
     "unaffable counterintuitively antidisestablishmentarianism",
+    # Words of 150 and 201 characters: wordpieces and [UNK] in the original (a limit of 200), which
+    # the export's tokenizer.json keeps (transformers' own default is 100).
+    "a long " + "ab" * 75 + " word",
+    "too long " + "x" * 201,
 ]
 SEQ_LENGTH = 48
 

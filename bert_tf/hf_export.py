@@ -12,6 +12,8 @@ OUT holds what transformers' `from_pretrained` and `AutoTokenizer.from_pretraine
                              `bert_tf_task`: task.json itself, so that importing OUT rebuilds the model
     model.safetensors        float32 weights under transformers' names (Linear weights [out, in])
     vocab.txt, tokenizer_config.json (do_lower_case), special_tokens_map.json
+    tokenizer.json           the original's tokenizer as a `tokenizers` pipeline, with its limit of
+                             200 characters a word (wordpiece_tokenizer), which AutoTokenizer loads
 
 The class follows the model directory:
 
@@ -45,12 +47,15 @@ directory's pooler, not a fresh one. OUT appears whole or not at all (io_utils.a
 """
 
 import dataclasses
+import json
 import os
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
 
 from bert_tf import checkpoints, io_utils, modeling, tokenizer_rules
 from bert_tf.model_dir import (
@@ -206,10 +211,50 @@ def huggingface_config(config, spec, arch, vocab):
     return values
 
 
-def tokenizer_files(config):
+def wordpiece_tokenizer(vocab, do_lower_case):
+    """The original's tokenizer as a Hugging Face `tokenizers` pipeline: tokenizer.json's JSON object.
+
+    transformers' BertTokenizer builds its pipeline from the vocabulary with WordPiece's limit of
+    100 characters a word, the original's until 2018 (bert_tf.tokenization): a word of 101 to 200
+    characters would become [UNK] there and wordpieces here. This one keeps the original's limit;
+    tokenizer_files names the generic class that loads it as written. Its normalizer still drops
+    every control and format character (C*), where the original keeps private-use, unassigned and
+    surrogate code points.
+    """
+    tokenizer = Tokenizer(
+        WordPiece(
+            dict(vocab),
+            unk_token=SPECIAL_TOKENS["unk_token"],
+            max_input_chars_per_word=tokenizer_rules.MAX_INPUT_CHARS_PER_WORD,
+        )
+    )
+    # strip_accents=None: accents go with lower-casing, as the original's do_lower_case does.
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls, sep = SPECIAL_TOKENS["cls_token"], SPECIAL_TOKENS["sep_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
+    )
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    # Literal special tokens in text stay whole, as transformers' BERT tokenizers keep them.
+    tokenizer.add_special_tokens(
+        [AddedToken(token, normalized=False, special=True) for token in SPECIAL_TOKENS.values()]
+    )
+    return json.loads(tokenizer.to_str())
+
+
+def tokenizer_files(config, vocab):
     """{file name: JSON object} of the tokenizer files beside vocab.txt."""
     tokenizer_config = dict(
-        tokenizer_class="BertTokenizer",
+        # The class that runs tokenizer.json as written: transformers 5's BertTokenizer rebuilds
+        # the pipeline from the vocabulary, dropping its limit on a word's length.
+        tokenizer_class="PreTrainedTokenizerFast",
+        # BERT's inputs, which that class does not assume: segment ids for pairs.
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
         do_lower_case=config.do_lower_case,
         do_basic_tokenize=True,
         never_split=None,
@@ -220,6 +265,7 @@ def tokenizer_files(config):
         **SPECIAL_TOKENS,
     )
     return {
+        "tokenizer.json": wordpiece_tokenizer(vocab, config.do_lower_case),
         "tokenizer_config.json": tokenizer_config,
         "special_tokens_map.json": dict(SPECIAL_TOKENS),
     }
@@ -274,7 +320,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
         io_utils.atomic_write_json(
             os.path.join(tmp, "config.json"), huggingface_config(config, spec, arch, vocab)
         )
-        for name, values in tokenizer_files(config).items():
+        for name, values in tokenizer_files(config, vocab).items():
             io_utils.atomic_write_json(os.path.join(tmp, name), values)
         tf.io.gfile.copy(directory.vocab_file, os.path.join(tmp, "vocab.txt"))
         for name, text in (extra_files or {}).items():

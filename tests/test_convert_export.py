@@ -17,6 +17,7 @@ import tensorflow as tf
 from helpers import run_module_cli, tiny_config, tiny_inputs, write_tiny_vocab
 from helpers_google import NumpyBert, np_gelu, np_gelu_exact
 from safetensors.numpy import load_file
+from tokenizers import Tokenizer
 
 from bert_tf import checkpoints, hf_export, io_utils, keras_hub_export, modeling, tokenization
 from bert_tf.model_dir import ALL_HEADS, ModelDir, pretraining_checkpoint_object
@@ -52,6 +53,7 @@ HF_FILES = {
     "config.json",
     "model.safetensors",
     "vocab.txt",
+    "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
 }
@@ -259,7 +261,8 @@ def check_hf_config(hf_dir, kind, hidden_act):
     with open(os.path.join(hf_dir, "tokenizer_config.json")) as f:
         tokenizer_config = json.load(f)
     assert tokenizer_config["do_lower_case"] is True
-    assert tokenizer_config["tokenizer_class"] == "BertTokenizer"
+    assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert "token_type_ids" in tokenizer_config["model_input_names"]
     with open(os.path.join(hf_dir, "special_tokens_map.json")) as f:
         assert json.load(f)["mask_token"] == "[MASK]"
 
@@ -301,6 +304,35 @@ def test_huggingface_export_is_exact_and_comes_back_bit_for_bit(tmp_path, kind, 
     again = our_outputs(loaded, kind)
     for name, value in ours.items():
         np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+
+# Real text, and what the two limits of a word's length and the special tokens touch: words of 150
+# and 200 characters are wordpieces in the original (a limit of 200 since 332a687), where
+# transformers' default WordPiece (100) makes them [UNK]; 201 characters are [UNK] in both.
+TOKENIZER_TEXTS = [
+    "Return the value of the attribute, or None if it is missing.",
+    "Café déjà vu: naïve résumé, 東京 and ÉCOLE!",
+    "a" + "bc" * 75,
+    "x" * 200 + " then " + "y" * 201,
+    "the [MASK] is [SEP] here",
+]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_huggingface_tokenizer_json_tokenizes_as_the_original(real_vocab, do_lower_case):
+    vocab = hf_export.read_vocab(real_vocab)
+    exported = Tokenizer.from_str(json.dumps(hf_export.wordpiece_tokenizer(vocab, do_lower_case)))
+    ours = tokenization.FullTokenizer(
+        real_vocab, do_lower_case, special_tokens=tuple(hf_export.SPECIAL_TOKENS.values())
+    )
+    cls, sep = vocab["[CLS]"], vocab["[SEP]"]
+    for text in TOKENIZER_TEXTS:
+        assert exported.encode(text).ids == [cls, *ours.encode(text), sep], text
+    assert exported.encode(TOKENIZER_TEXTS[2]).ids.count(vocab["[UNK]"]) == 0
+    pair = exported.encode(TOKENIZER_TEXTS[0], TOKENIZER_TEXTS[1])
+    a, b = ours.encode(TOKENIZER_TEXTS[0]), ours.encode(TOKENIZER_TEXTS[1])
+    assert pair.ids == [cls, *a, sep, *b, sep]
+    assert pair.type_ids == [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
 
 def test_the_reverse_names_are_the_importers_names():
