@@ -306,7 +306,7 @@ def test_huggingface_export_is_exact_and_comes_back_bit_for_bit(tmp_path, kind, 
         np.testing.assert_array_equal(again[name], value, err_msg=name)
 
 
-# Real text, and what the two limits of a word's length and the special tokens touch: words of 150
+# Real text, and what the limits of a word's length and the special tokens touch: words of 151
 # and 200 characters are wordpieces in the original (a limit of 200 since 332a687), where
 # transformers' default WordPiece (100) makes them [UNK]; 201 characters are [UNK] in both.
 TOKENIZER_TEXTS = [
@@ -329,6 +329,7 @@ def test_huggingface_tokenizer_json_tokenizes_as_the_original(real_vocab, do_low
     for text in TOKENIZER_TEXTS:
         assert exported.encode(text).ids == [cls, *ours.encode(text), sep], text
     assert exported.encode(TOKENIZER_TEXTS[2]).ids.count(vocab["[UNK]"]) == 0
+    assert exported.encode(TOKENIZER_TEXTS[3]).ids.count(vocab["[UNK]"]) == 1
     pair = exported.encode(TOKENIZER_TEXTS[0], TOKENIZER_TEXTS[1])
     a, b = ours.encode(TOKENIZER_TEXTS[0]), ours.encode(TOKENIZER_TEXTS[1])
     assert pair.ids == [cls, *a, sep, *b, sep]
