@@ -13,7 +13,8 @@ OUT holds what transformers' `from_pretrained` and `AutoTokenizer.from_pretraine
     model.safetensors        float32 weights under transformers' names (Linear weights [out, in])
     vocab.txt, tokenizer_config.json (do_lower_case), special_tokens_map.json
     tokenizer.json           the original's tokenizer as a `tokenizers` pipeline, with its limit of
-                             200 characters a word (wordpiece_tokenizer), which AutoTokenizer loads
+                             200 characters a word, which AutoTokenizer loads (wordpiece_tokenizer
+                             says where it still differs)
 
 The class follows the model directory:
 
@@ -54,7 +55,15 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 from safetensors.numpy import save_file
-from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 from tokenizers.models import WordPiece
 
 from bert_tf import checkpoints, io_utils, modeling, tokenizer_rules
@@ -211,15 +220,28 @@ def huggingface_config(config, spec, arch, vocab):
     return values
 
 
+# str.lower()'s Final_Sigma context: a cased letter before (case-ignorable ones between), none after.
+_WORD_FINAL_CAPITAL_SIGMA = (
+    r"(?<=\p{Cased}\p{Case_Ignorable}*)\u03a3(?!\p{Case_Ignorable}*\p{Cased})"
+)
+# The part of the original's CJK Extension E range (0x2B820 to 0x2CEAF) that `tokenizers`' BERT
+# normalizer leaves out.
+_CJK_MISSING_FROM_TOKENIZERS = "[\U0002b820-\U0002b91f]"
+
+
 def wordpiece_tokenizer(vocab, do_lower_case):
     """The original's tokenizer as a Hugging Face `tokenizers` pipeline: tokenizer.json's JSON object.
 
     transformers' BertTokenizer builds its pipeline from the vocabulary with WordPiece's limit of
     100 characters a word, the original's until 2018 (bert_tf.tokenization): a word of 101 to 200
     characters would become [UNK] there and wordpieces here. This one keeps the original's limit;
-    tokenizer_files names the generic class that loads it as written. Its normalizer still drops
-    every control and format character (C*), where the original keeps private-use, unassigned and
-    surrogate code points.
+    tokenizer_files names the generic class that loads it as written. It also mends two rules
+    where `tokenizers`' BERT parts differ from the original: a word-final capital sigma lower-cases
+    to a final sigma (Python's str.lower()), and the CJK ideographs U+2B820 to U+2B91F are words
+    of their own (`tokenizers` starts that block at U+2B920). Left different, one code point at a
+    time against FullTokenizer: its normalizer drops private-use characters, which the original
+    keeps, and about 500 code points (120 cased) are marks, punctuation or controls in one of
+    `tokenizers`' Unicode tables and Python's but not the other.
     """
     tokenizer = Tokenizer(
         WordPiece(
@@ -228,11 +250,30 @@ def wordpiece_tokenizer(vocab, do_lower_case):
             max_input_chars_per_word=tokenizer_rules.MAX_INPUT_CHARS_PER_WORD,
         )
     )
-    # strip_accents=None: accents go with lower-casing, as the original's do_lower_case does.
-    tokenizer.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=do_lower_case
+    # The original's order: clean the text and space out CJK ideographs; then, uncased, each word
+    # lower-cased as str.lower() does it (a capital sigma that ends a word becomes a final sigma),
+    # decomposed, and stripped of its accents.
+    steps = [
+        normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
+        )
+    ]
+    if do_lower_case:
+        steps += [
+            normalizers.Replace(Regex(_WORD_FINAL_CAPITAL_SIGMA), "\u03c2"),
+            # Its accent stripping drops Mn only, as the original does (StripAccents drops Mc
+            # and Me too).
+            normalizers.BertNormalizer(
+                clean_text=False, handle_chinese_chars=False, strip_accents=True, lowercase=True
+            ),
+        ]
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_CJK_MISSING_FROM_TOKENIZERS), behavior="isolated"),
+            pre_tokenizers.BertPreTokenizer(),
+        ]
     )
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     cls, sep = SPECIAL_TOKENS["cls_token"], SPECIAL_TOKENS["sep_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",

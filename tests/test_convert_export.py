@@ -315,6 +315,10 @@ TOKENIZER_TEXTS = [
     "a" + "bc" * 75,
     "x" * 200 + " then " + "y" * 201,
     "the [MASK] is [SEP] here",
+    # Where `tokenizers`' own BERT parts differ from the original: a word-final capital sigma
+    # (str.lower() makes it a final sigma), and CJK ideographs from U+2B820 to U+2B91F.
+    "ΟΔΟΣ ΟΔ'Σ ΑΣ.Β ΣΑ Α Σ",
+    "a\U0002b820b a\U0002b91fb a\U0002b920b",
 ]
 
 
