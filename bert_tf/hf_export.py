@@ -224,9 +224,11 @@ def huggingface_config(config, spec, arch, vocab):
 _WORD_FINAL_CAPITAL_SIGMA = (
     r"(?<=\p{Cased}\p{Case_Ignorable}*)\u03a3(?!\p{Case_Ignorable}*\p{Cased})"
 )
-# The part of the original's CJK Extension E range (0x2B820 to 0x2CEAF) that `tokenizers`' BERT
-# normalizer leaves out.
-_CJK_MISSING_FROM_TOKENIZERS = "[\U0002b820-\U0002b91f]"
+# One CJK ideograph by the original's ranges (`tokenizers`' BERT normalizer starts Extension E
+# at U+2B920, the original at U+2B820).
+_CJK_IDEOGRAPH = (
+    "[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in tokenizer_rules.CJK_RANGES) + "]"
+)
 
 
 def wordpiece_tokenizer(vocab, do_lower_case):
@@ -237,11 +239,11 @@ def wordpiece_tokenizer(vocab, do_lower_case):
     characters would become [UNK] there and wordpieces here. This one keeps the original's limit;
     tokenizer_files names the generic class that loads it as written. It also mends two rules
     where `tokenizers`' BERT parts differ from the original: a word-final capital sigma lower-cases
-    to a final sigma (Python's str.lower()), and the CJK ideographs U+2B820 to U+2B91F are words
-    of their own (`tokenizers` starts that block at U+2B920). Left different, one code point at a
-    time against FullTokenizer: its normalizer drops private-use characters, which the original
-    keeps, and about 500 code points (120 cased) are marks, punctuation or controls in one of
-    `tokenizers`' Unicode tables and Python's but not the other.
+    to a final sigma (Python's str.lower()), and CJK ideographs are the original's ranges
+    (tokenizer_rules.CJK_RANGES; `tokenizers`' leave out U+2B820 to U+2B91F). Left different,
+    one code point at a time against FullTokenizer: its normalizer drops private-use characters,
+    which the original keeps, and about 500 code points (120 cased) are marks, punctuation or
+    controls in one of `tokenizers`' Unicode tables and Python's but not the other.
     """
     tokenizer = Tokenizer(
         WordPiece(
@@ -250,12 +252,12 @@ def wordpiece_tokenizer(vocab, do_lower_case):
             max_input_chars_per_word=tokenizer_rules.MAX_INPUT_CHARS_PER_WORD,
         )
     )
-    # The original's order: clean the text and space out CJK ideographs; then, uncased, each word
-    # lower-cased as str.lower() does it (a capital sigma that ends a word becomes a final sigma),
-    # decomposed, and stripped of its accents.
+    # The original's order: clean the text; then, uncased, each word lower-cased as str.lower()
+    # does it (a capital sigma that ends a word becomes a final sigma), decomposed, and stripped
+    # of its accents. CJK ideographs become words of their own in the pre-tokenizer.
     steps = [
         normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=False
+            clean_text=True, handle_chinese_chars=False, strip_accents=False, lowercase=False
         )
     ]
     if do_lower_case:
@@ -270,7 +272,7 @@ def wordpiece_tokenizer(vocab, do_lower_case):
     tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_CJK_MISSING_FROM_TOKENIZERS), behavior="isolated"),
+            pre_tokenizers.Split(Regex(_CJK_IDEOGRAPH), behavior="isolated"),
             pre_tokenizers.BertPreTokenizer(),
         ]
     )
@@ -296,6 +298,8 @@ def tokenizer_files(config, vocab):
         tokenizer_class="PreTrainedTokenizerFast",
         # BERT's inputs, which that class does not assume: segment ids for pairs.
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        # BertTokenizer's own settings, for a user who loads that class by name (and for the
+        # importer, which reads do_lower_case).
         do_lower_case=config.do_lower_case,
         do_basic_tokenize=True,
         never_split=None,
