@@ -154,11 +154,6 @@ _CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 # The pieces the tokenizer splits text into first: a CJK ideograph, or a run of anything else
 # between whitespace.
 _PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
-# Within a run: an ASCII punctuation character (is_punctuation's ranges), a token of its own, or
-# what lies between them. Unicode punctuation splits that further; not counting it only makes
-# prefix_keeping_tokens' count of words a lower bound.
-_ASCII_PUNCTUATION = "!-/:-@\\[-`{-~"
-_RUN_PART = re.compile(f"(?P<punctuation>[{_ASCII_PUNCTUATION}])|[^{_ASCII_PUNCTUATION}]+")
 # A letter or digit: it survives cleaning and accent stripping as at least one character, and it
 # is never punctuation (tests/test_long_texts.py checks both over every code point). A run of one
 # more of them than a word may hold makes its word an [UNK]; the lookbehind starts the match only
@@ -170,13 +165,14 @@ _TOO_LONG = re.compile(f"(?<![^\\W_{_CJK_CLASS}])[^\\W_]{{{MAX_INPUT_CHARS_PER_W
 def prefix_keeping_tokens(text, count):
     """A prefix of `text` whose tokens, by the original's tokenizer, begin with the first `count`
     tokens of `text` (`text` itself when it has fewer): `text` cut after its `count`-th word,
-    where a word gives at least one token: a CJK ideograph, an ASCII punctuation character, or a
-    stretch between whitespace, ideographs and ASCII punctuation that holds a letter or digit.
-    The tokenizer splits at each of their ends, so no token spans the cut, with one exception: a
+    where a word gives at least one token: a CJK ideograph, a punctuation character, or a
+    stretch between whitespace, ideographs and punctuation that holds a letter or digit. The
+    tokenizer splits at each of their ends, so no token spans the cut, with one exception: a
     capital sigma lower-cases by what follows it in its whitespace-delimited run (a final sigma),
-    so a run holding one before the cut is kept whole. For tokenizers without special_tokens (a
-    literal "[MASK]" may be cut after its "["). Linear in the length of the prefix and of the run
-    it ends in."""
+    so a cut that would change one keeps its run whole (_past_sigma_context). For tokenizers
+    without special_tokens (a literal "[MASK]" may be cut after its "["). Linear in the length of
+    the prefix and of the run it ends in, once prepare_prefix_cut has run (the first call runs
+    it)."""
     words = 0
     for piece in _PIECE.finditer(text):
         start, end = piece.span()
@@ -185,20 +181,96 @@ def prefix_keeping_tokens(text, count):
             if words == count:
                 return text[:end]
             continue
-        for part in _RUN_PART.finditer(text, start, end):
+        for part in _prefix_cut_patterns()[0].finditer(text, start, end):
             cut = _word_end(text, part)
             if cut is None:
                 continue
             words += 1
             if words == count:
-                return text[: end if "\u03a3" in text[start:cut] else cut]
+                return text[: _past_sigma_context(text, start, cut, end)]
     return text
 
 
+def prepare_prefix_cut():
+    """Builds the character classes prefix_keeping_tokens reads (about 0.5 s, once a process), so
+    that no call of it has to."""
+    _prefix_cut_patterns()
+
+
+# The general categories that Unicode's Case_Ignorable property draws from (Mn, Me, Cf, Lm, Sk,
+# and Word_Break's mid-letter punctuation, such as "'", "." and ":") and Cc, which cleaning drops:
+# only these are asked of str.lower() (tests/test_long_texts.py checks every code point).
+_SIGMA_CONTEXT_CATEGORIES = ("Mn", "Me", "Cf", "Lm", "Sk", "Po", "Pi", "Pf", "Cc")
+
+
+def _lowers_to_final_sigma(following):
+    """Whether str.lower() makes a capital sigma after a cased letter and before `following` a
+    final sigma."""
+    return ("A\u03a3" + following).lower()[1] == "\u03c2"
+
+
+def _sigma_context_character(char):
+    """Whether str.lower() looks past `char` for a capital sigma's context before it: a
+    case-ignorable character (a final sigma at the end, none before a letter), or one that
+    cleaning drops before lower-casing."""
+    dropped = char in "\x00\ufffd" or is_control.__wrapped__(char)
+    return dropped or (_lowers_to_final_sigma(char) and not _lowers_to_final_sigma(char + "b"))
+
+
+def _code_point_class(code_points):
+    """Ascending code points as the inside of a regex character class, in ranges."""
+    ranges = []
+    for cp in code_points:
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1][1] = cp
+        else:
+            ranges.append([cp, cp])
+    return "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in ranges)
+
+
+@functools.cache
+def _prefix_cut_patterns():
+    """(run_part, sigma_context): within a run, a punctuation character (is_punctuation), a
+    token of its own, or what lies between them; and a run of _sigma_context_character
+    characters. Built from one pass over every code point, with the classes' own rules uncached."""
+    punctuation, sigma_context = [], []
+    for cp in range(NUM_CODE_POINTS):
+        char = chr(cp)
+        category = unicodedata.category(char)
+        if category[0] == "P" or (cp < 128 and is_punctuation.__wrapped__(char)):
+            punctuation.append(cp)
+        if (category in _SIGMA_CONTEXT_CATEGORIES or char == "\ufffd") and (
+            _sigma_context_character(char)
+        ):
+            sigma_context.append(cp)
+    punctuation = _code_point_class(punctuation)
+    return (
+        re.compile(f"(?P<punctuation>[{punctuation}])|[^{punctuation}]+"),
+        re.compile(f"[{_code_point_class(sigma_context)}]*"),
+    )
+
+
+def _past_sigma_context(text, start, cut, end):
+    """`cut`, or the end of the run text[start:end] where a capital sigma before the cut would
+    lower-case otherwise in the prefix. str.lower() makes it a final sigma unless a cased letter
+    follows it past case-ignorable characters (and those that cleaning drops first): only when
+    that letter lies beyond the cut is the run kept whole (a chain such as "Σ.Σ.Σ." could move a
+    tighter cut word by word to the run's end)."""
+    sigma = text.rfind("\u03a3", start, cut)
+    if sigma < 0:
+        return cut
+    context_end = _prefix_cut_patterns()[1].match(text, sigma + 1, end).end()
+    # Decided inside the prefix, or final in both: its context reaches the run's end (a prefix
+    # that ends inside it reads the same) or a character that is no cased letter.
+    if context_end < cut or context_end == end or _lowers_to_final_sigma(text[context_end]):
+        return cut
+    return end
+
+
 def _word_end(text, part):
-    """Where a _RUN_PART match can be cut keeping its tokens: its end, or right after the first
-    run of more letters and digits than a word may hold (the word holding it is one [UNK],
-    however far it goes on); None when nothing in it is sure to give a token."""
+    """Where a run part (_prefix_cut_patterns) can be cut keeping its tokens: its end, or right
+    after the first run of more letters and digits than a word may hold (the word holding it is
+    one [UNK], however far it goes on); None when nothing in it is sure to give a token."""
     if part.group("punctuation"):
         return part.end()
     if not _LETTER_OR_DIGIT.search(text, *part.span()):

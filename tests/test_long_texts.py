@@ -4,6 +4,7 @@ adversarial text, and through a served classifier export against a direct call o
 
 import json
 import random
+import re
 
 import keras
 import numpy as np
@@ -22,14 +23,16 @@ from bert_tf.tokenization import FullTokenizer
 # the tokenizer drops (NUL, U+001C, a zero-width space, U+FFFD), every kind of whitespace (Zs, tab,
 # newline), ASCII and Unicode punctuation, CJK ideographs (with and without spaces around),
 # digits, underscore, a currency sign and an emoji (symbols, no letter), capital sigmas (whose
-# lower case depends on what follows), and words around the 200 characters past which a word is
-# an [UNK].
+# lower case depends on what follows, past case-ignorable characters such as ".", ":", "'", marks
+# and format characters, and past those cleaning drops), and words around the 200 characters past
+# which a word is an [UNK].
 PIECES = [
     "the", "Movie", "élan", "Ünïcödé", "e\u0301", "\u0301", "\u0301\u0308", "\x00", "\x1c",
     "\u200b", "\ufffd", " ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n", "!", "...", "(",
     "\u4e2d\u6587", "x\u4e2d", "\U00020000", "42", "_", "\U0001f600", "a" * 120, "x" * 99, "-", "don't", "[MASK]",
     "y" * 200, "z" * 201, "b" * 260, "«", "»", "\u20ac", "a_b", "\u03a3", "\u039f\u03a3", ".\u0392", "'\u03a3",
     "\u4e2d" + "7" * 260,
+    "\u03a3:", "\u0301\u200b", ":\x00", "\u2019", "\u00b7\u03a3\u0345", "\u2026",
 ]  # fmt: skip
 WHITESPACE = {" ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n"}
 
@@ -60,16 +63,55 @@ def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_cas
 
 def test_a_run_of_too_many_letters_is_cut_wherever_it_starts():
     # Each is one [UNK] however long it goes on: cut after 201 letters or digits. Before it: a
-    # word of its own (x, an ideograph, an ASCII mark) or a Unicode mark the count does not see.
-    for before, count in (("", 1), ("x ", 2), ("\u4e2d", 2), ("(", 2), ("\u00ab", 1)):
+    # word of its own (x, an ideograph, punctuation) or a combining mark the count does not see.
+    cases = [("", 1), ("x ", 2), ("\u4e2d", 2), ("(", 2), ("\u00ab", 2), ("\u0301", 1)]
+    for before, count in cases:
         text = before + "7" * 300 + " z"
         cut = tokenizer_rules.prefix_keeping_tokens(text, count)
         assert len(cut) == len(before) + 201, before
 
 
-def test_the_whitespace_class_is_the_tokenizers_whitespace():
-    import re
+def test_long_runs_of_unicode_punctuation_or_after_a_capital_sigma_are_cut():
+    # Each Unicode punctuation character is a word of its own; a capital sigma's lower case reads
+    # only up to the first character that is neither case-ignorable nor dropped.
+    assert tokenizer_rules.prefix_keeping_tokens("\u00ab" * 100_000, 5) == "\u00ab" * 5
+    assert len(tokenizer_rules.prefix_keeping_tokens("\u03a3" + "b" * 100_000, 1)) == 201
+    # A cased letter that decides a sigma's case past the cut: the run is kept whole (a final
+    # sigma before the run's end or a digit is cut where it is).
+    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3.\u0301y.z w", 1) == "x\u03a3.\u0301y.z"
+    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3\u00b7\u2019. z", 1) == "x\u03a3"
+    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3.7", 1) == "x\u03a3"
 
+
+def test_every_punctuation_character_is_a_token_between_split_points(real_vocab):
+    # What counting each punctuation character as a word rests on, over every code point.
+    tokenizers = [FullTokenizer(real_vocab, do_lower_case=lower) for lower in (True, False)]
+    run_part, _ = tokenizer_rules._prefix_cut_patterns()
+    for cp in range(tokenizer_rules.NUM_CODE_POINTS):
+        char = chr(cp)
+        is_punctuation = tokenizer_rules.is_punctuation.__wrapped__(char)
+        assert bool(run_part.fullmatch(char)["punctuation"]) == is_punctuation, hex(cp)
+        if is_punctuation:
+            for tokenizer in tokenizers:
+                tokens = tokenizer.tokenize("a" + char + "b")
+                assert len(tokens) >= 3 and tokens[0] == "a" and tokens[-1] == "b", hex(cp)
+
+
+def test_the_sigma_context_class_is_what_str_lower_reads_past():
+    # Against str.lower() itself: after "a" and a capital sigma, a character it reads past leaves
+    # the sigma final at the text's end and not before a letter. The class also holds what
+    # cleaning drops before lower-casing.
+    _, context = tokenizer_rules._prefix_cut_patterns()
+    for cp in range(tokenizer_rules.NUM_CODE_POINTS):
+        char = chr(cp)
+        dropped = char in "\x00\ufffd" or tokenizer_rules.is_control.__wrapped__(char)
+        reads_past = ("a\u03a3" + char + "b").lower()[1] == "\u03c3" and not (
+            ("a\u03a3" + char).lower()[1] == "\u03c3"
+        )
+        assert bool(context.fullmatch(char)) == (dropped or reads_past), hex(cp)
+
+
+def test_the_whitespace_class_is_the_tokenizers_whitespace():
     pattern = re.compile(f"[{tokenizer_rules.WHITESPACE_CLASS}]")
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
@@ -81,7 +123,6 @@ def test_a_letter_or_digit_always_leaves_a_character_that_is_no_split_point():
     # ([^\W_]) is never dropped by cleaning, never whitespace or punctuation, no combining mark
     # (so nothing reorders across a cut next to it), and lower-casing with accent stripping leaves
     # at least one character of it, none of them whitespace, punctuation or dropped.
-    import re
     import unicodedata
 
     letter_or_digit = re.compile(r"[^\W_]")

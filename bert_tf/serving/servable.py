@@ -64,6 +64,9 @@ class Servable:
                 key, method or PREDICT_METHOD, function, dict(inputs), dict(outputs), defaults
             )
         self.words_to_keep = _words_to_keep(path)
+        if self.words_to_keep:
+            # Here rather than in the first long request, which would hold the GIL for it.
+            tokenizer_rules.prepare_prefix_cut()
         self._batchers = {}
         self._batchers_lock = threading.Lock()
         self.closed = False
