@@ -240,7 +240,7 @@ def wordpiece_tokenizer(vocab, do_lower_case):
     tokenizer_files names the generic class that loads it as written. It also mends two rules
     where `tokenizers`' BERT parts differ from the original: a word-final capital sigma lower-cases
     to a final sigma (Python's str.lower()), and CJK ideographs are the original's ranges
-    (tokenizer_rules.CJK_RANGES; `tokenizers`' leave out U+2B820 to U+2B91F). Left different,
+    (tokenizer_rules.CJK_RANGES; `tokenizers`' own leave out U+2B820 to U+2B91F). Left different,
     one code point at a time against FullTokenizer: its normalizer drops private-use characters,
     which the original keeps, and about 500 code points (120 cased) are marks, punctuation or
     controls in one of `tokenizers`' Unicode tables and Python's but not the other.

@@ -10,6 +10,7 @@ import collections
 import functools
 import os
 import re
+import typing
 import unicodedata
 
 from bert_tf import io_utils
@@ -155,11 +156,8 @@ _CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 # between whitespace.
 _PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
 # A letter or digit: it survives cleaning and accent stripping as at least one character, and it
-# is never punctuation (tests/test_long_texts.py checks both over every code point). A run of one
-# more of them than a word may hold makes its word an [UNK]; the lookbehind starts the match only
-# where such a run starts (an ideograph before it is a word of its own), so the search is linear.
+# is never punctuation (tests/test_long_texts.py checks both over every code point).
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
-_TOO_LONG = re.compile(f"(?<![^\\W_{_CJK_CLASS}])[^\\W_]{{{MAX_INPUT_CHARS_PER_WORD + 1}}}")
 
 
 def prefix_keeping_tokens(text, count):
@@ -181,7 +179,7 @@ def prefix_keeping_tokens(text, count):
             if words == count:
                 return text[:end]
             continue
-        for part in _prefix_cut_patterns()[0].finditer(text, start, end):
+        for part in _prefix_cut_patterns().run_part.finditer(text, start, end):
             cut = _word_end(text, part)
             if cut is None:
                 continue
@@ -228,25 +226,54 @@ def _code_point_class(code_points):
     return "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in ranges)
 
 
+_BMP_END = 0x10000
+
+
+class _CutPatterns(typing.NamedTuple):
+    """The regexes prefix_keeping_tokens reads (_prefix_cut_patterns)."""
+
+    # Within a run: a punctuation character (is_punctuation), a token of its own, or what lies
+    # between them. Only the BMP's punctuation: Python's re tests a class's code points past
+    # U+FFFF range by range (an 18 MB run took 2.7 s to split, against 0.11 s); leaving them out
+    # only makes the count of words a lower bound.
+    run_part: re.Pattern
+    # A run of _sigma_context_character characters (all of them: the cut rests on its end).
+    sigma_context: re.Pattern
+    # One more letter or digit than a word may hold, with only combining marks (M*, which no
+    # rule of the tokenizer splits at) between them: the word holding them is an [UNK] in either
+    # casing. It starts only where a stretch of letters, digits and marks starts (an ideograph
+    # before it is a word of its own), and the marks are matched possessively, so the search is
+    # linear. BMP marks only, for the same reason: a mark past U+FFFF ends the stretch.
+    too_long: re.Pattern
+
+
 @functools.cache
 def _prefix_cut_patterns():
-    """(run_part, sigma_context): within a run, a punctuation character (is_punctuation), a
-    token of its own, or what lies between them; and a run of _sigma_context_character
-    characters. Built from one pass over every code point, with the classes' own rules uncached."""
-    punctuation, sigma_context = [], []
+    """A _CutPatterns, built from one pass over every code point with the classes' own rules
+    uncached."""
+    punctuation, sigma_context, marks = [], [], []
     for cp in range(NUM_CODE_POINTS):
         char = chr(cp)
         category = unicodedata.category(char)
-        if category[0] == "P" or (cp < 128 and is_punctuation.__wrapped__(char)):
+        if cp < _BMP_END and (
+            category[0] == "P" or (cp < 128 and is_punctuation.__wrapped__(char))
+        ):
             punctuation.append(cp)
         if (category in _SIGMA_CONTEXT_CATEGORIES or char == "\ufffd") and (
             _sigma_context_character(char)
         ):
             sigma_context.append(cp)
-    punctuation = _code_point_class(punctuation)
-    return (
-        re.compile(f"(?P<punctuation>[{punctuation}])|[^{punctuation}]+"),
-        re.compile(f"[{_code_point_class(sigma_context)}]*"),
+        if cp < _BMP_END and category[0] == "M":
+            marks.append(cp)
+    punctuation, marks = _code_point_class(punctuation), _code_point_class(marks)
+    letter = "[^\\W_]"
+    return _CutPatterns(
+        run_part=re.compile(f"(?P<punctuation>[{punctuation}])|[^{punctuation}]+"),
+        sigma_context=re.compile(f"[{_code_point_class(sigma_context)}]*"),
+        too_long=re.compile(
+            f"(?<![^\\W_{_CJK_CLASS}]|[{marks}])[{marks}]*+"
+            f"(?:{letter}[{marks}]*+){{{MAX_INPUT_CHARS_PER_WORD}}}{letter}"
+        ),
     )
 
 
@@ -259,7 +286,7 @@ def _past_sigma_context(text, start, cut, end):
     sigma = text.rfind("\u03a3", start, cut)
     if sigma < 0:
         return cut
-    context_end = _prefix_cut_patterns()[1].match(text, sigma + 1, end).end()
+    context_end = _prefix_cut_patterns().sigma_context.match(text, sigma + 1, end).end()
     # Decided inside the prefix, or final in both: its context reaches the run's end (a prefix
     # that ends inside it reads the same) or a character that is no cased letter.
     if context_end < cut or context_end == end or _lowers_to_final_sigma(text[context_end]):
@@ -269,11 +296,12 @@ def _past_sigma_context(text, start, cut, end):
 
 def _word_end(text, part):
     """Where a run part (_prefix_cut_patterns) can be cut keeping its tokens: its end, or right
-    after the first run of more letters and digits than a word may hold (the word holding it is
-    one [UNK], however far it goes on); None when nothing in it is sure to give a token."""
+    after the first stretch of more letters and digits than a word may hold, combining marks
+    between them (the word holding it is one [UNK], however far it goes on); None when nothing
+    in it is sure to give a token."""
     if part.group("punctuation"):
         return part.end()
     if not _LETTER_OR_DIGIT.search(text, *part.span()):
         return None
-    too_long = _TOO_LONG.search(text, *part.span())
+    too_long = _prefix_cut_patterns().too_long.search(text, *part.span())
     return too_long.end() if too_long else part.end()

@@ -19,7 +19,8 @@ from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import models
 from bert_tf.tokenization import FullTokenizer
 
-# Letters with and without accents, lone combining marks (stripped when lower-casing), controls
+# Letters with and without accents, lone combining marks (stripped when lower-casing), long
+# words with marks between the letters (accents, Thai, Devanagari, a mark past U+FFFF), controls
 # the tokenizer drops (NUL, U+001C, a zero-width space, U+FFFD), every kind of whitespace (Zs, tab,
 # newline), ASCII and Unicode punctuation, CJK ideographs (with and without spaces around),
 # digits, underscore, a currency sign and an emoji (symbols, no letter), capital sigmas (whose
@@ -33,6 +34,7 @@ PIECES = [
     "y" * 200, "z" * 201, "b" * 260, "«", "»", "\u20ac", "a_b", "\u03a3", "\u039f\u03a3", ".\u0392", "'\u03a3",
     "\u4e2d" + "7" * 260,
     "\u03a3:", "\u0301\u200b", ":\x00", "\u2019", "\u00b7\u03a3\u0345", "\u2026",
+    "e\u0301" * 120, "\u0e01\u0e34" * 90, "\u0915\u093e\U0001d165",
 ]  # fmt: skip
 WHITESPACE = {" ", "  ", "\u3000", "\u00a0", "\t", "\n", "\r\n"}
 
@@ -69,6 +71,12 @@ def test_a_run_of_too_many_letters_is_cut_wherever_it_starts():
         text = before + "7" * 300 + " z"
         cut = tokenizer_rules.prefix_keeping_tokens(text, count)
         assert len(cut) == len(before) + 201, before
+    # With combining marks between the letters: Thai (no spaces between words, vowel signs Mn),
+    # Devanagari (vowel signs Mc), accents; cut after the 201st letter.
+    for letter_and_mark in ("\u0e01\u0e34", "\u0915\u093e", "e\u0301", "x\u0301\u0308"):
+        text = letter_and_mark * 100_000 + " z"
+        cut = tokenizer_rules.prefix_keeping_tokens(text, 1)
+        assert len(cut) == 200 * len(letter_and_mark) + 1, letter_and_mark
 
 
 def test_long_runs_of_unicode_punctuation_or_after_a_capital_sigma_are_cut():
@@ -86,11 +94,12 @@ def test_long_runs_of_unicode_punctuation_or_after_a_capital_sigma_are_cut():
 def test_every_punctuation_character_is_a_token_between_split_points(real_vocab):
     # What counting each punctuation character as a word rests on, over every code point.
     tokenizers = [FullTokenizer(real_vocab, do_lower_case=lower) for lower in (True, False)]
-    run_part, _ = tokenizer_rules._prefix_cut_patterns()
+    run_part = tokenizer_rules._prefix_cut_patterns().run_part
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         is_punctuation = tokenizer_rules.is_punctuation.__wrapped__(char)
-        assert bool(run_part.fullmatch(char)["punctuation"]) == is_punctuation, hex(cp)
+        in_class = bool(run_part.fullmatch(char)["punctuation"])
+        assert in_class == (is_punctuation and cp < 0x10000), hex(cp)  # the BMP's only
         if is_punctuation:
             for tokenizer in tokenizers:
                 tokens = tokenizer.tokenize("a" + char + "b")
@@ -101,7 +110,7 @@ def test_the_sigma_context_class_is_what_str_lower_reads_past():
     # Against str.lower() itself: after "a" and a capital sigma, a character it reads past leaves
     # the sigma final at the text's end and not before a letter. The class also holds what
     # cleaning drops before lower-casing.
-    _, context = tokenizer_rules._prefix_cut_patterns()
+    context = tokenizer_rules._prefix_cut_patterns().sigma_context
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         dropped = char in "\x00\ufffd" or tokenizer_rules.is_control.__wrapped__(char)
@@ -109,6 +118,20 @@ def test_the_sigma_context_class_is_what_str_lower_reads_past():
             ("a\u03a3" + char).lower()[1] == "\u03c3"
         )
         assert bool(context.fullmatch(char)) == (dropped or reads_past), hex(cp)
+
+
+def test_no_rule_of_the_tokenizer_splits_a_word_at_a_combining_mark(real_vocab):
+    # What the cut's count of letters between marks rests on, over every mark (M*): cleaning keeps
+    # it, the original's whitespace split (str.split) and punctuation split leave "a", the mark
+    # and "b" one word, in either casing.
+    import unicodedata
+
+    basic = [FullTokenizer(real_vocab, do_lower_case=lower).basic_tokenizer for lower in (1, 0)]
+    for cp in range(tokenizer_rules.NUM_CODE_POINTS):
+        char = chr(cp)
+        if unicodedata.category(char)[0] == "M":
+            for tokenizer in basic:
+                assert len(tokenizer.tokenize("a" + char + "b")) == 1, hex(cp)
 
 
 def test_the_whitespace_class_is_the_tokenizers_whitespace():
