@@ -163,8 +163,8 @@ _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 def prefix_keeping_tokens(text, count):
     """A prefix of `text` whose tokens, by the original's tokenizer, begin with the first `count`
     tokens of `text` (`text` itself when it has fewer): `text` cut after its `count`-th word,
-    where a word gives at least one token: a CJK ideograph, a punctuation character, or a
-    stretch between whitespace, ideographs and punctuation that holds a letter or digit. The
+    where a word gives at least one token: a CJK ideograph, a punctuation character of the BMP,
+    or a stretch between whitespace, ideographs and those that holds a letter or digit. The
     tokenizer splits at each of their ends, so no token spans the cut, with one exception: a
     capital sigma lower-cases by what follows it in its whitespace-delimited run (a final sigma),
     so a cut that would change one keeps its run whole (_past_sigma_context). For tokenizers
