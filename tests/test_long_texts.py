@@ -5,6 +5,7 @@ adversarial text, and through a served classifier export against a direct call o
 import json
 import random
 import re
+import unicodedata
 
 import keras
 import numpy as np
@@ -124,9 +125,9 @@ def test_no_rule_of_the_tokenizer_splits_a_word_at_a_combining_mark(real_vocab):
     # What the cut's count of letters between marks rests on, over every mark (M*): cleaning keeps
     # it, the original's whitespace split (str.split) and punctuation split leave "a", the mark
     # and "b" one word, in either casing.
-    import unicodedata
-
-    basic = [FullTokenizer(real_vocab, do_lower_case=lower).basic_tokenizer for lower in (1, 0)]
+    basic = [
+        FullTokenizer(real_vocab, do_lower_case=lower).basic_tokenizer for lower in (True, False)
+    ]
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         if unicodedata.category(char)[0] == "M":
@@ -146,8 +147,6 @@ def test_a_letter_or_digit_always_leaves_a_character_that_is_no_split_point():
     # ([^\W_]) is never dropped by cleaning, never whitespace or punctuation, no combining mark
     # (so nothing reorders across a cut next to it), and lower-casing with accent stripping leaves
     # at least one character of it, none of them whitespace, punctuation or dropped.
-    import unicodedata
-
     letter_or_digit = re.compile(r"[^\W_]")
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
