@@ -147,6 +147,22 @@ def code_point_tables():
     return tables
 
 
+# code_points_flagged's names for the property bits.
+_FLAG_NAMES = {"drop": _DROP, "case_ignorable": _CASE_IGNORABLE, "punctuation": _PUNCTUATION}
+
+
+def code_points_flagged(*names):
+    """The code points (ascending, int64) whose properties in code_point_tables hold any of the
+    named flags: "drop" (removed by cleaning), "case_ignorable" (str.lower() looks past it for a
+    capital sigma's context), "punctuation" (is_punctuation)."""
+    tables = code_point_tables()
+    main_end, tail_start, tail_end = tables["layout"]
+    code_points = np.concatenate([np.arange(main_end), np.arange(tail_start, tail_end)])
+    props = tables["props"][: len(code_points)].view(np.uint32)
+    mask = np.uint32(sum(_FLAG_NAMES[name] for name in names))
+    return code_points[(props & mask) != 0]
+
+
 def _compute_code_point_tables():
     """Lookup tables for GraphTokenizer, computed from this Python's `unicodedata`.
 

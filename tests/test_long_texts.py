@@ -16,6 +16,7 @@ from helpers_serve import model_server
 
 from bert_tf import export, tokenizer_rules
 from bert_tf.model_dir import ModelDir
+from bert_tf.serving import long_texts
 from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import models
 from bert_tf.tokenization import FullTokenizer
@@ -55,7 +56,7 @@ def test_a_cut_text_keeps_the_first_tokens_of_the_whole(real_vocab, do_lower_cas
         text = random_text(rng, choices=choices)
         whole = tokenizer.tokenize(text)
         for count in (1, 2, 3, 5, 8, 13):
-            prefix = tokenizer_rules.prefix_keeping_tokens(text, count)
+            prefix = long_texts.prefix_keeping_tokens(text, count)
             assert text.startswith(prefix)
             kept = tokenizer.tokenize(prefix)
             assert whole[: len(kept)] == kept, (text, count)
@@ -70,32 +71,32 @@ def test_a_run_of_too_many_letters_is_cut_wherever_it_starts():
     cases = [("", 1), ("x ", 2), ("\u4e2d", 2), ("(", 2), ("\u00ab", 2), ("\u0301", 1)]
     for before, count in cases:
         text = before + "7" * 300 + " z"
-        cut = tokenizer_rules.prefix_keeping_tokens(text, count)
+        cut = long_texts.prefix_keeping_tokens(text, count)
         assert len(cut) == len(before) + 201, before
     # With combining marks between the letters: Thai (no spaces between words, vowel signs Mn),
     # Devanagari (vowel signs Mc), accents; cut after the 201st letter.
     for letter_and_mark in ("\u0e01\u0e34", "\u0915\u093e", "e\u0301", "x\u0301\u0308"):
         text = letter_and_mark * 100_000 + " z"
-        cut = tokenizer_rules.prefix_keeping_tokens(text, 1)
+        cut = long_texts.prefix_keeping_tokens(text, 1)
         assert len(cut) == 200 * len(letter_and_mark) + 1, letter_and_mark
 
 
 def test_long_runs_of_unicode_punctuation_or_after_a_capital_sigma_are_cut():
     # Each Unicode punctuation character is a word of its own; a capital sigma's lower case reads
     # only up to the first character that is neither case-ignorable nor dropped.
-    assert tokenizer_rules.prefix_keeping_tokens("\u00ab" * 100_000, 5) == "\u00ab" * 5
-    assert len(tokenizer_rules.prefix_keeping_tokens("\u03a3" + "b" * 100_000, 1)) == 201
+    assert long_texts.prefix_keeping_tokens("\u00ab" * 100_000, 5) == "\u00ab" * 5
+    assert len(long_texts.prefix_keeping_tokens("\u03a3" + "b" * 100_000, 1)) == 201
     # A cased letter that decides a sigma's case past the cut: the run is kept whole (a final
     # sigma before the run's end or a digit is cut where it is).
-    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3.\u0301y.z w", 1) == "x\u03a3.\u0301y.z"
-    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3\u00b7\u2019. z", 1) == "x\u03a3"
-    assert tokenizer_rules.prefix_keeping_tokens("x\u03a3.7", 1) == "x\u03a3"
+    assert long_texts.prefix_keeping_tokens("x\u03a3.\u0301y.z w", 1) == "x\u03a3.\u0301y.z"
+    assert long_texts.prefix_keeping_tokens("x\u03a3\u00b7\u2019. z", 1) == "x\u03a3"
+    assert long_texts.prefix_keeping_tokens("x\u03a3.7", 1) == "x\u03a3"
 
 
 def test_every_punctuation_character_is_a_token_between_split_points(real_vocab):
     # What counting each punctuation character as a word rests on, over every code point.
     tokenizers = [FullTokenizer(real_vocab, do_lower_case=lower) for lower in (True, False)]
-    run_part = tokenizer_rules._prefix_cut_patterns().run_part
+    run_part = long_texts._cut_patterns().run_part
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         is_punctuation = tokenizer_rules.is_punctuation.__wrapped__(char)
@@ -111,7 +112,7 @@ def test_the_sigma_context_class_is_what_str_lower_reads_past():
     # Against str.lower() itself: after "a" and a capital sigma, a character it reads past leaves
     # the sigma final at the text's end and not before a letter. The class also holds what
     # cleaning drops before lower-casing.
-    context = tokenizer_rules._prefix_cut_patterns().sigma_context
+    context = long_texts._cut_patterns().sigma_context
     for cp in range(tokenizer_rules.NUM_CODE_POINTS):
         char = chr(cp)
         dropped = char in "\x00\ufffd" or tokenizer_rules.is_control.__wrapped__(char)

@@ -13,8 +13,8 @@ from absl import logging
 from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from bert_tf import tokenizer_rules, warmup
-from bert_tf.serving import batching, errors, methods
+from bert_tf import warmup
+from bert_tf.serving import batching, errors, long_texts, methods
 from bert_tf.serving.methods import DEFAULT_SIGNATURE, PREDICT_METHOD
 
 
@@ -66,7 +66,7 @@ class Servable:
         self.words_to_keep = _words_to_keep(path)
         if self.words_to_keep:
             # Here rather than in the first long request, which would hold the GIL for it.
-            tokenizer_rules.prepare_prefix_cut()
+            long_texts.prepare()
         self._batchers = {}
         self._batchers_lock = threading.Lock()
         self.closed = False
@@ -309,7 +309,7 @@ _CUT_FROM_BYTES = 64 << 10
 
 
 def _words_to_keep(path):
-    """For an export of a _CUT_KINDS task, the words (tokenizer_rules.prefix_keeping_tokens) that
+    """For an export of a _CUT_KINDS task, the words (long_texts.prefix_keeping_tokens) that
     hold every token its texts can keep: max_position_embeddings, which no export's sequence
     length exceeds (`export --max_seq_length` may differ from the task.json it copies); else
     None (nothing is cut)."""
@@ -338,7 +338,7 @@ def _cut_texts(texts, words):
             decoded = text.decode("utf-8")
         except UnicodeDecodeError:
             continue
-        prefix = tokenizer_rules.prefix_keeping_tokens(decoded, words)
+        prefix = long_texts.prefix_keeping_tokens(decoded, words)
         if len(prefix) < len(decoded):
             if cut is None:
                 cut = flat.copy()
