@@ -283,7 +283,9 @@ def build_serving_modules(
     compiled = export_graph.CompiledModel if jit_compile else lambda model: model
     with dtype_policy(PRECISION_POLICIES[precision]):
         if spec is None:
-            encoder, heads = pretrained_models(directory, config, seq_length, pad_to_max_seq_length)
+            encoder, heads = pretrained_models(
+                directory, config, seq_length, pad_to_max_seq_length, limit_threads=not jit_compile
+            )
             return {
                 "": EncoderModule(compiled(encoder), assets, packer, heads),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
@@ -294,15 +296,16 @@ def build_serving_modules(
             representations.encoder_layer(model, encoder),
             config,
             model,
-            fast=InferenceEncoder(encoder, config),
+            fast=InferenceEncoder(encoder, config, limit_threads=not jit_compile),
         )
     serving_module = registry.serving_module(spec.kind)
     return {"": serving_module(compiled(model), packer, spec, assets)}, spec.kind
 
 
-def pretrained_models(directory, config, seq_length, pad_to_max_seq_length):
+def pretrained_models(directory, config, seq_length, pad_to_max_seq_length, limit_threads=True):
     """(the inference encoder, the fill_mask / next_sentence signatures or None) of a pretrained
-    model directory; one InferenceEncoder serves both, so its weights are saved once."""
+    model directory; one InferenceEncoder serves both, so its weights are saved once.
+    `limit_threads`: InferenceEncoder's (False where the model is XLA-compiled)."""
     heads = directory.pretraining_heads()
     if config.left_to_right and MLM_HEAD in heads:
         # Its tied LM head was trained to predict the next token: a fill_mask would mislead.
@@ -319,11 +322,13 @@ def pretrained_models(directory, config, seq_length, pad_to_max_seq_length):
             directory.path,
         )
     if not heads:
-        return with_inference_encoder(directory.load_encoder(), config), None
+        encoder = directory.load_encoder()
+        fast = InferenceEncoder(encoder, config, limit_threads=limit_threads)
+        return with_inference_encoder(encoder, config, fast=fast), None
     if MLM_HEAD in heads and "[MASK]" not in load_vocab(directory.vocab_file):
         raise io_utils.UsageError(f"{directory.vocab_file} has no [MASK] token for fill-mask")
     model, encoder = directory.load_pretraining_model(require=heads)
-    fast = InferenceEncoder(encoder, config)
+    fast = InferenceEncoder(encoder, config, limit_threads=limit_threads)
     packer = export_graph.TextPacker(
         directory.path,
         config,

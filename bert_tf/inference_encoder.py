@@ -20,7 +20,10 @@ a third of its time in such hand-offs (benchmarks/RESULTS.md, "Inference: Tensor
 threads"). So the graph keeps a small batch's kernels on the thread that runs them: transposes go
 through integers (Eigen's kernel, which runs small ones inline), a small attention takes Eigen's
 batch matmul and log-softmax (SMALL_ATTENTION_SCORES), and the feedforward parts are made small
-enough for oneDNN to run each on one thread (SINGLE_THREAD_KERNEL_BYTES).
+enough for oneDNN to run each on one thread (SINGLE_THREAD_KERNEL_BYTES). Where TensorFlow leaves
+oneDNN off (CPUs without AVX-512), every matmul is Eigen's, which splits even a batch-1 product
+over the intra-op threads while the parts already keep the cores busy: a small call runs its
+kernels on one intra-op thread each (ONE_THREAD_CALL_MACS, through intra_op_limit).
 
 It is the same network: embeddings (word + position + segment) -> LayerNorm -> post-LN
 transformer layers (attention, residual, LayerNorm; feedforward, residual, LayerNorm) -> pooled
@@ -37,7 +40,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import checkpoints, modeling
+from bert_tf import checkpoints, intra_op_limit, modeling
 
 # The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
 _MASKED_SCORE = -1e9
@@ -57,6 +60,13 @@ SINGLE_THREAD_KERNEL_BYTES = 640 * 1024
 # matmul and softmax, which run a small attention inline, instead of oneDNN's, which hand every
 # call to the intra-op threads but are faster on large ones.
 SMALL_ATTENTION_SCORES = 4096
+# A call runs each kernel on one intra-op thread when its feedforward product (tokens x hidden x
+# intermediate multiply-adds) is at most this: MiniLM's at 512 tokens, BERT-base's at 128. Without
+# oneDNN on 2 cores, one thread took 0.66x to 0.96x the time of TensorFlow's threads for every
+# MiniLM call measured, from 12 tokens to 512 and batches up to 32 (benchmarks/RESULTS.md,
+# "Inference: TensorFlow's default threads"); larger calls keep the intra-op pool, for machines
+# with more cores to give them.
+ONE_THREAD_CALL_MACS = 512 * 384 * 1536
 # The compute dtypes that have CPU kernels for Eigen's BatchMatMulV3 (float16 has none; a cond
 # needs kernels for both its branches, so float16 attention takes oneDNN's whatever its size).
 _EIGEN_ATTENTION_DTYPES = ("float32", "bfloat16")
@@ -96,6 +106,12 @@ def small_attention(batch, length):
     return scores <= SMALL_ATTENTION_SCORES
 
 
+def one_thread_tokens(config):
+    """The most tokens (rows x length) a call of an encoder of `config` runs on one intra-op
+    thread a kernel (ONE_THREAD_CALL_MACS)."""
+    return ONE_THREAD_CALL_MACS // (config.hidden_size * config.intermediate_size)
+
+
 def feedforward_parts(intermediate_kernel_bytes, shards):
     """How many parts a feedforward is split into: twice `shards` if that brings each part's
     kernel within SINGLE_THREAD_KERNEL_BYTES, else `shards` (BERT-base's 9 MB would need 15 parts;
@@ -109,9 +125,15 @@ def feedforward_parts(intermediate_kernel_bytes, shards):
 class InferenceEncoder(keras.layers.Layer):
     """A Keras encoder's network (its inputs and outputs) in 2-D matmuls, for inference."""
 
-    def __init__(self, encoder, config, shards=SHARDS, **kwargs):
+    def __init__(self, encoder, config, shards=SHARDS, limit_threads=True, **kwargs):
         kwargs.setdefault("name", "inference_encoder")
         super().__init__(**kwargs)
+        # `limit_threads`: small calls on one intra-op thread (ONE_THREAD_CALL_MACS); off where the
+        # call is XLA-compiled, which takes no tf.data ops.
+        self.limited_forward = (
+            intra_op_limit.ThreadLimitedFunction(self.forward) if limit_threads else None
+        )
+        self.one_thread_tokens = one_thread_tokens(config)
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.left_to_right = config.left_to_right
@@ -312,9 +334,23 @@ class InferenceEncoder(keras.layers.Layer):
         return self._add_and_norm(x, transformed, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
 
     def call(self, inputs, training=False, mask=None):
-        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
+        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict (`forward`'s), a
+        small call's kernels on one intra-op thread each."""
         # `training` and `mask` are what Keras passes when it reruns a functional graph; this is
         # inference only, and the padding comes from input_mask.
+        inputs = {name: inputs[name] for name in modeling.ENCODER_INPUTS}
+        if self.limited_forward is None:
+            return self.forward(inputs)
+        return self.limited_forward(inputs, self.intra_op_threads(inputs["input_word_ids"]))
+
+    def intra_op_threads(self, word_ids):
+        """The most intra-op threads each kernel of a call on `word_ids` takes: int32 [], 1 for a
+        call of at most one_thread_tokens tokens, else intra_op_limit.NO_LIMIT."""
+        small = tf.size(word_ids) <= self.one_thread_tokens
+        return tf.where(small, 1, intra_op_limit.NO_LIMIT)
+
+    def forward(self, inputs):
+        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
         dtype = self.compute_dtype
         word_ids = inputs["input_word_ids"]
         batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]

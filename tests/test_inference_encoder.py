@@ -10,6 +10,7 @@ from helpers import tiny_config, tiny_inputs
 
 from bert_tf import export, inference_encoder, modeling
 from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
+from bert_tf.intra_op_limit import NO_LIMIT
 from bert_tf.tasks import models, registry
 
 # Uneven shapes (3 heads of 8, an intermediate size that is not a multiple of the hidden size) and
@@ -264,6 +265,38 @@ def test_feedforward_parts_are_small_enough_for_one_thread(hidden, intermediate,
     assert inference_encoder.feedforward_parts(kernel_bytes, shards=2) == parts
 
 
+def graph_ops(fn, spec):
+    """Every op type in fn's graph for `spec` and in the functions it calls."""
+    graph = tf.function(fn).get_concrete_function(spec).graph.as_graph_def()
+    return {node.op for node in graph.node} | {
+        node.op for f in graph.library.function for node in f.node_def
+    }
+
+
+def test_a_small_call_runs_each_kernel_on_one_intra_op_thread():
+    """Up to one_thread_tokens tokens (MiniLM's 512, BERT-base's 128) a call runs the network
+    under an intra-op limit of 1; above, with no limit; either way its outputs are the network's
+    (within float rounding: grappler optimizes the network's own function apart)."""
+    minilm = tiny_config(hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    base = tiny_config(hidden_size=768, num_attention_heads=12, intermediate_size=3072)
+    assert inference_encoder.one_thread_tokens(minilm) == 512
+    assert inference_encoder.one_thread_tokens(base) == 128
+    tf.keras.utils.set_random_seed(14)
+    encoder = modeling.build_encoder(CONFIG)
+    fast = InferenceEncoder(encoder, CONFIG)
+    tokens = fast.one_thread_tokens
+    assert int(fast.intra_op_threads(tf.zeros([2, tokens // 2], tf.int32))) == 1
+    assert int(fast.intra_op_threads(tf.zeros([1, tokens + 1], tf.int32))) == NO_LIMIT
+    spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
+    assert "MaxIntraOpParallelismDataset" in graph_ops(lambda x: fast(x), spec)
+    unlimited = InferenceEncoder(encoder, CONFIG, limit_threads=False)
+    assert "MaxIntraOpParallelismDataset" not in graph_ops(lambda x: unlimited(x), spec)
+    inputs = tiny_inputs(batch=3, seq=7, seed=15)
+    got = in_graph(fast, inputs)
+    want = tf.function(fast.forward)(inputs)
+    tf.nest.map_structure(lambda g, w: np.testing.assert_allclose(g, w, **TOLERANCE), got, want)
+
+
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_small_attention_runs_on_kernels_that_onednn_does_not_take_over(policy):
     """At TensorFlow's default threads each oneDNN kernel hands its work to the intra-op threads:
@@ -319,7 +352,8 @@ def test_the_shards_of_a_layer_do_not_wait_for_each_other():
     encoder = modeling.build_encoder(CONFIG)
     fast = InferenceEncoder(encoder, CONFIG, shards=2)
     spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
-    graph = tf.function(lambda x: fast(x)).get_concrete_function(spec).graph
+    # The network itself: a call runs it as a function of its own (intra_op_limit).
+    graph = tf.function(fast.forward).get_concrete_function(spec).graph
     placeholders = {id(external): internal for external, internal in graph.captures}
     layer = fast.transformer_layers[1]
 
