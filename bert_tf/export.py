@@ -305,7 +305,8 @@ def build_serving_modules(
 def pretrained_models(directory, config, seq_length, pad_to_max_seq_length, limit_threads=True):
     """(the inference encoder, the fill_mask / next_sentence signatures or None) of a pretrained
     model directory; one InferenceEncoder serves both, so its weights are saved once.
-    `limit_threads`: InferenceEncoder's (False where the model is XLA-compiled)."""
+    `limit_threads`: InferenceEncoder's (False for an XLA-compiled export, whose fill_mask and
+    next_sentence signatures share the encoder, uncompiled)."""
     heads = directory.pretraining_heads()
     if config.left_to_right and MLM_HEAD in heads:
         # Its tied LM head was trained to predict the next token: a fill_mask would mislead.

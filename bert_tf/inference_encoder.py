@@ -21,7 +21,7 @@ threads"). So the graph keeps a small batch's kernels on the thread that runs th
 through integers (Eigen's kernel, which runs small ones inline), a small attention takes Eigen's
 batch matmul and log-softmax (SMALL_ATTENTION_SCORES), and the feedforward parts are made small
 enough for oneDNN to run each on one thread (SINGLE_THREAD_KERNEL_BYTES). Where TensorFlow leaves
-oneDNN off (CPUs without AVX-512), every matmul is Eigen's, which splits even a batch-1 product
+oneDNN off (AVX2 CPUs, for one), every matmul is Eigen's, which splits even a batch-1 product
 over the intra-op threads while the parts already keep the cores busy: a small call runs its
 kernels on one intra-op thread each (ONE_THREAD_CALL_MACS, through intra_op_limit).
 
@@ -62,9 +62,9 @@ SINGLE_THREAD_KERNEL_BYTES = 640 * 1024
 SMALL_ATTENTION_SCORES = 4096
 # A call runs each kernel on one intra-op thread when its feedforward product (tokens x hidden x
 # intermediate multiply-adds) is at most this: MiniLM's at 512 tokens, BERT-base's at 128. Without
-# oneDNN on 2 cores, one thread took 0.66x to 0.96x the time of TensorFlow's threads for every
-# MiniLM call measured, from 12 tokens to 512 and batches up to 32 (benchmarks/RESULTS.md,
-# "Inference: TensorFlow's default threads"); larger calls keep the intra-op pool, for machines
+# oneDNN on 2 cores, one thread took 0.66x to 0.96x the time of TensorFlow's threads for MiniLM
+# texts of 12 to 512 tokens, and 0.81x to 1.01x for batches of 2 to 32 (benchmarks/RESULTS.md,
+# "Inference: what each export choice buys"); larger calls keep the intra-op pool, for machines
 # with more cores to give them.
 ONE_THREAD_CALL_MACS = 512 * 384 * 1536
 # The compute dtypes that have CPU kernels for Eigen's BatchMatMulV3 (float16 has none; a cond

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
 from bert_tf import export, modeling, warmup
+from bert_tf.inference_encoder import InferenceEncoder
 from bert_tf.model_dir import ModelDir
 from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import LENGTH_BUCKET, models
@@ -208,16 +209,30 @@ def test_text_packer_lengths_follow_the_longest_row_rounded_up(tmp_path, real_vo
         assert bucketed.padded_length(window_tokens).numpy() == rounded
 
 
+def inference_encoders(model):
+    """The InferenceEncoder layers of a served Keras model (or of the one a CompiledModel runs)."""
+    model = getattr(model, "model", model)
+    return [layer for layer in model._flatten_layers() if isinstance(layer, InferenceEncoder)]
+
+
 def test_xla_exports_round_lengths_up_to_the_bucket_and_graph_exports_do_not(tmp_path, real_vocab):
     spec = SPECS["classifier"]
     model, encoder = models.build_task_model(CONFIG, spec)
-    ModelDir(str(tmp_path)).write(CONFIG, real_vocab, encoder, spec=spec, model=model)
+    ModelDir(str(tmp_path / "task")).write(CONFIG, real_vocab, encoder, spec=spec, model=model)
+    ModelDir(str(tmp_path / "pretrained")).write(CONFIG, real_vocab, encoder)
     for jit_compile, multiple, width in ((False, 1, 9), (True, LENGTH_BUCKET, LENGTH_BUCKET)):
-        modules, _ = export.build_serving_modules(str(tmp_path), jit_compile=jit_compile)
+        modules, _ = export.build_serving_modules(str(tmp_path / "task"), jit_compile=jit_compile)
         packer = modules[""].packer
         assert packer.length_multiple == multiple
         # "a fine film about a dog ." and [CLS], [SEP]: 9 tokens.
         assert packer.pack([tf.constant(SHORT)])["input_word_ids"].shape == (2, width)
+        # XLA compiles no tf.data ops: its encoder runs without the intra-op limit.
+        pretrained, _ = export.build_serving_modules(
+            str(tmp_path / "pretrained"), jit_compile=jit_compile
+        )
+        for served in (modules[""].model, pretrained[""].encoder):
+            [fast] = inference_encoders(served)
+            assert (fast.limited_forward is None) == jit_compile
 
 
 # Rows sorted by length and grouped by the multiple of LENGTH_BUCKET they round up to, at most

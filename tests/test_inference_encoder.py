@@ -305,7 +305,7 @@ def test_small_attention_runs_on_kernels_that_onednn_does_not_take_over(policy):
     with export.dtype_policy(policy):
         fast = InferenceEncoder(modeling.build_encoder(CONFIG), CONFIG)
     spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
-    graph = tf.function(lambda x: fast(x)).get_concrete_function(spec).graph.as_graph_def()
+    graph = tf.function(fast.forward).get_concrete_function(spec).graph.as_graph_def()
     functions = {f.signature.name: {node.op for node in f.node_def} for f in graph.library.function}
     nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     transposes = [node.attr["T"].type for node in nodes if node.op == "Transpose"]
