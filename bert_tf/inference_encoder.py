@@ -3,7 +3,8 @@
 Why not call the Keras encoder: keras-hub's attention computes each of the query, key, value and
 output projections as an einsum with its own reshapes and transposes. Here the three input
 projections are one [b*s, H] by [H, 3H] MatMul (split by shard, below) and every other projection a
-2-D MatMul (a MiniLM call in one part traces 454 ops besides constants, the Keras encoder's 640).
+2-D MatMul (a MiniLM call in one part traces 449 ops besides constants and identities, the
+Keras encoder's 640).
 The arithmetic is the same, so the gain is the kernels not run, which shows at small batches: a
 MiniLM export's batch-1 call takes about 0.8x the time (benchmarks/RESULTS.md, "Inference: what
 each export choice buys"); under XLA, which fuses either graph, the two are within noise.
@@ -67,6 +68,12 @@ SMALL_ATTENTION_SCORES = 4096
 # "Inference: what each export choice buys"); larger calls keep the intra-op pool, for machines
 # with more cores to give them.
 ONE_THREAD_CALL_MACS = 512 * 384 * 1536
+# The exact GELU of z is 0.5 * z * (1 + erf(z / sqrt(2))), which is (u + u * erf(u)) / sqrt(2)
+# for u = z / sqrt(2): so the feedforward's first kernel and bias are stored times this scale, and
+# its second kernel too, leaving GELU three kernels of Keras' five, and Erf, not Erfc (which
+# Keras' GELU runs, and which took 2 to 4 times Erf's time on 22 x 384 on one thread)
+# (benchmarks/RESULTS.md, "Inference: what each export choice buys").
+_GELU_EXACT_SCALE = 1 / math.sqrt(2)
 # The compute dtypes that have CPU kernels for Eigen's BatchMatMulV3 (float16 has none; a cond
 # needs kernels for both its branches, so float16 attention takes oneDNN's whatever its size).
 _EIGEN_ATTENTION_DTYPES = ("float32", "bfloat16")
@@ -77,6 +84,11 @@ def _layer_norm(x, gamma, beta):
     return keras.ops.layer_normalization(
         x, gamma, beta, axis=-1, epsilon=modeling.LAYER_NORM_EPSILON
     )
+
+
+def _erf_gelu(u):
+    """The exact GELU of z = sqrt(2) * u, times sqrt(2): u + u * erf(u) (_GELU_EXACT_SCALE)."""
+    return u + u * tf.math.erf(u)
 
 
 def _transpose(x, perm):
@@ -130,14 +142,22 @@ class InferenceEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         # `limit_threads`: small calls on one intra-op thread (ONE_THREAD_CALL_MACS); off where the
         # call is XLA-compiled, which takes no tf.data ops.
-        self.limited_forward = (
-            intra_op_limit.ThreadLimitedFunction(self.forward) if limit_threads else None
+        self.limited_forward, self.limited_pooled_forward = (
+            (
+                intra_op_limit.ThreadLimitedFunction(self.forward),
+                intra_op_limit.ThreadLimitedFunction(lambda inputs: self.forward(inputs, True)),
+            )
+            if limit_threads
+            else (None, None)
         )
         self.one_thread_tokens = one_thread_tokens(config)
         self.hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.left_to_right = config.left_to_right
-        self.activation = modeling.get_activation(config.hidden_act)
+        # The feedforward's kernels carry the exact GELU's scale (_GELU_EXACT_SCALE).
+        erf_gelu = config.hidden_act.lower() == "gelu_exact"
+        self.activation = _erf_gelu if erf_gelu else modeling.get_activation(config.hidden_act)
+        gelu_scale = _GELU_EXACT_SCALE if erf_gelu else 1.0
         # The encoder's weights by the original's names, in the original's 2-D shapes (the
         # checkpoint converter's map, read backwards: each Keras layout is a reshape of those).
         source = {
@@ -197,9 +217,9 @@ class InferenceEncoder(keras.layers.Layer):
             projections = [source[f"{attention}/{p}/kernel"] for p in ("query", "key", "value")]
             projection_biases = [source[f"{attention}/{p}/bias"] for p in ("query", "key", "value")]
             output_kernel = source[f"{layer}/attention/output/dense/kernel"]
-            intermediate_kernel = source[f"{layer}/intermediate/dense/kernel"]
-            intermediate_bias = source[f"{layer}/intermediate/dense/bias"]
-            ffn_output_kernel = source[f"{layer}/output/dense/kernel"]
+            intermediate_kernel = source[f"{layer}/intermediate/dense/kernel"] * gelu_scale
+            intermediate_bias = source[f"{layer}/intermediate/dense/bias"] * gelu_scale
+            ffn_output_kernel = source[f"{layer}/output/dense/kernel"] * gelu_scale
             weights = {
                 "output_bias": source[f"{layer}/attention/output/dense/bias"],
                 "attention_norm_gamma": source[f"{layer}/attention/output/LayerNorm/gamma"],
@@ -252,12 +272,13 @@ class InferenceEncoder(keras.layers.Layer):
         dtype = self.compute_dtype
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
-    def _attention(self, x, layer, shard, keys, batch, length, small):
+    def _attention(self, x, layer, shard, keys, batch, length, small, query_index=None):
         """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1 or s, s]): its
         context, [b*s, the shard's heads times head_size].
 
         `small` (bool []): whether the scores are few enough for Eigen's kernels
-        (SMALL_ATTENTION_SCORES).
+        (SMALL_ATTENTION_SCORES). `query_index` (int32 [b]): if given, only that position of each
+        row queries (keys then [b, 1, 1, s]), and the context is [b, its width].
         """
         head_size = self.hidden_size // self.num_heads
         kernel = layer[f"shard_{shard}_qkv_kernel"]
@@ -268,6 +289,8 @@ class InferenceEncoder(keras.layers.Layer):
             tf.reshape(qkv, [batch, length, 3, width // head_size, head_size]), [2, 0, 3, 1, 4]
         )
         query, key, value = tf.unstack(qkv)
+        if query_index is not None:  # [b, heads, 1, head_size]
+            query = tf.gather(query, query_index[:, tf.newaxis], axis=2, batch_dims=1)
         # Keras scales the query before the product when it has attention dropout (every released
         # config); so do we, for the same rounding.
         query = query * tf.cast(1.0 / math.sqrt(head_size), query.dtype)
@@ -297,8 +320,9 @@ class InferenceEncoder(keras.layers.Layer):
         total = tf.add_n([tf.cast(t, "float32") for t in [*partials, x]])
         return tf.cast(_layer_norm(total, gamma, beta), self.compute_dtype)
 
-    def _transformer_layer(self, x, layer, keys, batch, length, small):
-        """One post-LN transformer layer on x [b*s, H], part by part.
+    def _transformer_layer(self, x, layer, keys, batch, length, small, query_index=None):
+        """One post-LN transformer layer on x [b*s, H], part by part; with `query_index` (int32
+        [b]), its output at that position of each row only, [b, H] (_attention's).
 
         Each shard's heads project their context onto the output with their rows of the output
         kernel, and each feedforward part's columns feed their rows of the second kernel: the
@@ -308,12 +332,14 @@ class InferenceEncoder(keras.layers.Layer):
         """
         attended = [
             self._project(
-                self._attention(x, layer, shard, keys, batch, length, small),
+                self._attention(x, layer, shard, keys, batch, length, small, query_index),
                 layer[f"shard_{shard}_output_kernel"],
                 layer["output_bias"] if shard == 0 else None,
             )
             for shard in range(self.shards)
         ]
+        if query_index is not None:
+            x = tf.gather(tf.reshape(x, [batch, length, -1]), query_index, batch_dims=1)
         x = self._add_and_norm(
             x, attended, layer["attention_norm_gamma"], layer["attention_norm_beta"]
         )
@@ -333,15 +359,17 @@ class InferenceEncoder(keras.layers.Layer):
         ]
         return self._add_and_norm(x, transformed, layer["ffn_norm_gamma"], layer["ffn_norm_beta"])
 
-    def call(self, inputs, training=False, mask=None):
-        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict (`forward`'s), a
-        small call's kernels on one intra-op thread each."""
+    def call(self, inputs, training=False, mask=None, pooled_only=False):
+        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict (`forward`'s; with
+        `pooled_only`, {"pooled_output"} alone), a small call's kernels on one intra-op thread
+        each."""
         # `training` and `mask` are what Keras passes when it reruns a functional graph; this is
         # inference only, and the padding comes from input_mask.
         inputs = {name: inputs[name] for name in modeling.ENCODER_INPUTS}
-        if self.limited_forward is None:
-            return self.forward(inputs)
-        return self.limited_forward(inputs, self.intra_op_threads(inputs["input_word_ids"]))
+        limited = self.limited_pooled_forward if pooled_only else self.limited_forward
+        if limited is None:
+            return self.forward(inputs, pooled_only)
+        return limited(inputs, self.intra_op_threads(inputs["input_word_ids"]))
 
     def intra_op_threads(self, word_ids):
         """The most intra-op threads each kernel of a call on `word_ids` takes: int32 [], 1 for a
@@ -349,8 +377,13 @@ class InferenceEncoder(keras.layers.Layer):
         small = tf.size(word_ids) <= self.one_thread_tokens
         return tf.where(small, 1, intra_op_limit.NO_LIMIT)
 
-    def forward(self, inputs):
-        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict."""
+    def forward(self, inputs, pooled_only=False):
+        """The three encoder inputs [b, s] -> the Keras encoder's outputs dict.
+
+        `pooled_only`: {"pooled_output"} alone, for which the last layer runs only at the pooled
+        token after its keys and values: a sequence head's model reads nothing else, and the rest
+        of the last layer is a sixth of a MiniLM call's per-token work.
+        """
         dtype = self.compute_dtype
         word_ids = inputs["input_word_ids"]
         batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]
@@ -366,16 +399,24 @@ class InferenceEncoder(keras.layers.Layer):
         if self.left_to_right:  # [b, 1, s, s]: query i sees the real keys j <= i
             keys = tf.logical_and(keys, modeling.left_to_right_mask(1, length)[:, tf.newaxis])
         small = small_attention(batch, length)
+        if self.left_to_right:
+            pooled_index = modeling.pooled_token_index(inputs["input_mask"])
+        else:
+            pooled_index = tf.zeros([batch], tf.int32)  # [CLS]
+        layers = self.transformer_layers[:-1] if pooled_only else self.transformer_layers
         encoder_outputs = []
-        for layer in self.transformer_layers:
+        for layer in layers:
             x = self._transformer_layer(x, layer, keys, batch, length, small)
             encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
+        if pooled_only:
+            # The pooled token's keys: its row of the left-to-right mask.
+            pooled_keys = tf.gather(keys, pooled_index[:, tf.newaxis], axis=2, batch_dims=1)
+            pooled_token = self._transformer_layer(
+                x, self.transformer_layers[-1], pooled_keys, batch, length, small, pooled_index
+            )
+            return {"pooled_output": tf.tanh(self._dense(pooled_token, *self.pooler))}
         sequence_output = encoder_outputs[-1]
-        if self.left_to_right:
-            index = modeling.pooled_token_index(inputs["input_mask"])
-            pooled_token = tf.gather(sequence_output, index, batch_dims=1)
-        else:
-            pooled_token = sequence_output[:, 0]
+        pooled_token = tf.gather(sequence_output, pooled_index, batch_dims=1)
         pooled_output = tf.tanh(self._dense(pooled_token, *self.pooler))
         return {
             "sequence_output": sequence_output,
@@ -384,16 +425,19 @@ class InferenceEncoder(keras.layers.Layer):
             "embedding_output": embedding_output,
         }
 
-    def compute_output_spec(self, inputs, training=False, mask=None):
-        """The outputs' shapes and dtypes, as the Keras encoder's."""
+    def compute_output_spec(self, inputs, training=False, mask=None, pooled_only=False):
+        """The outputs' shapes and dtypes, as the Keras encoder's (`call`'s)."""
         batch, length = inputs["input_word_ids"].shape
+        pooled_output = keras.KerasTensor((batch, self.hidden_size), dtype=self.compute_dtype)
+        if pooled_only:
+            return {"pooled_output": pooled_output}
         encoder_outputs = [
             keras.KerasTensor((batch, length, self.hidden_size), dtype=self.compute_dtype)
             for _ in self.transformer_layers
         ]
         return {
             "sequence_output": encoder_outputs[-1],
-            "pooled_output": keras.KerasTensor((batch, self.hidden_size), dtype=self.compute_dtype),
+            "pooled_output": pooled_output,
             "encoder_outputs": encoder_outputs,
             "embedding_output": keras.KerasTensor(
                 (batch, length, self.hidden_size), dtype=self.compute_dtype
@@ -412,6 +456,36 @@ def with_inference_encoder(encoder, config, model=None, shards=SHARDS, fast=None
     if model is None:
         inputs = modeling.encoder_inputs()
         return keras.Model(inputs, fast(inputs), name=encoder.name)
+    outputs = fast.compute_output_spec(modeling.encoder_inputs())
+    paths = [path for path, _ in keras.tree.flatten_with_path(outputs)]
+    pooled_only = read_outputs(model, encoder, paths) == {("pooled_output",)}
+
+    def call(layer, *args, **kwargs):
+        if layer is not fast or not pooled_only:
+            return layer(*args, **kwargs)
+        # The outputs in the encoder's flat order, as the clone maps them to the model's
+        # tensors; none but pooled_output is read, so the others are not computed.
+        pooled_output = fast(*args, **kwargs, pooled_only=True)["pooled_output"]
+        return [pooled_output if path == ("pooled_output",) else None for path in paths]
+
     return keras.models.clone_model(
-        model, clone_function=lambda layer: fast if layer is encoder else layer
+        model,
+        clone_function=lambda layer: fast if layer is encoder else layer,
+        call_function=call,
     )
+
+
+def read_outputs(model, layer, paths):
+    """The paths (of `paths`, `layer`'s flat outputs in order) of the outputs of `layer` that
+    functional `model`'s other layers or outputs read."""
+    # Keras' own clone_model walks the same graph (Functional._nodes_by_depth).
+    nodes = [node for depth in model._nodes_by_depth.values() for node in depth]
+    read = {id(t) for t in keras.tree.flatten(model.outputs)}
+    read.update(id(t) for node in nodes if node.operation is not layer for t in node.input_tensors)
+    return {
+        path
+        for node in nodes
+        if node.operation is layer
+        for path, tensor in zip(paths, node.outputs, strict=True)
+        if id(tensor) in read
+    }

@@ -233,6 +233,7 @@ def test_xla_exports_round_lengths_up_to_the_bucket_and_graph_exports_do_not(tmp
         for served in (modules[""].model, pretrained[""].encoder):
             [fast] = inference_encoders(served)
             assert (fast.limited_forward is None) == jit_compile
+            assert (fast.limited_pooled_forward is None) == jit_compile
 
 
 # Rows sorted by length and grouped by the multiple of LENGTH_BUCKET they round up to, at most

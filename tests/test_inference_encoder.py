@@ -20,6 +20,8 @@ CONFIG = tiny_config(
     hidden_size=24, num_attention_heads=3, intermediate_size=40, initializer_range=0.5
 )
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+# The task kinds whose head reads the encoder's pooled_output alone.
+SEQUENCE_KINDS = ("classifier", "regressor", "multiple_choice")
 
 
 @pytest.fixture(params=["eigen", "onednn"])
@@ -108,11 +110,56 @@ def test_every_task_model_gives_the_keras_models_outputs(spec, direction):
     for name in want:
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
         np.testing.assert_allclose(got[name], want[name], err_msg=name, **TOLERANCE)
+    # A sequence head reads pooled_output alone: the clone asks for nothing else.
+    (node,) = fast.get_layer("inference_encoder")._inbound_nodes
+    assert node.arguments.kwargs.get("pooled_only", False) == (spec.kind in SEQUENCE_KINDS)
     # The clone holds the head's weights and the inference encoder's, not the Keras encoder's.
     encoder_weights = {id(v) for v in encoder.weights}
     assert not encoder_weights & {id(v) for v in fast.weights}
     head = {id(v) for v in model.weights} - encoder_weights
     assert head and head <= {id(v) for v in fast.weights}
+
+
+@pytest.mark.parametrize("direction", modeling.ATTENTION_DIRECTIONS)
+def test_pooled_output_alone_is_the_whole_encoders(direction, attention_kernels):
+    """With pooled_only the last layer runs at the pooled token only, to the same pooled_output:
+    [CLS], or a left-to-right row's last real token (rows padded by different amounts, one row
+    with no real token, one with a mask value above 1)."""
+    tf.keras.utils.set_random_seed(12)
+    config = dataclasses.replace(CONFIG, attention_direction=direction)
+    encoder = modeling.build_encoder(config)
+    inputs = tiny_inputs(batch=4, seq=10, seed=13)
+    inputs["input_mask"][1, 4:] = 0
+    inputs["input_mask"][2] = 0
+    inputs["input_mask"][3, :5] = 2
+    fast = InferenceEncoder(encoder, config)
+    got = tf.function(lambda x: fast(x, pooled_only=True))(inputs)
+    assert list(got) == ["pooled_output"]
+    want = in_graph(encoder, inputs)["pooled_output"]
+    np.testing.assert_allclose(got["pooled_output"], want, **TOLERANCE)
+
+
+def test_only_a_model_that_reads_pooled_output_alone_skips_the_rest():
+    """A model reading pooled_output and sequence_output gets every output computed, and the
+    same outputs as the Keras model."""
+    tf.keras.utils.set_random_seed(14)
+    encoder = modeling.build_encoder(CONFIG)
+    inputs = modeling.encoder_inputs()
+    encoded = encoder(inputs)
+    both = keras.Model(
+        inputs,
+        {
+            "first": encoded["pooled_output"],
+            "mean": keras.ops.mean(encoded["sequence_output"], axis=1),
+        },
+    )
+    fast = with_inference_encoder(encoder, CONFIG, both)
+    (node,) = fast.get_layer("inference_encoder")._inbound_nodes
+    assert "pooled_only" not in node.arguments.kwargs
+    values = tiny_inputs(batch=2, seq=6, seed=15)
+    want, got = in_graph(both, values), in_graph(fast, values)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], err_msg=name, **TOLERANCE)
 
 
 def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras(attention_kernels):
