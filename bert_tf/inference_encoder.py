@@ -70,8 +70,8 @@ SMALL_ATTENTION_SCORES = 4096
 ONE_THREAD_CALL_MACS = 512 * 384 * 1536
 # The exact GELU of z is 0.5 * z * (1 + erf(z / sqrt(2))), which is (u + u * erf(u)) / sqrt(2)
 # for u = z / sqrt(2): so the feedforward's first kernel and bias are stored times this scale, and
-# its second kernel too, leaving GELU three kernels of Keras' five, and Erf, not Erfc (which
-# Keras' GELU runs, and which took 2 to 4 times Erf's time on 22 x 384 on one thread)
+# its second kernel too, leaving GELU three kernels of Keras' five, and Erf where Keras runs Erfc,
+# the slower kernel: a MiniLM encoder call in 0.94x (16 x 25 tokens) to 0.99x (1 x 3) the time
 # (benchmarks/RESULTS.md, "Inference: what each export choice buys").
 _GELU_EXACT_SCALE = 1 / math.sqrt(2)
 # The compute dtypes that have CPU kernels for Eigen's BatchMatMulV3 (float16 has none; a cond
@@ -382,7 +382,7 @@ class InferenceEncoder(keras.layers.Layer):
 
         `pooled_only`: {"pooled_output"} alone, for which the last layer runs only at the pooled
         token after its keys and values: a sequence head's model reads nothing else, and the rest
-        of the last layer is a sixth of a MiniLM call's per-token work.
+        of the last layer is a seventh of a MiniLM call's work per token.
         """
         dtype = self.compute_dtype
         word_ids = inputs["input_word_ids"]
