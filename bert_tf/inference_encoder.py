@@ -339,7 +339,9 @@ class InferenceEncoder(keras.layers.Layer):
             for shard in range(self.shards)
         ]
         if query_index is not None:
-            x = tf.gather(tf.reshape(x, [batch, length, -1]), query_index, batch_dims=1)
+            x = tf.gather(
+                tf.reshape(x, [batch, length, self.hidden_size]), query_index, batch_dims=1
+            )
         x = self._add_and_norm(
             x, attended, layer["attention_norm_gamma"], layer["attention_norm_beta"]
         )

@@ -288,6 +288,9 @@ def test_an_empty_batch_gives_empty_outputs():
     outputs = in_graph(with_inference_encoder(encoder, CONFIG), empty)
     assert outputs["sequence_output"].shape == (0, 5, CONFIG.hidden_size)
     assert outputs["pooled_output"].shape == (0, CONFIG.hidden_size)
+    fast = InferenceEncoder(encoder, CONFIG)
+    pooled = tf.function(lambda x: fast(x, pooled_only=True))(empty)["pooled_output"]
+    assert pooled.shape == (0, CONFIG.hidden_size)
 
 
 @pytest.mark.parametrize(
