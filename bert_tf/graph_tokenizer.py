@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_tf import io_utils
+from bert_tf.graph_cond import cond_as_call
 from bert_tf.tokenizer_rules import (
     CJK_RANGES,
     MAX_INPUT_CHARS_PER_WORD,
@@ -359,9 +360,9 @@ class GraphTokenizer(tf.Module):
         """Tokenizes plain-ASCII strings on the fast path and the others segment by segment."""
         plain = _is_plain(texts)
         # A batch of plain rows skips the other pipeline and the reordering: their hundreds of ops
-        # cost as much as the plain path even on no rows (benchmarks/RESULTS.md, "Inference: what
-        # each export choice buys").
-        return tf.cond(
+        # cost as much as the plain path even on no rows, and as dead ops of a lowered cond still
+        # cost a third of it (benchmarks/RESULTS.md, "Inference: what each export choice buys").
+        return cond_as_call(
             tf.reduce_all(plain),
             lambda: self._plain(texts, with_offsets),
             lambda: self._mixed(texts, plain, self._tokenize_by_segment, with_offsets),

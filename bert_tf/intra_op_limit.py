@@ -69,7 +69,10 @@ class ThreadLimitedFunction:
             f=mapped,
             output_types=types,
             output_shapes=shapes,
-            use_inter_op_parallelism=True,
+            # The map function is one call of `inner` (whose own ops still run side by side):
+            # tf.data's single-threaded executor runs that call for less than the default
+            # executor (benchmarks/RESULTS.md, "Inference: what each export choice buys").
+            use_inter_op_parallelism=False,
             preserve_cardinality=True,
         )
         dataset = tf.raw_ops.MaxIntraOpParallelismDataset(

@@ -9,6 +9,7 @@ TensorFlow core and tensorflow_text ops.
 import tensorflow as tf
 
 from bert_tf import io_utils
+from bert_tf.graph_cond import cond_as_call
 from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import (
@@ -300,7 +301,8 @@ def call_by_length(
             for name, array in zip(sorted(symbolic), arrays)
         }
 
-    return tf.cond(tf.shape(mask)[0] > group_rows, in_groups, whole_batch)
+    # The loop's ops would run dead on every small batch in a lowered cond.
+    return cond_as_call(tf.shape(mask)[0] > group_rows, in_groups, whole_batch)
 
 
 def run_in_chunks(model, inputs, output_names, max_rows):
