@@ -134,6 +134,66 @@ def feedforward_parts(intermediate_kernel_bytes, shards):
     return shards
 
 
+# Each weight starts a row of this many bytes in its pack, so that splitting the pack gives views
+# of its buffer (TensorFlow's SplitV shares the buffer when every part starts on Eigen's 64-byte
+# alignment), not copies.
+_PACK_ROW_BYTES = 64
+
+
+class _WeightPacks:
+    """A layer's weights stored in one variable per dtype, read back as views of it in a call.
+
+    A graph function takes every variable it reads as an input, at a cost per input in each call
+    of it and of the functions and dataset ops it passes them through: a signature called from
+    Python (tf.saved_model.load) whose one op takes 150 variables took 0.45 ms more a call than one
+    with none, and a MiniLM export's call 1.6 to 2.0 ms more with its 151 weights apart than packed
+    (benchmarks/RESULTS.md, "Inference: what each export choice buys"). Packed, a call reads one
+    variable per dtype and splits it (one SplitV, one Reshape a weight), with no copy.
+    """
+
+    def __init__(self, layer, values, dtype_of):
+        """`values`: {name: NumPy array}, in a stable order; `dtype_of(name)`: its stored dtype."""
+        self.groups = []  # (variable, [(name, rows, shape)])
+        for dtype in sorted({dtype_of(name) for name in values}):
+            names = [name for name in values if dtype_of(name) == dtype]
+            width = _PACK_ROW_BYTES // tf.as_dtype(dtype).size
+            rows = [-(-values[name].size // width) for name in names]
+            flat = np.zeros(sum(rows) * width, np.float32)
+            start = 0
+            for name, count in zip(names, rows):
+                flat[start * width : start * width + values[name].size] = values[name].reshape(-1)
+                start += count
+            variable = layer.add_weight(
+                name=f"weights_{dtype}",
+                shape=(sum(rows), width),
+                dtype=dtype,
+                initializer="zeros",
+                trainable=False,
+                autocast=False,
+            )
+            variable.assign(flat.reshape(-1, width))
+            self.groups.append(
+                (variable, [(name, count, values[name].shape) for name, count in zip(names, rows)])
+            )
+
+    def stored_dtypes(self):
+        """{weight name: the dtype it is stored in}."""
+        return {name: v.dtype for v, entries in self.groups for name, _, _ in entries}
+
+    def views(self):
+        """{name: the weight's value}, each a view of its pack's buffer, named after the weight."""
+        views = {}
+        for variable, entries in self.groups:
+            parts = tf.split(tf.convert_to_tensor(variable), [count for _, count, _ in entries])
+            for (name, _, shape), part in zip(entries, parts):
+                flat = tf.reshape(part, [-1])
+                size = int(np.prod(shape))
+                if flat.shape[0] != size:  # the row's padding
+                    flat = flat[:size]
+                views[name] = tf.reshape(flat, shape, name=name)
+        return views
+
+
 class InferenceEncoder(keras.layers.Layer):
     """A Keras encoder's network (its inputs and outputs) in 2-D matmuls, for inference."""
 
@@ -167,21 +227,14 @@ class InferenceEncoder(keras.layers.Layer):
             ).items()
         }
 
+        # The weights by name: the attributes below hold names, and a call takes the values from
+        # self.packs.
+        values = {}
+
         def copy(name, value):
-            # Matmul kernels in the compute dtype, cast once here: a cast of each float32 kernel
-            # on every call would read and write the weights again (benchmarks/RESULTS.md,
-            # "Inference: what each export choice buys"). The rest stays float32 (embeddings are
-            # summed and LayerNorm runs in float32, as Keras does).
-            weight = self.add_weight(
-                name=name,
-                shape=value.shape,
-                dtype=self.compute_dtype if name.endswith("kernel") else "float32",
-                initializer="zeros",
-                trainable=False,
-                autocast=False,
-            )
-            weight.assign(value)
-            return weight
+            """Registers a weight for packing (_WeightPacks); returns its name."""
+            values[name] = np.asarray(value)
+            return name
 
         embeddings = "bert/embeddings"
         self.word_embeddings = copy("word_embeddings", source[f"{embeddings}/word_embeddings"])
@@ -265,7 +318,20 @@ class InferenceEncoder(keras.layers.Layer):
             copy(f"pooler_{part}", source[f"bert/pooler/dense/{part}"])
             for part in ("kernel", "bias")
         ]
+        # Matmul kernels in the compute dtype, cast once here: a cast of each float32 kernel on
+        # every call would read and write the weights again (benchmarks/RESULTS.md, "Inference:
+        # what each export choice buys"). The rest stays float32 (embeddings are summed and
+        # LayerNorm runs in float32, as Keras does).
+        self.packs = _WeightPacks(
+            self,
+            values,
+            lambda name: self.compute_dtype if name.endswith("kernel") else "float32",
+        )
         self.built = True
+
+    def weight_value(self, name):
+        """The stored value of the weight `name` (its dtype), as NumPy."""
+        return self.packs.views()[name].numpy()
 
     def _dense(self, x, kernel, bias):
         """x [n, k] @ kernel [k, m] + bias, in the compute dtype."""
@@ -387,14 +453,22 @@ class InferenceEncoder(keras.layers.Layer):
         of the last layer is a seventh of a MiniLM call's work per token.
         """
         dtype = self.compute_dtype
+        weights = self.packs.views()
+        transformer_layers = [
+            {name: weights[weight] for name, weight in layer.items()}
+            for layer in self.transformer_layers
+        ]
+        pooler = [weights[name] for name in self.pooler]
         word_ids = inputs["input_word_ids"]
         batch, length = tf.shape(word_ids)[0], tf.shape(word_ids)[1]
         embeddings = (
-            tf.gather(self.word_embeddings, word_ids)
-            + self.position_embeddings[tf.newaxis, :length]
-            + tf.gather(self.segment_embeddings, inputs["input_type_ids"])
+            tf.gather(weights[self.word_embeddings], word_ids)
+            + weights[self.position_embeddings][tf.newaxis, :length]
+            + tf.gather(weights[self.segment_embeddings], inputs["input_type_ids"])
         )
-        embedding_output = _layer_norm(tf.cast(embeddings, dtype), *self.embeddings_norm)
+        embedding_output = _layer_norm(
+            tf.cast(embeddings, dtype), *[weights[name] for name in self.embeddings_norm]
+        )
         x = tf.reshape(embedding_output, [-1, self.hidden_size])
         # A key is real where its int32 mask is positive (Keras' masked softmax keeps mask > 0.5).
         keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
@@ -405,7 +479,7 @@ class InferenceEncoder(keras.layers.Layer):
             pooled_index = modeling.pooled_token_index(inputs["input_mask"])
         else:
             pooled_index = tf.zeros([batch], tf.int32)  # [CLS]
-        layers = self.transformer_layers[:-1] if pooled_only else self.transformer_layers
+        layers = transformer_layers[:-1] if pooled_only else transformer_layers
         encoder_outputs = []
         for layer in layers:
             x = self._transformer_layer(x, layer, keys, batch, length, small)
@@ -414,12 +488,12 @@ class InferenceEncoder(keras.layers.Layer):
             # The pooled token's keys: its row of the left-to-right mask.
             pooled_keys = tf.gather(keys, pooled_index[:, tf.newaxis], axis=2, batch_dims=1)
             pooled_token = self._transformer_layer(
-                x, self.transformer_layers[-1], pooled_keys, batch, length, small, pooled_index
+                x, transformer_layers[-1], pooled_keys, batch, length, small, pooled_index
             )
-            return {"pooled_output": tf.tanh(self._dense(pooled_token, *self.pooler))}
+            return {"pooled_output": tf.tanh(self._dense(pooled_token, *pooler))}
         sequence_output = encoder_outputs[-1]
         pooled_token = tf.gather(sequence_output, pooled_index, batch_dims=1)
-        pooled_output = tf.tanh(self._dense(pooled_token, *self.pooler))
+        pooled_output = tf.tanh(self._dense(pooled_token, *pooler))
         return {
             "sequence_output": sequence_output,
             "pooled_output": pooled_output,

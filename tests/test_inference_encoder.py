@@ -177,11 +177,18 @@ def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras(attention_kernels)
     # The matmul kernels are stored in bfloat16 (cast once, not on every call); the rest, and the
     # Keras head's own weights, stay float32.
     fast_layer = fast.get_layer("inference_encoder")
-    kernels = {v.path for v in fast_layer.weights if v.path.endswith("kernel")}
+    stored = fast_layer.packs.stored_dtypes()
+    kernels = {name for name in stored if name.endswith("kernel")}
     assert fast_layer.shards == fast_layer.feedforward_parts == 2
     per_layer = 2 * fast_layer.shards + 2 * fast_layer.feedforward_parts
     assert len(kernels) == per_layer * config.num_hidden_layers + 1
-    assert all(v.dtype == ("bfloat16" if v.path in kernels else "float32") for v in fast.weights)
+    assert all(
+        dtype == ("bfloat16" if name in kernels else "float32") for name, dtype in stored.items()
+    )
+    assert sorted(v.dtype for v in fast_layer.weights) == ["bfloat16", "float32"]
+    assert {
+        v.dtype for v in fast.weights if v.path not in {w.path for w in fast_layer.weights}
+    } == {"float32"}
     inputs = tiny_inputs(batch=8, seq=12, seed=6)
     encoded = in_graph(fast_encoder, inputs)
     assert encoded["sequence_output"].dtype == tf.bfloat16
@@ -222,27 +229,27 @@ def test_each_shard_holds_its_heads_and_feedforward_columns():
         (0, slice(0, 16), slice(0, 20)),
         (1, slice(16, 24), slice(20, 40)),
     ):
-        qkv = layer[f"shard_{shard}_qkv_kernel"].numpy()
+        qkv = fast.weight_value(layer[f"shard_{shard}_qkv_kernel"])
         np.testing.assert_array_equal(
             qkv, np.concatenate([query[:, columns], key[:, columns], value[:, columns]], axis=1)
         )
         np.testing.assert_array_equal(
-            layer[f"shard_{shard}_output_kernel"].numpy(), output[columns]
+            fast.weight_value(layer[f"shard_{shard}_output_kernel"]), output[columns]
         )
         np.testing.assert_array_equal(
-            layer[f"feedforward_{shard}_intermediate_kernel"].numpy(),
+            fast.weight_value(layer[f"feedforward_{shard}_intermediate_kernel"]),
             weights["transformer_layer_1/feedforward_intermediate_dense/kernel"][:, ffn_columns],
         )
         np.testing.assert_array_equal(
-            layer[f"feedforward_{shard}_output_kernel"].numpy(),
+            fast.weight_value(layer[f"feedforward_{shard}_output_kernel"]),
             weights["transformer_layer_1/feedforward_output_dense/kernel"][ffn_columns],
         )
     assert not any(v.trainable for v in fast.weights)
     # Copies: changing the Keras encoder afterwards does not change the inference encoder.
-    before = layer["shard_1_qkv_kernel"].numpy()
+    before = fast.weight_value(layer["shard_1_qkv_kernel"])
     key_variable = {v.path: v for v in encoder.weights}[f"{prefix}/key/kernel"]
     key_variable.assign(key_variable + 1.0)
-    np.testing.assert_array_equal(layer["shard_1_qkv_kernel"].numpy(), before)
+    np.testing.assert_array_equal(fast.weight_value(layer["shard_1_qkv_kernel"]), before)
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 5])
@@ -404,17 +411,13 @@ def test_the_shards_of_a_layer_do_not_wait_for_each_other():
     spec = {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
     # The network itself: a call runs it as a function of its own (intra_op_limit).
     graph = tf.function(fast.forward).get_concrete_function(spec).graph
-    placeholders = {id(external): internal for external, internal in graph.captures}
     layer = fast.transformer_layers[1]
 
     def readers(part, weights):
-        """The ops that use layer 1's `weights` of `part` (its matmuls and bias adds)."""
-        reads = [
-            consumer
-            for name in weights
-            for consumer in placeholders[id(layer[f"{part}_{name}"].handle)].consumers()
-        ]
-        return {op for read in reads for output in read.outputs for op in output.consumers()}
+        """The ops that use layer 1's `weights` of `part` (its matmuls and bias adds): each
+        weight's value is the op named after it (a view of its pack)."""
+        views = [graph.get_operation_by_name(layer[f"{part}_{name}"]) for name in weights]
+        return {op for view in views for op in view.outputs[0].consumers()}
 
     # The parts meet at each LayerNorm: inside the attention, and inside the feedforward, the
     # ops of one part need none of the other's.
@@ -432,3 +435,23 @@ def test_the_shards_of_a_layer_do_not_wait_for_each_other():
             assert not _ancestors(op) & second, op.name
         for op in second:
             assert not _ancestors(op) & first, op.name
+
+
+def test_a_call_reads_one_variable_per_dtype():
+    """The weights live in one pack per stored dtype, each at a row of 64 bytes (Eigen's
+    alignment, which lets SplitV hand out views); the values read back are the weights'."""
+    encoder = modeling.build_encoder(CONFIG)
+    fast = InferenceEncoder(encoder, CONFIG)
+    ((variable, entries),) = fast.packs.groups  # float32 only
+    assert fast.weights == [variable] and variable.shape[1] * 4 == 64
+    assert sum(rows for _, rows, _ in entries) == variable.shape[0]
+    graph = (
+        tf.function(fast.forward)
+        .get_concrete_function(
+            {name: tf.TensorSpec([None, None], tf.int32) for name in modeling.ENCODER_INPUTS}
+        )
+        .graph
+    )
+    assert [op.type for op in graph.get_operations()].count("ReadVariableOp") == 1
+    position = {v.path: v.numpy() for v in encoder.weights}["position_embedding/embeddings"]
+    np.testing.assert_array_equal(fast.weight_value("position_embeddings"), position)
