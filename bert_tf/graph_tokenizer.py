@@ -306,6 +306,9 @@ class GraphTokenizer(tf.Module):
 
     def _tokenize(self, texts, with_offsets):
         """_plain_or, or with special tokens on, _plain_or between their literals."""
+        # A graph that calls these functions does not check its inputs' shapes against their
+        # signature, and the pipeline would take texts of any rank to a wrong answer.
+        texts = tf.ensure_shape(texts, [None])
         if not self.special_tokens:
             return self._plain_or(texts, with_offsets)  # the graph without the option
         return self._around_special_tokens(texts, self._plain_or, _literal_ids, with_offsets)

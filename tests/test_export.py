@@ -703,6 +703,53 @@ def test_classify_and_regress_signatures_name_bytes_that_are_not_examples(export
     assert "inputs[2] is not a serialized tf.Example" in errors["regressor"][1]
 
 
+WRONG_RANK_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    errors = {}
+    for name, path, inputs in (
+        ("classifier", sys.argv[1], {"text": [["a b", "c"]]}),
+        ("ner", sys.argv[2], {"text": [["John lives", "in Paris"]]}),
+        ("squad", sys.argv[3], {"question": ["who?"], "context": [["a", "b"]]}),
+    ):
+        signature = tf.saved_model.load(path).signatures["serving_default"]
+        try:
+            signature(**{k: tf.constant(v) for k, v in inputs.items()})
+            errors[name] = ["none", ""]
+        except Exception as e:
+            errors[name] = [type(e).__name__, str(e)]
+    print(json.dumps(errors))
+""")
+
+
+def test_a_text_input_of_another_rank_is_refused_naming_it(exported):
+    """A signature call does not check shapes: the graph does, so a [1, 2] batch of texts gets
+    INVALID_ARGUMENT naming the input instead of an answer for a shape no client meant."""
+    paths = exported["paths"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WRONG_RANK_SCRIPT,
+            paths["classifier"],
+            paths["ner"],
+            paths["squad"],
+        ],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = json.loads(result.stdout)
+    for name, input_name in (("classifier", "text"), ("ner", "text"), ("squad", "context")):
+        kind, message = errors[name]
+        assert kind == "InvalidArgumentError", (name, errors[name])
+        assert f"Shape of tensor {input_name} [1,2] is not compatible" in message, (name, message)
+
+
 def test_next_version(tmp_path):
     assert export.next_version(str(tmp_path / "missing")) == 1
     for name in ("1", "3", "10", "latest", ".11.tmp-abc", "7x"):
