@@ -363,8 +363,9 @@ class GraphTokenizer(tf.Module):
         """Tokenizes plain-ASCII strings on the fast path and the others segment by segment."""
         plain = _is_plain(texts)
         # A batch of plain rows skips the other pipeline and the reordering: their hundreds of ops
-        # cost as much as the plain path even on no rows, and as dead ops of a lowered cond still
-        # cost a third of it (benchmarks/RESULTS.md, "Inference: what each export choice buys").
+        # cost as much as the plain path even on no rows, and visited as the dead ops of a lowered
+        # cond they still took 0.29 of the tokenizer's 0.49 ms a call (benchmarks/RESULTS.md,
+        # "Inference: what each export choice buys").
         return cond_as_call(
             tf.reduce_all(plain),
             lambda: self._plain(texts, with_offsets),

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from bert_tf import export, io_utils, modeling, tasks
 from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import models
+from bert_tf.tasks import export_graph, models
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
@@ -748,6 +748,34 @@ def test_a_text_input_of_another_rank_is_refused_naming_it(exported):
         kind, message = errors[name]
         assert kind == "InvalidArgumentError", (name, errors[name])
         assert f"Shape of tensor {input_name} [1,2] is not compatible" in message, (name, message)
+
+
+def test_serving_functions_take_inputs_by_position_or_name_and_check_shapes(tmp_path):
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.serve = export_graph.serving_function(
+                self._serve,
+                input_signature=[
+                    export_graph.text_spec("question"),
+                    export_graph.text_spec("context"),
+                ],
+            )
+
+        def _serve(self, question, context):
+            return {"n": tf.strings.length(question) + tf.strings.length(context)}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    loaded = tf.saved_model.load(str(tmp_path))
+    question, context = tf.constant(["ab"]), tf.constant(["xyz"])
+    for serve in (module.serve, loaded.serve):
+        assert serve(question, context)["n"].numpy().tolist() == [5]
+        assert serve(question=question, context=context)["n"].numpy().tolist() == [5]
+    signature = loaded.signatures["serving_default"]
+    assert list(signature.structured_input_signature[1]) == ["context", "question"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Shape of tensor context"):
+        signature(question=question, context=tf.constant([["x", "y"]]))
 
 
 def test_next_version(tmp_path):

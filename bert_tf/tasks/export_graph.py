@@ -6,6 +6,9 @@ that run a batch in groups of similar length, or any number of rows in bounded c
 TensorFlow core and tensorflow_text ops.
 """
 
+import functools
+import inspect
+
 import tensorflow as tf
 
 from bert_tf import io_utils
@@ -174,16 +177,21 @@ def _checking_shapes(python_function, signature):
     """`python_function` after an EnsureShape of each input against its spec in `signature`.
 
     Neither a signature call from Python nor a TF Serving session checks the shapes of the
-    tensors it is given, and the tokenizer takes a text of any rank: a [1, 2] batch of texts
-    would run, to an answer for a shape no client meant, instead of an INVALID_ARGUMENT that names
-    the input.
+    tensors it is given, and a graph runs on any shape its ops take: a [1, 2] batch of texts could
+    come back answered, for a shape no client meant, instead of refused with INVALID_ARGUMENT
+    naming the input.
     """
 
-    def checked(*args):
-        args = tf.nest.map_structure(
-            lambda value, spec: tf.ensure_shape(value, spec.shape), list(args), list(signature)
+    parameters = inspect.signature(python_function)
+
+    # Wrapped so that tf.function sees the function's own parameters: callers pass them by name.
+    @functools.wraps(python_function)
+    def checked(*args, **kwargs):
+        values = parameters.bind(*args, **kwargs).args
+        values = tf.nest.map_structure(
+            lambda value, spec: tf.ensure_shape(value, spec.shape), list(values), list(signature)
         )
-        return python_function(*args)
+        return python_function(*values)
 
     return checked
 
