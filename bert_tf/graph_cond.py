@@ -3,8 +3,8 @@
 Inside a tf.function, TensorFlow lowers each tf.cond to Switch and Merge ops in the enclosing
 graph, and the executor then visits every op of the branch not taken, passing dead tensors. That
 is cheap per op, but the serving graphs have branches of hundreds to thousands of ops that a
-typical request never takes (the tokenizer's code-point pipeline for non-ASCII text; the
-length-grouped loop of a large batch), and visiting them costs more than a function call
+typical request never takes (the tokenizer's code-point pipeline for non-ASCII text), and
+visiting them costs more than a function call
 (benchmarks/RESULTS.md, "Inference: what each export choice buys"). An If op left unlowered runs
 as one kernel that calls the taken branch as a function.
 """
@@ -20,7 +20,9 @@ def cond_as_call(pred, true_fn, false_fn):
     """tf.cond(pred, true_fn, false_fn), kept an If op that runs the taken branch alone.
 
     Only for conds that are never differentiated (the If op's gradient needs the lowered form's
-    intermediates). Eagerly it is tf.cond, which runs one branch anyway.
+    intermediates), and whose branches run on one device: an unlowered If runs its branch as a
+    function on the If's own device, where lowering places each op on its own. Eagerly it is
+    tf.cond, which runs one branch anyway.
     """
     if tf.executing_eagerly():
         return tf.cond(pred, true_fn, false_fn)
@@ -28,6 +30,9 @@ def cond_as_call(pred, true_fn, false_fn):
     known = len(graph.get_operations())
     outputs = tf.cond(pred, true_fn, false_fn)
     # The branches' ops live in their own graphs, so the cond's If is the one new If op here.
-    (if_op,) = [op for op in graph.get_operations()[known:] if op.type in ("If", "StatelessIf")]
+    new_ifs = [op for op in graph.get_operations()[known:] if op.type in ("If", "StatelessIf")]
+    if len(new_ifs) != 1:  # v1 control flow builds Switch/Merge, which cannot run unlowered
+        raise ValueError(f"cond_as_call needs v2 control flow: the cond made {len(new_ifs)} If ops")
+    (if_op,) = new_ifs
     if_op._set_attr(_LOWERING_ATTR, attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
     return outputs

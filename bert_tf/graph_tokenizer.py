@@ -365,12 +365,14 @@ class GraphTokenizer(tf.Module):
         # A batch of plain rows skips the other pipeline and the reordering: their hundreds of ops
         # cost as much as the plain path even on no rows, and visited as the dead ops of a lowered
         # cond they still took 0.29 of the tokenizer's 0.49 ms a call (benchmarks/RESULTS.md,
-        # "Inference: what each export choice buys").
-        return cond_as_call(
-            tf.reduce_all(plain),
-            lambda: self._plain(texts, with_offsets),
-            lambda: self._mixed(texts, plain, self._tokenize_by_segment, with_offsets),
-        )
+        # "Inference: what each export choice buys"). On the CPU, whose kernels its string ops
+        # have: an unlowered If runs its whole branch on the If's device.
+        with tf.device("/CPU:0"):
+            return cond_as_call(
+                tf.reduce_all(plain),
+                lambda: self._plain(texts, with_offsets),
+                lambda: self._mixed(texts, plain, self._tokenize_by_segment, with_offsets),
+            )
 
     def _plain(self, texts, with_offsets):
         """Tokenizes printable-ASCII strings (tab, newline and CR allowed) with tensorflow_text alone."""

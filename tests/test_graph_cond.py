@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.graph_cond import cond_as_call
+from bert_tf.graph_cond import _LOWERING_ATTR, cond_as_call
 from bert_tf.graph_tokenizer import GraphTokenizer
 
 
@@ -13,7 +13,7 @@ def lowering_of_ifs(graph):
     for op in graph.get_operations():
         if op.type in ("If", "StatelessIf"):
             try:
-                found.append(op.get_attr("_lower_using_switch_merge"))
+                found.append(op.get_attr(_LOWERING_ATTR))
             except ValueError:
                 found.append(None)
     return found
@@ -55,7 +55,7 @@ def test_a_nested_cond_inside_is_lowered_as_usual():
     graph = f.get_concrete_function(tf.TensorSpec([], tf.int32)).graph
     assert lowering_of_ifs(graph) == [False]
     inside = [
-        node.attr["_lower_using_switch_merge"].b
+        node.attr[_LOWERING_ATTR].b
         for function in graph.as_graph_def().library.function
         for node in function.node_def
         if node.op in ("If", "StatelessIf")

@@ -12,7 +12,6 @@ import inspect
 import tensorflow as tf
 
 from bert_tf import io_utils
-from bert_tf.graph_cond import cond_as_call
 from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import (
@@ -331,8 +330,9 @@ def call_by_length(
             for name, array in zip(sorted(symbolic), arrays)
         }
 
-    # The loop's ops would run dead on every small batch in a lowered cond.
-    return cond_as_call(tf.shape(mask)[0] > group_rows, in_groups, whole_batch)
+    # Lowered (tf.cond), so that each of its ops is placed on its own device: an unlowered If
+    # runs its branch on its own device alone, and the model may run on a GPU.
+    return tf.cond(tf.shape(mask)[0] > group_rows, in_groups, whole_batch)
 
 
 def run_in_chunks(model, inputs, output_names, max_rows):

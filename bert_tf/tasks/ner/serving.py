@@ -93,8 +93,8 @@ class NerModule(export_graph.ServingModule):
         num_rows = tf.size(text, tf.int64)
 
         def by_row(values, padding):
-            # entity_row ascends within [0, num_rows) by construction; checking it would add some
-            # twenty ops to every call.
+            # entity_row ascends within [0, num_rows) by construction; checking it added about 80
+            # ops a call to each of the four.
             rows = tf.RaggedTensor.from_value_rowids(
                 values, entity_row, nrows=num_rows, validate=False
             )
