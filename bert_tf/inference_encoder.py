@@ -148,14 +148,41 @@ class _WeightPacks:
     Python (tf.saved_model.load) whose one op takes 150 variables took 0.45 ms more a call than one
     with none, and a MiniLM export's call 1.6 to 2.0 ms more with its 151 weights apart than packed
     (benchmarks/RESULTS.md, "Inference: what each export choice buys"). Packed, a call reads one
-    variable per dtype and splits it (one SplitV, one Reshape a weight), with no copy.
+    variable per dtype and splits it (one SplitV, one Reshape a weight), with no copy. XLA
+    compiles such slices as copies (a MiniLM classifier's --jit_compile export took 91.5 ms a call
+    packed against 43.8 ms apart), so `together=False` keeps a pack per weight.
     """
 
-    def __init__(self, layer, values, dtype_of):
-        """`values`: {name: NumPy array}, in a stable order; `dtype_of(name)`: its stored dtype."""
+    def __init__(self, layer, values, dtype_of, together=True):
+        """`values`: {name: NumPy array}, in a stable order; `dtype_of(name)`: its stored dtype;
+        `together`: one pack per dtype, else one per weight."""
         self.groups = []  # (variable, [(name, rows, shape)])
-        for dtype in sorted({dtype_of(name) for name in values}):
-            names = [name for name in values if dtype_of(name) == dtype]
+        if together:
+            groups = [
+                [name for name in values if dtype_of(name) == dtype]
+                for dtype in sorted({dtype_of(name) for name in values})
+            ]
+        else:
+            groups = [[name] for name in values]
+
+        def add(name, value, dtype):
+            variable = layer.add_weight(
+                name=name,
+                shape=value.shape,
+                dtype=dtype,
+                initializer="zeros",
+                trainable=False,
+                autocast=False,
+            )
+            variable.assign(value)
+            return variable
+
+        for names in groups:
+            dtype = dtype_of(names[0])
+            if not together:  # the weight in its own shape; `None` rows: no pack to split
+                (name,) = names
+                self.groups.append((add(name, values[name], dtype), [(name, None, None)]))
+                continue
             width = _PACK_ROW_BYTES // tf.as_dtype(dtype).size
             rows = [-(-values[name].size // width) for name in names]
             flat = np.zeros(sum(rows) * width, np.float32)
@@ -163,15 +190,7 @@ class _WeightPacks:
             for name, count in zip(names, rows):
                 flat[start * width : start * width + values[name].size] = values[name].reshape(-1)
                 start += count
-            variable = layer.add_weight(
-                name=f"weights_{dtype}",
-                shape=(sum(rows), width),
-                dtype=dtype,
-                initializer="zeros",
-                trainable=False,
-                autocast=False,
-            )
-            variable.assign(flat.reshape(-1, width))
+            variable = add(f"weights_{dtype}", flat.reshape(-1, width), dtype)
             self.groups.append(
                 (variable, [(name, count, values[name].shape) for name, count in zip(names, rows)])
             )
@@ -184,6 +203,9 @@ class _WeightPacks:
         """{name: the weight's value}, each a view of its pack's buffer, named after the weight."""
         views = {}
         for variable, entries in self.groups:
+            if entries[0][1] is None:
+                views[entries[0][0]] = tf.identity(variable, name=entries[0][0])
+                continue
             parts = tf.split(tf.convert_to_tensor(variable), [count for _, count, _ in entries])
             for (name, _, shape), part in zip(entries, parts):
                 flat = tf.reshape(part, [-1])
@@ -326,6 +348,7 @@ class InferenceEncoder(keras.layers.Layer):
             self,
             values,
             lambda name: self.compute_dtype if name.endswith("kernel") else "float32",
+            together=limit_threads,  # off under XLA (_WeightPacks)
         )
         self.built = True
 
