@@ -4,9 +4,9 @@ Inside a tf.function, TensorFlow lowers each tf.cond to Switch and Merge ops in 
 graph, and the executor then visits every op of the branch not taken, passing dead tensors. That
 is cheap per op, but the serving graphs have branches of hundreds to thousands of ops that a
 typical request never takes (the tokenizer's code-point pipeline for non-ASCII text), and
-visiting them costs more than a function call
-(benchmarks/RESULTS.md, "Inference: what each export choice buys"). An If op left unlowered runs
-as one kernel that calls the taken branch as a function.
+visiting them costs more than a function call (benchmarks/RESULTS.md, "Inference: what each
+export choice buys"). An If op left unlowered runs as one kernel that calls the taken branch as a
+function.
 """
 
 import tensorflow as tf

@@ -150,7 +150,7 @@ class _WeightPacks:
     (benchmarks/RESULTS.md, "Inference: what each export choice buys"). Packed, a call reads one
     variable per dtype and splits it (one SplitV, one Reshape a weight), with no copy. XLA
     compiles such slices as copies (a MiniLM classifier's --jit_compile export took 91.5 ms a call
-    packed against 43.8 ms apart), so `together=False` keeps a pack per weight.
+    packed against 43.8 ms apart), so `together=False` keeps each weight a variable of its own.
     """
 
     def __init__(self, layer, values, dtype_of, together=True):
