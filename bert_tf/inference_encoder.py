@@ -156,7 +156,8 @@ class _WeightPacks:
     def __init__(self, layer, values, dtype_of, together=True):
         """`values`: {name: NumPy array}, in a stable order; `dtype_of(name)`: its stored dtype;
         `together`: one pack per dtype, else one per weight."""
-        self.groups = []  # (variable, [(name, rows, shape)])
+        self.together = together
+        self.groups = []  # (variable, [(name, rows, shape)]); rows and shape only when together
         if together:
             groups = [
                 [name for name in values if dtype_of(name) == dtype]
@@ -179,7 +180,7 @@ class _WeightPacks:
 
         for names in groups:
             dtype = dtype_of(names[0])
-            if not together:  # the weight in its own shape; `None` rows: no pack to split
+            if not together:  # the weight in its own shape, no pack to split
                 (name,) = names
                 self.groups.append((add(name, values[name], dtype), [(name, None, None)]))
                 continue
@@ -203,7 +204,7 @@ class _WeightPacks:
         """{name: the weight's value}, each a view of its pack's buffer, named after the weight."""
         views = {}
         for variable, entries in self.groups:
-            if entries[0][1] is None:
+            if not self.together:
                 views[entries[0][0]] = tf.identity(variable, name=entries[0][0])
                 continue
             parts = tf.split(tf.convert_to_tensor(variable), [count for _, count, _ in entries])

@@ -662,6 +662,20 @@ def test_ner_matches_conll_pipeline(exported, real_vocab):
 # ----------------------------------------------------------------------------------------------
 
 
+def script_errors(script, *paths):
+    """Runs `script` on export paths in a fresh interpreter; returns the {name: [error type,
+    message]} JSON it prints (a clean process loads the exports as an app would)."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *paths],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
 NOT_EXAMPLES_SCRIPT = textwrap.dedent("""
     import json, sys
     import tensorflow as tf
@@ -688,15 +702,7 @@ NOT_EXAMPLES_SCRIPT = textwrap.dedent("""
 def test_classify_and_regress_signatures_name_bytes_that_are_not_examples(exported):
     """Issue 16: bytes that are not a tf.Example raised UnicodeDecodeError in an app, not InvalidArgumentError."""
     paths = exported["paths"]
-    result = subprocess.run(
-        [sys.executable, "-c", NOT_EXAMPLES_SCRIPT, paths["classifier"], paths["regressor"]],
-        capture_output=True,
-        text=True,
-        env=python_env(),
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    errors = json.loads(result.stdout)
+    errors = script_errors(NOT_EXAMPLES_SCRIPT, paths["classifier"], paths["regressor"])
     assert errors["classifier"][0] == "InvalidArgumentError", errors
     assert "inputs[1] is not a serialized tf.Example" in errors["classifier"][1]
     assert errors["regressor"][0] == "InvalidArgumentError", errors
@@ -728,22 +734,7 @@ def test_a_text_input_of_another_rank_is_refused_naming_it(exported):
     """A signature call does not check shapes: the graph does, so a [1, 2] batch of texts gets
     INVALID_ARGUMENT naming the input instead of an answer for a shape no client meant."""
     paths = exported["paths"]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            WRONG_RANK_SCRIPT,
-            paths["classifier"],
-            paths["ner"],
-            paths["squad"],
-        ],
-        capture_output=True,
-        text=True,
-        env=python_env(),
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    errors = json.loads(result.stdout)
+    errors = script_errors(WRONG_RANK_SCRIPT, paths["classifier"], paths["ner"], paths["squad"])
     for name, input_name in (("classifier", "text"), ("ner", "text"), ("squad", "context")):
         kind, message = errors[name]
         assert kind == "InvalidArgumentError", (name, errors[name])
