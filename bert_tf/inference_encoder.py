@@ -43,8 +43,6 @@ import tensorflow as tf
 
 from bert_tf import checkpoints, intra_op_limit, modeling
 
-# The attention score of a padding key, as Keras' masked softmax sets it: exp() of it is 0.
-_MASKED_SCORE = -1e9
 # How many parts each layer's heads are split into, and its feedforward columns at least (tensor
 # parallelism, as Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts'
 # ops on its inter-op threads side by side, so a small batch's skinny matmuls, bound by reading the
@@ -110,6 +108,22 @@ def _softmax(x, inline):
     if inline:
         return tf.exp(tf.nn.log_softmax(x))
     return tf.nn.softmax(x)
+
+
+class _KeyMask:
+    """Which keys each query attends to, as Keras' masked softmax applies it: a padding key's
+    score is set to a large negative number (exp() of it is 0), and its probability to 0 after
+    the softmax (a row without real keys attends to nothing). Made once a call as an additive
+    bias and a 0/1 factor, which each attention applies with an add and a multiply instead of
+    two selects (benchmarks/RESULTS.md, "Inference: what each export choice buys")."""
+
+    def __init__(self, real, dtype):
+        """`real`: bool, broadcastable to the scores [b, heads, queries, keys]."""
+        # Keras' number (its Softmax layer's): finite in float16 too, so that a row without real
+        # keys stays finite until it is zeroed.
+        masked_score = -3e4 if tf.as_dtype(dtype) == tf.float16 else -1e9
+        self.bias = tf.where(real, tf.zeros([], dtype), tf.constant(masked_score, dtype))
+        self.keep = tf.cast(real, dtype)
 
 
 def small_attention(batch, length):
@@ -363,7 +377,7 @@ class InferenceEncoder(keras.layers.Layer):
         return tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, dtype)), tf.cast(bias, dtype))
 
     def _attention(self, x, layer, shard, keys, batch, length, small, query_index=None):
-        """One shard's self-attention of x [b*s, H] over `keys` (bool [b, 1, 1 or s, s]): its
+        """One shard's self-attention of x [b*s, H] over `keys` (_KeyMask, [b, 1, 1 or s, s]): its
         context, [b*s, the shard's heads times head_size].
 
         `small` (bool []): whether the scores are few enough for Eigen's kernels
@@ -387,10 +401,7 @@ class InferenceEncoder(keras.layers.Layer):
 
         def context(inline):  # [b, heads, s, head_size]
             products = _batch_matmul(query, key, inline, transpose_y=True)
-            scores = tf.where(keys, products, tf.cast(_MASKED_SCORE, products.dtype))
-            # Zeroed after the softmax too, as Keras does: a row without real keys attends to
-            # nothing.
-            probabilities = tf.where(keys, _softmax(scores, inline), tf.zeros([], products.dtype))
+            probabilities = _softmax(products + keys.bias, inline) * keys.keep
             return _batch_matmul(probabilities, value, inline)
 
         if self.compute_dtype in _EIGEN_ATTENTION_DTYPES:
@@ -495,9 +506,12 @@ class InferenceEncoder(keras.layers.Layer):
         )
         x = tf.reshape(embedding_output, [-1, self.hidden_size])
         # A key is real where its int32 mask is positive (Keras' masked softmax keeps mask > 0.5).
-        keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
+        real_keys = (inputs["input_mask"] > 0)[:, tf.newaxis, tf.newaxis, :]
         if self.left_to_right:  # [b, 1, s, s]: query i sees the real keys j <= i
-            keys = tf.logical_and(keys, modeling.left_to_right_mask(1, length)[:, tf.newaxis])
+            real_keys = tf.logical_and(
+                real_keys, modeling.left_to_right_mask(1, length)[:, tf.newaxis]
+            )
+        keys = _KeyMask(real_keys, dtype)
         small = small_attention(batch, length)
         if self.left_to_right:
             pooled_index = modeling.pooled_token_index(inputs["input_mask"])
@@ -510,7 +524,9 @@ class InferenceEncoder(keras.layers.Layer):
             encoder_outputs.append(tf.reshape(x, [batch, length, self.hidden_size]))
         if pooled_only:
             # The pooled token's keys: its row of the left-to-right mask.
-            pooled_keys = tf.gather(keys, pooled_index[:, tf.newaxis], axis=2, batch_dims=1)
+            pooled_keys = _KeyMask(
+                tf.gather(real_keys, pooled_index[:, tf.newaxis], axis=2, batch_dims=1), dtype
+            )
             pooled_token = self._transformer_layer(
                 x, transformer_layers[-1], pooled_keys, batch, length, small, pooled_index
             )
