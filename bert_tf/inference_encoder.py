@@ -113,9 +113,10 @@ def _softmax(x, inline):
 class _KeyMask:
     """Which keys each query attends to, as Keras' masked softmax applies it: a padding key's
     score is set to a large negative number (exp() of it is 0), and its probability to 0 after
-    the softmax (a row without real keys attends to nothing). Made once a call as an additive
-    bias and a 0/1 factor, which each attention applies with an add and a multiply instead of
-    two selects (benchmarks/RESULTS.md, "Inference: what each export choice buys")."""
+    the softmax (a row without real keys attends to nothing). Made once a call (and once for
+    the pooled token's row) as an additive bias and a 0/1 factor, which each attention applies
+    with an add and a multiply instead of two selects (benchmarks/RESULTS.md, "Inference: what
+    each export choice buys")."""
 
     def __init__(self, real, dtype):
         """`real`: bool, broadcastable to the scores [b, heads, queries, keys]."""
