@@ -111,9 +111,9 @@ def _softmax(x, inline):
 
 
 class _KeyMask:
-    """Which keys each query attends to, as Keras' masked softmax applies it: a padding key's
-    score is set to a large negative number (exp() of it is 0), and its probability to 0 after
-    the softmax (a row without real keys attends to nothing). Made once a call (and once for
+    """Which keys each query attends to, with Keras' masked softmax's values: a padding key's
+    score gets a large negative number added (exp() of it is 0), and its probability is set to 0
+    after the softmax (a row without real keys attends to nothing). Made once a call (and once for
     the pooled token's row) as an additive bias and a 0/1 factor, which each attention applies
     with an add and a multiply instead of two selects (benchmarks/RESULTS.md, "Inference: what
     each export choice buys")."""
