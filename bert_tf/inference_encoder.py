@@ -170,16 +170,7 @@ class _WeightPacks:
 
     def __init__(self, layer, values, dtype_of, together=True):
         """`values`: {name: NumPy array}, in a stable order; `dtype_of(name)`: its stored dtype;
-        `together`: one pack per dtype, else one per weight."""
-        self.together = together
-        self.groups = []  # (variable, [(name, rows, shape)]); rows and shape only when together
-        if together:
-            groups = [
-                [name for name in values if dtype_of(name) == dtype]
-                for dtype in sorted({dtype_of(name) for name in values})
-            ]
-        else:
-            groups = [[name] for name in values]
+        `together`: one pack per dtype, else one variable per weight."""
 
         def add(name, value, dtype):
             variable = layer.add_weight(
@@ -193,12 +184,13 @@ class _WeightPacks:
             variable.assign(value)
             return variable
 
-        for names in groups:
-            dtype = dtype_of(names[0])
-            if not together:  # the weight in its own shape, no pack to split
-                (name,) = names
-                self.groups.append((add(name, values[name], dtype), [(name, None, None)]))
-                continue
+        self.apart = {}  # {name: its own variable, in its shape}
+        self.packed = []  # (variable, [(name, rows, shape)])
+        if not together:
+            self.apart = {name: add(name, value, dtype_of(name)) for name, value in values.items()}
+            return
+        for dtype in sorted({dtype_of(name) for name in values}):
+            names = [name for name in values if dtype_of(name) == dtype]
             width = _PACK_ROW_BYTES // tf.as_dtype(dtype).size
             rows = [-(-values[name].size // width) for name in names]
             flat = np.zeros(sum(rows) * width, np.float32)
@@ -207,21 +199,21 @@ class _WeightPacks:
                 flat[start * width : start * width + values[name].size] = values[name].reshape(-1)
                 start += count
             variable = add(f"weights_{dtype}", flat.reshape(-1, width), dtype)
-            self.groups.append(
+            self.packed.append(
                 (variable, [(name, count, values[name].shape) for name, count in zip(names, rows)])
             )
 
     def stored_dtypes(self):
         """{weight name: the dtype it is stored in}."""
-        return {name: v.dtype for v, entries in self.groups for name, _, _ in entries}
+        dtypes = {name: v.dtype for name, v in self.apart.items()}
+        dtypes.update({name: v.dtype for v, entries in self.packed for name, _, _ in entries})
+        return dtypes
 
     def views(self):
-        """{name: the weight's value}, each a view of its pack's buffer, named after the weight."""
-        views = {}
-        for variable, entries in self.groups:
-            if not self.together:
-                views[entries[0][0]] = tf.identity(variable, name=entries[0][0])
-                continue
+        """{name: the weight's value}, each a view of its pack's buffer (or its own variable's
+        value), named after the weight."""
+        views = {name: tf.identity(v, name=name) for name, v in self.apart.items()}
+        for variable, entries in self.packed:
             parts = tf.split(tf.convert_to_tensor(variable), [count for _, count, _ in entries])
             for (name, _, shape), part in zip(entries, parts):
                 flat = tf.reshape(part, [-1])

@@ -447,7 +447,7 @@ def test_a_call_reads_one_variable_per_dtype():
     alignment, which lets SplitV hand out views); the values read back are the weights'."""
     encoder = modeling.build_encoder(CONFIG)
     fast = InferenceEncoder(encoder, CONFIG)
-    ((variable, entries),) = fast.packs.groups  # float32 only
+    ((variable, entries),) = fast.packs.packed  # float32 only
     assert fast.weights == [variable] and variable.shape[1] * 4 == 64
     assert sum(rows for _, rows, _ in entries) == variable.shape[0]
     graph = (
