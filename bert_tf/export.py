@@ -138,9 +138,10 @@ class EncoderModule(export_graph.ServingModule):
     """The encoder alone, TF Hub style: int32 inputs -> sequence_output, pooled_output,
     encoder_outputs, embedding_output, default."""
 
-    def __init__(self, encoder, assets, packer, heads=None):
+    def __init__(self, encoder, assets, packer, config, heads=None):
         super().__init__(assets)
         self.encoder = encoder
+        self.config = config
         self.packer = packer  # the preprocessor's, whose lengths the warm-up requests follow
         # The pretraining heads' signatures (masked_lm_serving.HeadsModule), where the model has heads.
         self.heads = heads
@@ -157,7 +158,7 @@ class EncoderModule(export_graph.ServingModule):
 
     def _call(self, inputs):
         """The TF Hub call: a dict of the three int32 inputs -> the outputs dict (encoder_outputs a list)."""
-        outputs = self.encoder(inputs, training=False)
+        outputs = self.encoder(self._checked(inputs), training=False)
         # float32 whatever the compute precision (--precision=bfloat16), so callers see one dtype.
         sequence_output, pooled_output = (
             tf.cast(outputs[name], tf.float32) for name in ("sequence_output", "pooled_output")
@@ -169,6 +170,29 @@ class EncoderModule(export_graph.ServingModule):
             "embedding_output": tf.cast(outputs["embedding_output"], tf.float32),
             "default": pooled_output,
         }
+
+    def _checked(self, inputs):
+        """`inputs` once their values fit the model, else an InvalidArgumentError naming the input:
+        ids in the vocabulary, type ids among the token types, 1 to max_position_embeddings
+        positions (a gather past a table's end would fail with a message naming no input)."""
+        config = self.config
+        ids = inputs["input_word_ids"]
+        positions = tf.shape(ids)[1]
+        fits = (tf.shape(ids)[0] == 0) | (
+            (positions >= 1) & (positions <= config.max_position_embeddings)
+        )
+        message = tf.strings.format(
+            f"input_word_ids has {{}} positions; this encoder takes 1 to "
+            f"{config.max_position_embeddings}",
+            positions,
+        )
+        checks = [
+            tf.debugging.Assert(fits, [message]),
+            _assert_in_range(ids, "input_word_ids", config.vocab_size),
+            _assert_in_range(inputs["input_type_ids"], "input_type_ids", config.type_vocab_size),
+        ]
+        with tf.control_dependencies(checks):
+            return {name: tf.identity(value) for name, value in inputs.items()}
 
     def _serve(self, input_word_ids, input_mask, input_type_ids):
         """The signature: as __call__, with encoder_outputs stacked batch-first [b, layers, s, h]."""
@@ -188,6 +212,15 @@ class EncoderModule(export_graph.ServingModule):
         if self.heads is not None:
             result.update(self.heads.signatures())
         return result
+
+
+def _assert_in_range(values, name, size):
+    """An assertion that every one of `values` is in [0, size), naming the input."""
+    message = tf.strings.format(
+        f"{name} holds values from {{}} to {{}}; it takes 0 to {size - 1}",
+        [tf.reduce_min(values), tf.reduce_max(values)],
+    )
+    return tf.debugging.Assert(tf.reduce_all((values >= 0) & (values < size)), [message])
 
 
 class PreprocessModule(export_graph.ServingModule):
@@ -287,7 +320,7 @@ def build_serving_modules(
                 directory, config, seq_length, pad_to_max_seq_length, limit_threads=not jit_compile
             )
             return {
-                "": EncoderModule(compiled(encoder), assets, packer, heads),
+                "": EncoderModule(compiled(encoder), assets, packer, config, heads),
                 PREPROCESS_SUBDIR: PreprocessModule(packer, assets),
             }, ENCODER_KIND
         model, encoder, _, spec = models.load_task_model(directory)

@@ -16,8 +16,16 @@ bert_tf.export adds them to a pretrained model's export, beside the TF Hub encod
 A literal [MASK] or [SEP] in the text is that token, whatever the casing (GraphTokenizer's
 special_tokens); texts are packed and cut as bert_tf.masked_lm packs them, each batch padded to its
 longest row. A row without a [MASK] fails the call (INVALID_ARGUMENT, naming the row), as Hugging
-Face's pipeline refuses it, and so does a top_k outside [1, vocab size]. A batch of 0 rows gives
-empty outputs. The MLM head gathers the masked positions before the vocabulary projection: a call
+Face's pipeline refuses it, and so does a top_k outside [1, vocab size], and a call whose answer
+would hold more than MAX_ANSWERS tokens (rows x surviving [MASK]s x top_k), refused before the
+model runs: its outputs would grow with what a client asks, not with what it sends. A batch of 0
+rows gives empty outputs.
+
+Over gRPC and in `tf.saved_model.load`, `top_k` may be left out (5). TF Serving's REST API reads
+every input of the signature from a request, defaults or not (json_tensor.cc,
+FillTensorMapFromInputsMap and FillTensorMapFromInstancesList), so there a request without
+`top_k` gets 400 "Missing named input: top_k in 'inputs' object.", and bert_tf.serve answers the
+same. The MLM head gathers the masked positions before the vocabulary projection: a call
 never computes [b, s, vocab] logits.
 """
 
@@ -27,6 +35,9 @@ from bert_tf.masked_lm import DEFAULT_TOP_K, MASK_TOKEN
 from bert_tf.model_dir import MLM_HEAD, NSP_HEAD
 from bert_tf.tasks import export_graph
 from bert_tf.tokenizer_rules import load_vocab
+
+# The most tokens one fill_mask call answers (rows x [MASK]s x top_k): about 40 MB of outputs.
+MAX_ANSWERS = 1 << 20
 
 
 def _ragged_positions(is_mask):
@@ -116,6 +127,16 @@ class HeadsModule(tf.Module):
         masks = tf.reduce_max(tf.concat([surviving, [0]], 0))  # (0 for an empty batch)
         width = tf.maximum(masks, 1)
         rows = positions.nrows(out_type=tf.int32)
+        answers = tf.cast(rows, tf.int64) * tf.cast(masks, tf.int64) * tf.cast(top_k, tf.int64)
+        too_many = tf.strings.format(
+            f"the answer would hold {{}} rows x {{}} [MASK]s x top_k {{}} tokens; a call answers "
+            f"at most {MAX_ANSWERS}: send fewer rows or [MASK]s, or a smaller top_k",
+            [rows, masks, top_k],
+        )
+        # The inputs too wait for the check: the encoder never reads the positions.
+        with tf.control_dependencies([tf.debugging.Assert(answers <= MAX_ANSWERS, [too_many])]):
+            inputs = {name: tf.identity(value) for name, value in inputs.items()}
+            positions = tf.identity(positions)
         model_positions = positions.to_tensor(default_value=0, shape=tf.stack([rows, width]))
         logits = self.model(dict(inputs, masked_lm_positions=model_positions), training=False)[
             "mlm_logits"

@@ -24,7 +24,7 @@ from absl import logging
 from bert_tf import cli
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
-from bert_tf.serving import batching, config, core, grpc_api, monitoring, protos, server
+from bert_tf.serving import batching, config, core, grpc_api, methods, monitoring, protos, server
 
 DEFAULT_MAX_REQUEST_BYTES = server.DEFAULT_MAX_REQUEST_BYTES
 
@@ -109,6 +109,12 @@ class ServeArgs:
     )
     max_instances_per_request: int = arg(
         0, "A request with more instances than this gets INVALID_ARGUMENT (ours); 0: no limit."
+    )
+    max_response_elements: int = arg(
+        methods.DEFAULT_MAX_RESPONSE_ELEMENTS,
+        "Most output elements one reply carries (ours): a request whose answer would hold more "
+        "gets RESOURCE_EXHAUSTED (HTTP 429), stopped once the rows it has run project past it. "
+        "gRPC counts only the outputs of its output_filter.",
     )
     batch_timeout_micros: int = arg(
         2000, "Longest a request waits for others to batch with (without a parameters file)."
@@ -249,6 +255,7 @@ def build_server(args, on_loaded=None):
     core_options = core.CoreOptions(
         max_batch_size=max_batch_size,
         max_instances_per_request=args.max_instances_per_request,
+        max_response_elements=args.max_response_elements,
         batching_options=batching_options,
         warmup=args.enable_model_warmup,
         allow_version_labels_for_unavailable_models=args.allow_version_labels_for_unavailable_models,

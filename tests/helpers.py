@@ -7,7 +7,9 @@ tests' SavedModels), and fixtures come from conftest.py; never from each other.
 """
 
 import dataclasses
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,6 +40,24 @@ DEMO_TRAINING = dict(
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI_ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def built_once(tmp_path_factory, name, build):
+    """The directory `name` of this test run, filled by `build(directory)` for the first caller.
+
+    Under pytest-xdist the workers share the run's temp directory (the parent of each worker's
+    own), so the first worker builds and the others wait for it behind a file lock and reuse it.
+    """
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (root / "built").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed midway
+            root.mkdir()
+            build(root)
+            (root / "built").touch()
+    return root
 
 
 def run_module_cli(module, *flags):

@@ -3,12 +3,15 @@
 Built once per test run (shared by the xdist workers) and used by every serving test.
 """
 
-import fcntl
 import os
+import queue
 import shutil
+import subprocess
+import sys
+import threading
 
 import tensorflow as tf
-from helpers import tiny_config
+from helpers import built_once, tiny_config
 
 from bert_tf.serving import batching, core, methods, server
 
@@ -17,6 +20,7 @@ V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
 MAX_SEQ_LENGTH = 16
 SCRATCH_WIDTH = 1 << 15
 _BUILT = {}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _make_module(vocab_file):
@@ -165,24 +169,20 @@ def _save(module, path, signatures):
 def build_test_exports(tmp_path_factory, vocab_file):
     """{"v1": dir, "v2": dir}: two versions of the test model (v2 has upper-case label names).
 
-    Tests only read them. Under pytest-xdist the workers share the run's temp directory (the parent
-    of each worker's own), so the first worker builds them and the others wait and reuse them:
-    building takes about 35 s of CI's 2 cores.
+    Tests only read them. The first worker of a run builds them (helpers.built_once): building
+    takes about 35 s of CI's 2 cores.
     """
     if not _BUILT:
-        base = tmp_path_factory.getbasetemp()
-        root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "serve_models"
-        with open(f"{root}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            if not (root / "built").exists():
-                shutil.rmtree(root, ignore_errors=True)  # a build that failed midway
-                module = _make_module(vocab_file)
-                _save(module, str(root / "v1"), _signatures(module))
-                # Version 2: the same graphs with other label names (re-saving is fast).
-                loaded = tf.saved_model.load(str(root / "v1"))
-                loaded.labels.assign(V2_LABELS)
-                _save(loaded, str(root / "v2"), dict(loaded.signatures))
-                (root / "built").touch()
+
+        def build(root):
+            module = _make_module(vocab_file)
+            _save(module, str(root / "v1"), _signatures(module))
+            # Version 2: the same graphs with other label names (re-saving is fast).
+            loaded = tf.saved_model.load(str(root / "v1"))
+            loaded.labels.assign(V2_LABELS)
+            _save(loaded, str(root / "v2"), dict(loaded.signatures))
+
+        root = built_once(tmp_path_factory, "serve_models", build)
         _BUILT.update(v1=str(root / "v1"), v2=str(root / "v2"))
     return dict(_BUILT)
 
@@ -208,6 +208,7 @@ def model_server(
     max_batch_size=batching.DEFAULT_MAX_BATCH_SIZE,
     batch_timeout_micros=2000,
     max_instances_per_request=0,
+    max_response_elements=methods.DEFAULT_MAX_RESPONSE_ELEMENTS,
     max_request_bytes=server.DEFAULT_MAX_REQUEST_BYTES,
     idle_timeout_s=60.0,
     deadline_s=None,
@@ -226,6 +227,7 @@ def model_server(
     core_options = core.CoreOptions(
         max_batch_size=max_batch_size,
         max_instances_per_request=max_instances_per_request,
+        max_response_elements=max_response_elements,
         batching_options=batching.BatchingOptions(max_batch_size, batch_timeout_micros)
         if enable_batching
         else None,
@@ -243,3 +245,22 @@ def split_raw_reply(raw):
         key, _, value = line.partition(b":")
         headers[key.strip().lower().decode()] = value.strip().decode()
     return status_line, headers, body
+
+
+def serve_cli(args, tmp_path):
+    """Starts `python -m bert_tf.serve ARGS`; returns (process, stdout lines queue, stderr path)."""
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr_file:  # A file: a chatty child never blocks on a pipe.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bert_tf.serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=stderr_file,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            cwd=ROOT,
+        )
+    lines = queue.Queue()
+    threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stdout], daemon=True
+    ).start()
+    return process, lines, stderr_path

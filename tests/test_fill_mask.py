@@ -33,7 +33,15 @@ from helpers_google import (
 from helpers_serve import model_server
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bert_tf import checkpoints, export, io_utils, masked_lm, modeling, warmup
+from bert_tf import (
+    checkpoints,
+    export,
+    io_utils,
+    masked_lm,
+    masked_lm_serving,
+    modeling,
+    warmup,
+)
 from bert_tf.model_dir import ModelDir, ModelDirError
 
 VOCAB = SPECIAL_TOKENS + [f"w{i}" for i in range(TINY_CONFIG.vocab_size - len(SPECIAL_TOKENS))]
@@ -325,7 +333,14 @@ def test_served_over_rest_and_grpc(exported):
         body = {"signature_name": "next_sentence", "instances": [{"text_a": "w1", "text_b": "w2"}]}
         status, reply = post(server.port, body)
         assert status == 200 and len(reply["predictions"]) == 1
-        # gRPC may leave top_k out: the SignatureDef's default (5) fills it, as in TF Serving.
+        # REST may not leave top_k out: TF Serving's REST parser wants every signature input,
+        # defaults or not (json_tensor.cc); its gRPC fills the SignatureDef's default in.
+        body = {"signature_name": "fill_mask", "inputs": {"text": TEXTS[:1]}}
+        status, reply = post(server.port, body)
+        assert (status, reply["error"]) == (400, "Missing named input: top_k in 'inputs' object.")
+        body = {"signature_name": "fill_mask", "instances": [{"text": TEXTS[0]}]}
+        status, reply = post(server.port, body)
+        assert status == 400 and "top_k" in reply["error"]
         with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             request = predict_pb2.PredictRequest()
@@ -333,6 +348,53 @@ def test_served_over_rest_and_grpc(exported):
             request.inputs["text"].CopyFrom(tf.make_tensor_proto(TEXTS[:1]))
             response = stub.Predict(request, timeout=60)
             assert tuple(tf.make_ndarray(response.outputs["token_ids"]).shape) == (1, 1, 5)
+
+
+def test_a_fill_mask_call_refuses_an_answer_past_its_bound_before_the_model_runs(exported):
+    _, loaded = exported
+    masks = SEQ - 2
+    rows = masked_lm_serving.MAX_ANSWERS // (masks * TINY_CONFIG.vocab_size) + 1
+    texts = tf.constant([" ".join(["[MASK]"] * masks)] * rows)
+    fill_mask = loaded.signatures["fill_mask"]
+    message = f"{rows} rows x {masks} \\[MASK\\]s x top_k {TINY_CONFIG.vocab_size} tokens"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        fill_mask(text=texts, top_k=tf.constant(TINY_CONFIG.vocab_size))
+    # One row fewer is answered.
+    answer = fill_mask(text=texts[1:], top_k=tf.constant(TINY_CONFIG.vocab_size))
+    assert answer["token_ids"].shape == (rows - 1, masks, TINY_CONFIG.vocab_size)
+
+
+def test_the_server_bounds_every_answer_over_rest_and_grpc(exported):
+    path, _ = exported
+    texts = ["[MASK] w1 [MASK]"] * 6  # 6 rows x 2 masks x top_k 20 = 240 tokens, 3 outputs
+    limit = 600
+    with model_server(
+        {"bert": os.path.dirname(path)}, grpc_port=0, max_batch_size=2, max_response_elements=limit
+    ) as server:
+        status, reply = post(
+            server.port, {"signature_name": "fill_mask", "inputs": {"text": texts, "top_k": 20}}
+        )
+        # Stopped after its first chunk, whose answer projects past the limit.
+        assert status == 429, reply
+        assert "from its first 2 rows of 6" in reply["error"]
+        assert "--max_response_elements" in reply["error"]
+        status, reply = post(
+            server.port, {"signature_name": "fill_mask", "inputs": {"text": texts, "top_k": 4}}
+        )
+        assert status == 200 and np.shape(reply["outputs"]["token_ids"]) == (6, 2, 4)
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name, request.model_spec.signature_name = "bert", "fill_mask"
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(texts))
+            request.inputs["top_k"].CopyFrom(tf.make_tensor_proto(20))
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Predict(request, timeout=60)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # An output_filter counts only the outputs kept: 240 ids fit.
+            request.output_filter.append("token_ids")
+            response = stub.Predict(request, timeout=60)
+            assert tuple(tf.make_ndarray(response.outputs["token_ids"]).shape) == (6, 2, 20)
 
 
 def test_warm_up_words_come_from_any_vocabulary(tmp_path):

@@ -10,7 +10,6 @@ import dataclasses
 import http.client
 import json
 import os
-import queue
 import random
 import re
 import signal
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
-from helpers_serve import make_base, model_server
+from helpers_serve import make_base, model_server, serve_cli
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -651,29 +650,10 @@ def test_message_size_limit_from_channel_arguments(exports, tmp_path):
         channel.close()
 
 
-def _serve_cli(args, tmp_path):
-    """Starts `python -m bert_tf.serve ARGS`; returns (process, stdout lines queue, stderr path)."""
-    stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "w") as stderr_file:  # A file: a chatty child never blocks on a pipe.
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bert_tf.serve", *args],
-            stdout=subprocess.PIPE,
-            stderr=stderr_file,
-            text=True,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-            cwd=ROOT,
-        )
-    lines = queue.Queue()
-    threading.Thread(
-        target=lambda: [lines.put(line) for line in process.stdout], daemon=True
-    ).start()
-    return process, lines, stderr_path
-
-
 @pytest.mark.slow
 def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
     base = make_base(tmp_path, exports)
-    process, lines, stderr_path = _serve_cli(
+    process, lines, stderr_path = serve_cli(
         [f"--model_base_path={base}", "--model_name=clf", "--rest_api_port=0", "--port=0"], tmp_path
     )
     try:

@@ -26,6 +26,9 @@ EXAMPLES_INPUT = "inputs"
 CLASSES_OUTPUT = "classes"
 SCORES_OUTPUT = "scores"
 REGRESS_OUTPUT = "outputs"
+# A reply's elements: REST writes each as a Python object first (about 100 bytes of memory), so
+# this keeps a reply's memory near 0.5 GB; BERT-base's encoder_outputs at 128 tokens are 1.2M a row.
+DEFAULT_MAX_RESPONSE_ELEMENTS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +39,8 @@ class RunOptions:
     max_batch_size: int = batching.DEFAULT_MAX_BATCH_SIZE
     # More instances than this in one request is INVALID_ARGUMENT; 0: no limit.
     max_instances_per_request: int = 0
+    # The most output elements one reply carries: past it, RESOURCE_EXHAUSTED (Servable.run).
+    max_response_elements: int = DEFAULT_MAX_RESPONSE_ELEMENTS
     # None: every request runs on its own.
     batching_options: batching.BatchingOptions = None
     # A request's liveness: a callable that turns False once its client cancelled it, its
@@ -105,12 +110,7 @@ def predict(servable, signature, inputs, options, output_filter=()):
         seen.append(alias)
     rows = max((len(a) for a in inputs.values() if np.ndim(a)), default=1)
     check_instances(rows, options.max_instances_per_request)
-    outputs = servable.run(
-        signature, inputs, options.batching_options, options.max_batch_size, options.is_active
-    )
-    if seen:
-        outputs = {alias: outputs[alias] for alias in seen}
-    return outputs
+    return servable.run(signature, inputs, options, kept=seen or None)
 
 
 def _examples_signature(servable, signature_name, method, what):
@@ -141,13 +141,7 @@ def _run_examples(servable, signature, serialized, options):
     input_name = next(iter(signature.inputs))
     array = np.empty(len(serialized), dtype=object)
     array[:] = serialized
-    return servable.run(
-        signature,
-        {input_name: array},
-        options.batching_options,
-        options.max_batch_size,
-        options.is_active,
-    )
+    return servable.run(signature, {input_name: array}, options)
 
 
 def classify(servable, signature_name, serialized, options):

@@ -76,7 +76,8 @@ class Servable:
     def _replay(self, request):
         """Runs one warm-up request (a warmup.Request) as the server would run it; a ServingError
         says why it failed."""
-        options = methods.RunOptions()
+        # Its own requests: TF Serving's warm-up has no answer to bound.
+        options = methods.RunOptions(max_response_elements=np.iinfo(np.int64).max)
         if request.kind == "predict_log":
             signature = methods.predict_signature(self, request.signature_name)
             methods.predict(self, signature, request.inputs, options)
@@ -143,33 +144,38 @@ class Servable:
             time.perf_counter() - start,
         )
 
-    def run(self, signature, tensors, batching_options=None, max_rows=None, is_active=None):
-        """Runs `signature` on {input name: np.ndarray}; returns {output name: np.ndarray}.
+    def run(self, signature, tensors, options, kept=None):
+        """Runs `signature` on {input name: np.ndarray} as `options` (methods.RunOptions) say;
+        returns {output name: np.ndarray}, only those named in `kept` when given.
 
-        A request of more than `max_rows` rows runs as chunks of at most that many, one after the
-        other, so its memory is bounded whatever its size (one call on 10,000 rows of BERT-base
-        needs tens of GB), and other requests run between its chunks: with batching, each chunk
-        queues behind the requests that came while the previous one ran. Before each chunk after
-        the first, `is_active()` (when given) says whether the client still waits: a cancelled or
-        timed-out request stops there, CANCELLED.
+        A request of more than options.max_batch_size rows runs as chunks of at most that many,
+        one after the other, so its memory is bounded whatever its size (one call on 10,000 rows
+        of BERT-base needs tens of GB), and other requests run between its chunks: with
+        batching, each chunk queues behind the requests that came while the previous one ran.
+        Before each chunk after the first, `options.is_active()` (when given) says whether the
+        client still waits: a cancelled or timed-out request stops there, CANCELLED. An answer
+        that would hold more than options.max_response_elements elements (of the outputs kept)
+        stops as soon as the rows run so far project past it, RESOURCE_EXHAUSTED.
         """
         if self.words_to_keep and signature.method_name == PREDICT_METHOD:
             tensors = {
                 name: _cut_texts(value, self.words_to_keep) if value.dtype == object else value
                 for name, value in tensors.items()
             }
+        batching_options, max_rows = options.batching_options, options.max_batch_size
         rows = _rows(signature, tensors)
         if batching_options is not None and batching.can_merge(signature):
             # A chunk is one task of the batching queue, which takes at most its max_batch_size.
             max_rows = min(
                 max_rows or batching_options.max_batch_size, batching_options.max_batch_size
             )
+        answer = _AnswerSize(options.max_response_elements, kept, rows)
         if max_rows is None or rows is None or rows <= max_rows:
-            return self._run_once(signature, tensors, batching_options)
+            return answer.kept(self._run_once(signature, tensors, batching_options))
         chunks = []
         try:
             for start in range(0, rows, max_rows):
-                if start and is_active is not None and not is_active():
+                if start and options.is_active is not None and not options.is_active():
                     raise errors.ServingError(
                         "CANCELLED",
                         "the request was cancelled, its deadline passed or the server is stopping; "
@@ -190,6 +196,7 @@ class Servable:
                     ) from e
                 if not _one_per_row(outputs, _count(part)):
                     raise _Unchunkable(f"outputs of {signature.name!r} are not one per row")
+                answer.add(outputs, _count(part))
                 chunks.append((part, outputs))
             chunks = self._even_out(signature, chunks, batching_options)
         except _Unchunkable as e:
@@ -200,10 +207,13 @@ class Servable:
                 e,
                 rows,
             )
-            return self._run_once(signature, tensors, batching_options)
-        return {
-            name: np.concatenate([outputs[name] for _, outputs in chunks]) for name in chunks[0][1]
-        }
+            return answer.kept(self._run_once(signature, tensors, batching_options))
+        return answer.kept(
+            {
+                name: np.concatenate([outputs[name] for _, outputs in chunks])
+                for name in chunks[0][1]
+            }
+        )
 
     def _even_out(self, signature, chunks, batching_options):
         """Makes every chunk's outputs as long as the longest chunk's, exactly as one call would.
@@ -344,6 +354,45 @@ def _cut_texts(texts, words):
                 cut = flat.copy()
             cut[index] = prefix.encode("utf-8")
     return texts if cut is None else cut.reshape(texts.shape)
+
+
+class _AnswerSize:
+    """A request's answer against the most elements a reply may carry, counting the outputs kept."""
+
+    def __init__(self, limit, kept, rows):
+        self.limit, self.kept_names, self.rows = limit, kept, rows
+        self.elements = self.rows_run = 0
+
+    def _count(self, outputs):
+        names = self.kept_names if self.kept_names is not None else outputs
+        return sum(int(np.size(outputs[name])) for name in names)
+
+    def add(self, outputs, rows):
+        """Counts a chunk's outputs; past the limit, projected over every row, the request stops."""
+        self.elements += self._count(outputs)
+        self.rows_run += rows
+        projected = self.elements * self.rows // self.rows_run
+        if projected > self.limit:
+            self._refuse(
+                f"about {projected:,} (from its first {self.rows_run} rows of {self.rows})"
+            )
+
+    def kept(self, outputs):
+        """The outputs kept, once the whole answer is within the limit."""
+        elements = self._count(outputs)
+        if elements > self.limit:
+            self._refuse(f"{elements:,}")
+        if self.kept_names is None:
+            return outputs
+        return {name: outputs[name] for name in self.kept_names}
+
+    def _refuse(self, elements):
+        raise errors.ServingError(
+            "RESOURCE_EXHAUSTED",
+            f"the answer would hold {elements} elements; this server answers at most "
+            f"{self.limit:,} a request (--max_response_elements). Ask for fewer rows, or fewer "
+            "outputs (gRPC's output_filter)",
+        )
 
 
 class _Unchunkable(Exception):

@@ -98,6 +98,11 @@ class ModelServer:
                 "max_instances_per_request must be 0 (no limit) or more, got "
                 f"{core_options.max_instances_per_request}"
             )
+        if core_options.max_response_elements < 1:
+            raise UsageError(
+                "max_response_elements must be at least 1, got "
+                f"{core_options.max_response_elements}"
+            )
         _check_base_paths(server_config)
         self.options = options
         self.metrics = metrics

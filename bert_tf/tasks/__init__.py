@@ -175,6 +175,14 @@ def pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=False):
     segment in turn (skipping full ones) ends where trimming the last-longest segment ends.
     """
     segments = [tf.cast(s, tf.int32) for s in segments]
+    if len(segments) > 1:
+        # RoundRobinTrim crashes the process on segments of different row counts.
+        rows = tf.stack([s.nrows(out_type=tf.int64) for s in segments])
+        message = tf.strings.format("segments must have equal rows, got {}", rows)
+        with tf.control_dependencies(
+            [tf.debugging.Assert(tf.reduce_all(rows == rows[0]), [message])]
+        ):
+            segments = [tf.identity(s) for s in segments]
     if drop_empty_b and len(segments) == 2:
         # The trimmer takes one budget for the whole batch, and rows without b have a larger one
         # (no second [SEP]); so pack the batch both ways and pick each row's packing.

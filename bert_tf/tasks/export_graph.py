@@ -173,7 +173,8 @@ def serving_function(python_function, **options):
 
 
 def _checking_shapes(python_function, signature):
-    """`python_function` after an EnsureShape of each input against its spec in `signature`.
+    """`python_function` after checking its inputs: each input's shape against its spec in
+    `signature` (EnsureShape), then that the inputs agree on their rows (same_rows).
 
     Neither a signature call from Python nor a TF Serving session checks the shapes of the
     tensors it is given, and a graph runs on any shape its ops take: a [1, 2] batch of texts could
@@ -182,6 +183,7 @@ def _checking_shapes(python_function, signature):
     """
 
     parameters = inspect.signature(python_function)
+    names = [getattr(spec, "name", None) or f"input {i}" for i, spec in enumerate(signature)]
 
     # Wrapped so that tf.function sees the function's own parameters: callers pass them by name.
     @functools.wraps(python_function)
@@ -190,9 +192,39 @@ def _checking_shapes(python_function, signature):
         values = tf.nest.map_structure(
             lambda value, spec: tf.ensure_shape(value, spec.shape), list(values), list(signature)
         )
-        return python_function(*values)
+        return python_function(*same_rows(values, names))
 
     return checked
+
+
+def same_rows(values, names):
+    """`values` (tensors, or dicts of them) once every one of rank >= 1 has as many rows as the
+    first, and every pair of them of rank >= 2 as many columns, and so on; else a call fails with
+    InvalidArgumentError naming the inputs and their sizes.
+
+    tensorflow_text's RoundRobinTrim crashes the process (or reads out of bounds) on segments of
+    different row counts (docs/serving.md, "Inputs a signature refuses"), so no packing op may run
+    before this check: the values come back behind it.
+    """
+    flat = [
+        (name if key is None else key, tensor)
+        for name, value in zip(names, values)
+        for key, tensor in (sorted(value.items()) if isinstance(value, dict) else [(None, value)])
+    ]
+    checks = []
+    for axis in range(max((t.shape.rank or 0 for _, t in flat), default=0)):
+        sized = [(name, t) for name, t in flat if (t.shape.rank or 0) > axis]
+        if len(sized) < 2:
+            continue
+        sizes = tf.stack([tf.shape(t, out_type=tf.int64)[axis] for _, t in sized])
+        label = ", ".join(name for name, _ in sized)
+        what = "rows" if axis == 0 else f"sizes along axis {axis}"
+        message = tf.strings.format(f"inputs {label} must have equal {what}, got {{}}", sizes)
+        checks.append(tf.debugging.Assert(tf.reduce_all(sizes == sizes[0]), [message]))
+    if not checks:
+        return values
+    with tf.control_dependencies(checks):
+        return tf.nest.map_structure(tf.identity, values)
 
 
 class ServingModule(tf.Module):
