@@ -539,7 +539,7 @@ def test_the_layer_by_layer_trace_is_the_encoder(files):
     playground = views.Playground(
         views.PlaygroundSettings(model_dir=files["model_dir"], max_seq_length=MAX_SEQ_LENGTH)
     )
-    packed_input = playground._pack({"text_a": TEXT_A, "text_b": TEXT_B}, [])
+    packed_input = playground._pack(views.RequestFields({"text_a": TEXT_A, "text_b": TEXT_B}))
     trace = playground._trace(packed_input)
     ids = np.array([packed_input.ids], np.int32)
     outputs = ModelDir(files["model_dir"]).load_encoder()(
