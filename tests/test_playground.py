@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,10 +132,8 @@ def files(tmp_path_factory):
 
 
 def start_server(settings):
-    """A playground server on a free port in a thread; returns it (stop with .shutdown())."""
-    httpd = playground_server.PlaygroundServer(views.Playground(settings), "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+    """A playground server on a free port, serving until .stop()."""
+    return playground_server.PlaygroundServer(views.Playground(settings), "127.0.0.1", 0)
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +147,7 @@ def with_model(files):
         )
     )
     yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    httpd.stop()
     assert httpd.internal_errors == 0, "a view answered with a server error (see the log)"
 
 
@@ -163,8 +159,7 @@ def without_model(files):
         )
     )
     yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    httpd.stop()
     assert httpd.internal_errors == 0
 
 
@@ -539,7 +534,7 @@ def test_the_layer_by_layer_trace_is_the_encoder(files):
     playground = views.Playground(
         views.PlaygroundSettings(model_dir=files["model_dir"], max_seq_length=MAX_SEQ_LENGTH)
     )
-    packed_input = playground._pack({"text_a": TEXT_A, "text_b": TEXT_B}, [])
+    packed_input = playground._pack(views.RequestFields({"text_a": TEXT_A, "text_b": TEXT_B}))
     trace = playground._trace(packed_input)
     ids = np.array([packed_input.ids], np.int32)
     outputs = ModelDir(files["model_dir"]).load_encoder()(

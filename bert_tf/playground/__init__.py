@@ -5,6 +5,7 @@ input representation, MLM masking, next sentence, fill-mask, records and attenti
 
     views.py     the JSON answers: tokenization and packing, the data job's masking and pair
                  construction, MaskedLM, the record decoder, the encoder's own layers
-    server.py    http.server: the static page (static/, shipped in the package) and /api/VIEW
+    server.py    the static page (static/, shipped in the package) and /api/VIEW, on the asyncio
+                 HTTP stack bert_tf.serve runs on (serving.http_stack)
     __main__.py  the CLI: flags -> PlaygroundSettings -> a server on 127.0.0.1
 """

@@ -3,11 +3,16 @@
     python -m bert_tf.playground --model_dir=build/demo/pretrained
     python -m bert_tf.playground --vocab_file=vocab.txt --do_lower_case=true   # no model
     python -m bert_tf.playground --model_dir=DIR --corpus=corpus.txt --port=8080
+    python -m bert_tf.playground --model_dir=DIR --host=0.0.0.0 --allowed_origins=http://myhost:8080
 
 Serves one page on http://127.0.0.1:8080/ with six views: input representation, MLM masking, next
 sentence, fill-mask, records and attention. Without --model_dir the representation, masking and
 next-sentence views work from the vocabulary alone, and the model views say what is missing.
 Nothing is fetched from outside: the page's files are in the package.
+
+Whatever --host it binds, it answers a browser only at a loopback address or the bound one (the
+Host and Origin headers are checked, 0.0.0.0 included), so that no other web site can drive it; to
+open it by another name (from another machine, say), list that origin in --allowed_origins.
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -43,6 +48,12 @@ class PlaygroundArgs:
     host: str = arg(
         "127.0.0.1", "The address to listen on. Anything but loopback shows your files to others."
     )
+    allowed_origins: list = arg(
+        default_factory=list,
+        help="Origins whose pages may use the playground besides its loopback and bound addresses' "
+        "own, comma-separated scheme://host[:port], such as http://myhost:8080 to open it by that "
+        "name from another machine; each one's host:port is let in as a Host too.",
+    )
     max_seq_length: int = arg(
         128,
         "Where inputs are cut, as the fine-tuning and data jobs cut them (at most the model's).",
@@ -58,6 +69,7 @@ def run(args, on_ready=None):
         raise io_utils.UsageError("give --model_dir or --vocab_file, not both")
     if not 0 <= args.port <= 65535:
         raise io_utils.UsageError(f"--port must be in [0, 65535], got {args.port}")
+    origins = [server.parse_origin(origin) for origin in args.allowed_origins if origin.strip()]
     playground = views.Playground(
         views.PlaygroundSettings(
             model_dir=args.model_dir,
@@ -69,24 +81,25 @@ def run(args, on_ready=None):
         )
     )
     try:
-        httpd = server.PlaygroundServer(playground, args.host, args.port)
+        httpd = server.PlaygroundServer(playground, args.host, args.port, allowed_origins=origins)
     except OSError as e:
         raise io_utils.UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from e
-    print(f"playground at {httpd.url}  (Ctrl+C stops it)", flush=True)
-    if httpd.allowed_hosts is None:
-        print(
-            f"warning: {args.host} is not a loopback address: whoever reaches this port can use "
-            "the playground, and its records view reads any file it is given a path to",
-            flush=True,
-        )
-    if on_ready is not None:
-        on_ready(httpd)
     try:
-        httpd.serve_forever()
+        print(f"playground at {httpd.url}  (Ctrl+C stops it)", flush=True)
+        if not httpd.is_loopback:
+            print(
+                f"warning: {args.host} is not a loopback address: a program that reaches this "
+                "port can use the playground (browsers only from its own addresses and "
+                "--allowed_origins), and its records view reads any file it is given a path to",
+                flush=True,
+            )
+        if on_ready is not None:
+            on_ready(httpd)
+        httpd.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        httpd.server_close()
+        httpd.stop()
 
 
 def main(argv):

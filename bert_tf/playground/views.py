@@ -16,13 +16,18 @@ Nothing here re-implements BERT. The views call:
 
 A request that cannot be answered (empty text, a seed that is not a number, a view that needs a
 model the playground was started without) is a ViewError: the server answers it with status 400
-and the message, which the page shows. Text with unpaired surrogates (what invalid UTF-8 becomes
+and the message, which the page shows. Every field is read by RequestFields, by its kind: text, a
+whole number or a fraction in its range (a JSON number, or one in a string as a form sends it; one
+longer than MAX_NUMBER_CHARS is refused by its length), a JSON true or false, one of a few words,
+or a local file (a remote file system's path is refused); a bad one's message starts with its
+name ("seed: ..."). Text with unpaired surrogates (what invalid UTF-8 becomes
 on its way through the browser) has them replaced by U+FFFD, which the tokenizer drops, as
 create_pretraining_data does with invalid UTF-8 bytes; the reply says so.
 """
 
 import base64
 import dataclasses
+import json
 import os
 import random
 import re
@@ -44,6 +49,12 @@ MAX_TOP_K = 50
 MAX_RECORDS_PER_PAGE = 50
 # The seed field takes what NumPy's default_rng takes: a non-negative integer; capped at 64 bits.
 MAX_SEED = (1 << 64) - 1
+# No field needs a longer number (2**64 has 20 digits); int() of thousands of digits is slow, and
+# refused past 4,300.
+MAX_NUMBER_CHARS = 40
+# What a form's text field may hold for a number: digits, and for a real number a point and exponent.
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 # The encoder's layer names (modeling.build_encoder): part of the checkpoint format, never renamed.
 POSITION_LAYER, SEGMENT_LAYER = "position_embedding", "segment_embedding"
@@ -51,7 +62,183 @@ EMBEDDINGS_ADD_LAYER, EMBEDDINGS_NORM_LAYER = "embeddings_add", "embeddings_laye
 
 
 class ViewError(ValueError):
-    """A request the page must show a message for (bad input, or a missing model)."""
+    """A request the page must show a message for (bad input, or a missing model); `field` names
+    the request's field at fault, if one is."""
+
+    def __init__(self, message, field=None):
+        super().__init__(message)
+        self.field = field
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a request
+# ---------------------------------------------------------------------------------------------
+
+
+class _LongNumber:
+    """A number (or a string in a number's field) of more than MAX_NUMBER_CHARS characters, kept as
+    its length only: never parsed, never matched."""
+
+    def __init__(self, text):
+        self.length = len(text)
+
+
+def _bounded(parse):
+    """A json.loads number hook: `parse`, but a number longer than any field needs stays text."""
+
+    def parse_number(text):
+        return _LongNumber(text) if len(text) > MAX_NUMBER_CHARS else parse(text)
+
+    return parse_number
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_request(body):
+    """The request object of a POST body (UTF-8 JSON); a ViewError when it is neither. A number
+    too long for any field is kept aside, for the field that reads it to refuse by name."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ViewError(f"The request is not valid UTF-8 (byte {e.start}).") from None
+    try:
+        request = json.loads(
+            text,
+            parse_int=_bounded(int),
+            parse_float=_bounded(float),
+            parse_constant=_no_constant,
+        )
+    except (ValueError, RecursionError) as e:
+        raise ViewError(f"The request is not JSON: {str(e)[:200]}") from None
+    if not isinstance(request, dict):
+        raise ViewError("The request must be a JSON object.")
+    return request
+
+
+def _shown(value):
+    """A field's value as a message quotes it: bounded, whatever its type."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+class RequestFields:
+    """A request's fields, each read by its kind: a missing one takes its default, a bad one is a
+    ViewError that names it ("seed: The seed must be ..."). Notices for the page gather in
+    `notices`."""
+
+    def __init__(self, request):
+        if not isinstance(request, dict):
+            raise ViewError("The request must be a JSON object.")
+        self.request = request
+        self.notices = []
+
+    def _refuse(self, name, message):
+        return ViewError(f"{name}: {message}", field=name)
+
+    def text(self, name, what, required=False):
+        """Text, with unpaired surrogates replaced by U+FFFD (and a notice); "" when missing."""
+        value = self.request.get(name)
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            raise self._refuse(name, f"{what} must be text, got {_kind(value)}.")
+        value, invalid = _SURROGATES.subn("\ufffd", value)
+        if invalid:
+            self.notices.append(
+                f"{what} held {invalid} invalid UTF-8 sequence(s): each became U+FFFD, which the "
+                "tokenizer drops, as create_pretraining_data does with invalid UTF-8."
+            )
+        if required and not value.strip():
+            raise self._refuse(name, f"{what} is empty: type some text.")
+        return value
+
+    def integer(self, name, what, low, high, default=None):
+        """A whole number in [low, high]: a JSON integer, or digits in a string (a form's value)."""
+        return self._number(name, what, low, high, default, whole=True)
+
+    def fraction(self, name, what, default=None):
+        """A number in (0, 1]: a JSON number, or one in a string."""
+        value = self._number(name, what, 0, 1, default, whole=False)
+        if value == 0:
+            raise self._refuse(name, f"{what} must be more than 0, got {_shown(value)}.")
+        return float(value)
+
+    def _number(self, name, what, low, high, default, whole):
+        """A number in [low, high]. An int is compared exactly, never made a float (a huge one
+        overflows); an overlong one is refused by its length, never parsed."""
+        kind = "a whole number" if whole else "a number"
+        value = self.request.get(name, default)
+        if isinstance(value, str):
+            text = value.strip()
+            if len(text) > MAX_NUMBER_CHARS:
+                value = _LongNumber(text)
+            elif not (_WHOLE_NUMBER if whole else _NUMBER).fullmatch(text):
+                raise self._refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
+            else:
+                value = int(text) if whole else float(text)
+        if isinstance(value, _LongNumber):
+            raise self._refuse(
+                name,
+                f"{what} must be between {low} and {high}, got {value.length:,} characters.",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (whole and isinstance(value, float))
+        ):
+            raise self._refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
+        if not low <= value <= high:  # NaN and the infinities fail this too
+            raise self._refuse(
+                name, f"{what} must be between {low} and {high}, got {_shown(value)}."
+            )
+        return value
+
+    def boolean(self, name, what, default):
+        """A JSON true or false; the text "false" is refused, not read as true."""
+        value = self.request.get(name, default)
+        if not isinstance(value, bool):
+            raise self._refuse(name, f"{what} must be true or false, got {_shown(value)}.")
+        return value
+
+    def choice(self, name, what, choices, default):
+        """One of `choices` (strings)."""
+        value = self.request.get(name, default)
+        if value not in choices or not isinstance(value, str):
+            raise self._refuse(name, f"{what} must be {' or '.join(choices)}, got {_shown(value)}.")
+        return value
+
+    def local_file(self, name, what):
+        """The path of an existing local file (~ expanded). A remote file system's path (gs://,
+        http://, anything with a scheme that tf.io.gfile would reach) is refused: the page must
+        not make the server fetch from elsewhere."""
+        path = self.text(name, what, required=True).strip()
+        if "://" in path:
+            raise self._refuse(
+                name,
+                f"{what} must be a local path; remote file systems ({path.split('://')[0][:20]}://) "
+                "are not read here.",
+            )
+        path = os.path.expanduser(path)
+        if not os.path.isfile(path):
+            raise self._refuse(name, f"No such file: {path[:300]}")
+        return path
+
+
+def _kind(value):
+    """A JSON value's kind in words."""
+    if isinstance(value, _LongNumber):
+        return "a number"
+    return {
+        bool: "true or false",
+        int: "a number",
+        float: "a number",
+        str: "text",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 @dataclasses.dataclass
@@ -259,44 +446,11 @@ class Playground:
         if missing:
             raise ViewError(missing)
 
-    # -- request fields ----------------------------------------------------------------------
-
-    @staticmethod
-    def _text(request, name, what, notices, required=False):
-        """The text field `name`, with unpaired surrogates replaced by U+FFFD (and a notice)."""
-        value = request.get(name)
-        if value is None:
-            value = ""
-        if not isinstance(value, str):
-            raise ViewError(f"{what} must be text, got {type(value).__name__}")
-        value, invalid = _SURROGATES.subn("\ufffd", value)
-        if invalid:
-            notices.append(
-                f"{what} held {invalid} invalid UTF-8 sequence(s): each became U+FFFD, which the "
-                "tokenizer drops, as create_pretraining_data does with invalid UTF-8."
-            )
-        if required and not value.strip():
-            raise ViewError(f"{what} is empty: type some text.")
-        return value
-
-    @staticmethod
-    def _integer(request, name, what, low, high, default=None):
-        value = request.get(name, default)
-        if isinstance(value, str):
-            value = value.strip()
-            if not re.fullmatch(r"[+-]?\d+", value):
-                raise ViewError(f"{what} must be a whole number, got {value[:40]!r}.")
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ViewError(f"{what} must be a whole number, got {str(value)[:40]!r}.")
-        if not low <= value <= high:
-            raise ViewError(f"{what} must be between {low} and {high}, got {value}.")
-        return value
-
-    def _pack(self, request, notices):
+    def _pack(self, fields):
         """Sentence A (and B) packed as the fine-tuning jobs pack them, truncation included."""
-        text_a = self._text(request, "text_a", "Sentence A", notices, required=True)
-        text_b = self._text(request, "text_b", "Sentence B", notices)
+        notices = fields.notices
+        text_a = fields.text("text_a", "Sentence A", required=True)
+        text_b = fields.text("text_b", "Sentence B")
         a, b = self.tokenizer.encode(text_a), self.tokenizer.encode(text_b)
         if not a:
             raise ViewError("Sentence A has no tokens (only spaces, controls or U+FFFD).")
@@ -326,8 +480,8 @@ class Playground:
 
     def represent(self, request):
         """The packed input: index, token, id, segment, position of every token."""
-        notices = []
-        packed = self._pack(request, notices)
+        fields = RequestFields(request)
+        packed = self._pack(fields)
         return {
             "rows": [
                 {"index": i, "token": t, "id": token_id, "segment": s, "position": i}
@@ -337,16 +491,16 @@ class Playground:
             ],
             "a_tokens": packed.a_tokens,
             "b_tokens": packed.b_tokens,
-            "notices": notices,
+            "notices": fields.notices,
             "missing": self._missing_model(),
         }
 
     def embeddings(self, request):
         """One token's token, segment and position embeddings, their sum and the LayerNorm'd vector."""
-        notices = []
-        packed = self._pack(request, notices)
+        fields = RequestFields(request)
+        packed = self._pack(fields)
         self._require(self._missing_model())
-        index = self._integer(request, "index", "The token index", 0, len(packed.ids) - 1)
+        index = fields.integer("index", "The token index", 0, len(packed.ids) - 1)
         trace = self._trace(packed)
         vectors = {
             name: np.asarray(trace[name][index], np.float64).round(6).tolist()
@@ -358,7 +512,7 @@ class Playground:
             "id": packed.ids[index],
             "segment": packed.segment_ids[index],
             "vectors": vectors,
-            "notices": notices,
+            "notices": fields.notices,
         }
 
     # -- the encoder, layer by layer -----------------------------------------------------------
@@ -416,17 +570,11 @@ class Playground:
     def mask(self, request):
         """The packed input masked by the data job's rule, for a seed, a mask rate and whole-word
         masking; with a model, its top 5 at every masked position."""
-        notices = []
-        packed = self._pack(request, notices)
-        seed = self._integer(request, "seed", "The seed", 0, MAX_SEED, default=12345)
-        rate = request.get("rate", 0.15)
-        try:
-            rate = float(rate)
-        except (TypeError, ValueError):
-            raise ViewError(f"The mask rate must be a number, got {str(rate)[:40]!r}.") from None
-        if not 0.0 < rate <= 1.0:
-            raise ViewError(f"The mask rate must be in (0, 1], got {rate}.")
-        whole_word = bool(request.get("whole_word", False))
+        fields = RequestFields(request)
+        packed = self._pack(fields)
+        seed = fields.integer("seed", "The seed", 0, MAX_SEED, default=12345)
+        rate = fields.fraction("rate", "The mask rate", default=0.15)
+        whole_word = fields.boolean("whole_word", "Whole-word masking", default=False)
         builder = InstanceBuilder(
             self.vocab,
             max_seq_length=self.max_seq_length,
@@ -470,7 +618,7 @@ class Playground:
             "wanted": max(1, int(round(length * rate))),
             "cap": self.settings.max_predictions_per_seq,
             "masked": len(positions),
-            "notices": notices,
+            "notices": fields.notices,
             "missing": self._missing_head(MLM_HEAD),
         }
 
@@ -538,11 +686,10 @@ class Playground:
     def pairs(self, request):
         """Sentence pairs drawn from the corpus by the data job's pair construction, IsNext or
         NotNext, with where A and B came from; with a model, its IsNext probability."""
-        notices = []
-        seed = self._integer(request, "seed", "The seed", 0, MAX_SEED, default=12345)
-        label = request.get("label", "IsNext")
-        if label not in ("IsNext", "NotNext"):
-            raise ViewError(f"The label must be IsNext or NotNext, got {str(label)[:40]!r}.")
+        fields = RequestFields(request)
+        notices = fields.notices
+        seed = fields.integer("seed", "The seed", 0, MAX_SEED, default=12345)
+        label = fields.choice("label", "The label", ("IsNext", "NotNext"), default="IsNext")
         block, texts = self._load_corpus()
         builder = InstanceBuilder(
             self.vocab,
@@ -604,12 +751,12 @@ class Playground:
 
     def score_pair(self, request):
         """The model's IsNext probability for a typed pair."""
-        notices = []
-        text_a = self._text(request, "text_a", "Sentence A", notices, required=True)
-        text_b = self._text(request, "text_b", "Sentence B", notices, required=True)
+        fields = RequestFields(request)
+        text_a = fields.text("text_a", "Sentence A", required=True)
+        text_b = fields.text("text_b", "Sentence B", required=True)
         self._require(self._missing_head(NSP_HEAD))
         probability = float(self._masked_lm_model().next_sentence([text_a], [text_b])[0])
-        return {"probability": probability, "notices": notices}
+        return {"probability": probability, "notices": fields.notices}
 
     def _masked_lm_model(self):
         """masked_lm.MaskedLM on the model directory (fill-mask and next-sentence), made once."""
@@ -622,11 +769,10 @@ class Playground:
 
     def fill_mask(self, request):
         """MaskedLM.fill_mask on the typed text: the top k for every [MASK]."""
-        notices = []
-        text = self._text(request, "text", "The text", notices, required=True)
-        top_k = self._integer(
-            request, "top_k", "top k", 1, min(MAX_TOP_K, self.vocab.size), default=5
-        )
+        fields = RequestFields(request)
+        notices = fields.notices
+        text = fields.text("text", "The text", required=True)
+        top_k = fields.integer("top_k", "top k", 1, min(MAX_TOP_K, self.vocab.size), default=5)
         self._require(self._missing_head(MLM_HEAD))
         try:
             (result,) = self._masked_lm_model().fill_mask([text], top_k)
@@ -650,15 +796,11 @@ class Playground:
 
     def records(self, request):
         """A page of a create_pretraining_data record file, decoded back to text."""
-        notices = []
-        path = self._text(request, "path", "The record file", notices, required=True).strip()
-        start = self._integer(request, "start", "The first record", 0, 1 << 62, default=0)
-        limit = self._integer(
-            request, "limit", "Records per page", 1, MAX_RECORDS_PER_PAGE, default=5
-        )
-        path = os.path.expanduser(path)
-        if not io_utils.is_remote(path) and not os.path.isfile(path):
-            raise ViewError(f"No such file: {path}")
+        fields = RequestFields(request)
+        notices = fields.notices
+        path = fields.local_file("path", "The record file")
+        start = fields.integer("start", "The first record", 0, 1 << 62, default=0)
+        limit = fields.integer("limit", "Records per page", 1, MAX_RECORDS_PER_PAGE, default=5)
         try:
             instances, more = inspection.read_instances(path, self.vocab.tokens, start, limit)
         except inspection.RecordError as e:
@@ -685,15 +827,13 @@ class Playground:
     def attention(self, request):
         """One layer and head's attention probabilities over the typed input, and every head's
         as a thumbnail."""
-        notices = []
-        packed = self._pack(request, notices)
+        fields = RequestFields(request)
+        packed = self._pack(fields)
         self._require(self._missing_model())
-        layer = self._integer(
-            request, "layer", "The layer", 0, self.config.num_hidden_layers - 1, default=0
+        layer = fields.integer(
+            "layer", "The layer", 0, self.config.num_hidden_layers - 1, default=0
         )
-        head = self._integer(
-            request, "head", "The head", 0, self.config.num_attention_heads - 1, default=0
-        )
+        head = fields.integer("head", "The head", 0, self.config.num_attention_heads - 1, default=0)
         attention = self._trace(packed)["attention"]
         return {
             "tokens": packed.tokens,
@@ -703,7 +843,7 @@ class Playground:
             "heads": int(attention.shape[1]),
             "matrix": np.asarray(attention[layer, head], np.float64).round(6).tolist(),
             "overview": [[quantize(m) for m in heads] for heads in attention],
-            "notices": notices,
+            "notices": fields.notices,
         }
 
     # -- dispatch ------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # What the model sees at a masked position, as the 80/10/10 rule leaves it; REPLACED when no
 # vocabulary says which id is [MASK].
 AS_MASK, RANDOM, KEPT, REPLACED = "[MASK]", "random", "kept", "replaced"
+# A pretraining record is kilobytes; a length field past this is damage, not data.
+MAX_RECORD_BYTES = 1 << 30
+_READ_PIECE_BYTES = 1 << 20
 
 
 class RecordError(io_utils.UsageError):
@@ -34,11 +37,14 @@ def iter_records(path, start=0):
     """Yields (index, bytes) of the records of a TFRecord file from record `start` on.
 
     Plain or gzip (seen from the magic bytes). Records before `start` are skipped without being
-    read (plain files seek past them). A length or data CRC that does not match, or a file that ends
-    inside a record, is a RecordError naming the record.
+    read (plain files seek past them). A length or data CRC that does not match, a length the file
+    cannot hold (or past MAX_RECORD_BYTES), or a file that ends inside a record, is a RecordError
+    naming the record.
     """
     with files.open_read(path) as raw:
         is_gzip = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        size = None if is_gzip else raw.seek(0, 2)
         raw.seek(0)
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
         index = 0
@@ -54,14 +60,25 @@ def iter_records(path, start=0):
                     f"{path}: record {index}'s length does not match its CRC: not a TFRecord "
                     "file, or a damaged one"
                 )
+            left = None if size is None else size - stream.tell()
+            if length > MAX_RECORD_BYTES or (left is not None and length + 4 > left):
+                raise RecordError(
+                    f"{path}: record {index}'s length field says {length:,} bytes, "
+                    + (
+                        f"but only {left:,} bytes follow it"
+                        if left is not None and left < MAX_RECORD_BYTES
+                        else f"more than any record this reads ({MAX_RECORD_BYTES:,})"
+                    )
+                    + ": a damaged file"
+                )
             if index < start:
                 if is_gzip:
-                    stream.read(length + 4)
+                    _read_at_most(stream, length + 4)
                 else:
                     stream.seek(length + 4, 1)
                 index += 1
                 continue
-            data = stream.read(length)
+            data = _read_at_most(stream, length)
             crc = stream.read(4)
             if len(data) < length or len(crc) < 4:
                 raise RecordError(f"{path}: the file ends inside record {index}")
@@ -69,6 +86,19 @@ def iter_records(path, start=0):
                 raise RecordError(f"{path}: record {index}'s data does not match its CRC")
             yield index, data
             index += 1
+
+
+def _read_at_most(stream, length):
+    """Up to `length` bytes, read a piece at a time: a read(length) asks for all of it at once,
+    however little the stream holds."""
+    pieces = []
+    while length > 0:
+        piece = stream.read(min(length, _READ_PIECE_BYTES))
+        if not piece:
+            break
+        pieces.append(piece)
+        length -= len(piece)
+    return b"".join(pieces)
 
 
 @dataclasses.dataclass

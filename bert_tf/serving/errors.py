@@ -10,6 +10,8 @@ import re
 import grpc
 from tensorflow.core.protobuf import error_codes_pb2
 
+from bert_tf.serving.http_stack import short  # noqa: F401 (the bounded repr every API's messages use)
+
 # model_servers/http_server.cc, ToHTTPStatusCode: canonical code -> HTTP status.
 HTTP_STATUS = {
     "OK": 200,
@@ -74,12 +76,6 @@ def failed_precondition(message):
 def internal(message):
     """INTERNAL: the model broke its own contract (HTTP 500)."""
     return ServingError("INTERNAL", message)
-
-
-def short(value, limit=80):
-    """A bounded repr of client-supplied data, for error messages."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _op_message(text):
