@@ -178,10 +178,7 @@ def pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=False):
     if len(segments) > 1:
         # RoundRobinTrim crashes the process on segments of different row counts.
         rows = tf.stack([s.nrows(out_type=tf.int64) for s in segments])
-        message = tf.strings.format("segments must have equal rows, got {}", rows)
-        with tf.control_dependencies(
-            [tf.debugging.Assert(tf.reduce_all(rows == rows[0]), [message])]
-        ):
+        with tf.control_dependencies([assert_same_sizes(rows, "segments must have equal rows")]):
             segments = [tf.identity(s) for s in segments]
     if drop_empty_b and len(segments) == 2:
         # The trimmer takes one budget for the whole batch, and rows without b have a larger one
@@ -191,6 +188,12 @@ def pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=False):
         single = _pack_ragged(segments[:1], seq_length, cls_id, sep_id)
         return {name: tf.where(has_b, pair[name], single[name]) for name in pair}
     return _pack_ragged(segments, seq_length, cls_id, sep_id)
+
+
+def assert_same_sizes(sizes, what):
+    """An assertion that each of `sizes` (int64 [n]) equals the first; it fails saying `what`."""
+    message = tf.strings.format(f"{what}, got {{}}", sizes)
+    return tf.debugging.Assert(tf.reduce_all(sizes == sizes[0]), [message])
 
 
 def _pack_ragged(segments, seq_length, cls_id, sep_id):

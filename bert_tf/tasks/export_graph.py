@@ -16,6 +16,7 @@ from bert_tf.graph_tokenizer import GraphTokenizer
 from bert_tf.model_dir import ModelDir
 from bert_tf.tasks import (
     LENGTH_BUCKET,
+    assert_same_sizes,
     bucketed_length,
     example_lengths,
     pack_inputs,
@@ -219,8 +220,7 @@ def same_rows(values, names):
         sizes = tf.stack([tf.shape(t, out_type=tf.int64)[axis] for _, t in sized])
         label = ", ".join(name for name, _ in sized)
         what = "rows" if axis == 0 else f"sizes along axis {axis}"
-        message = tf.strings.format(f"inputs {label} must have equal {what}, got {{}}", sizes)
-        checks.append(tf.debugging.Assert(tf.reduce_all(sizes == sizes[0]), [message]))
+        checks.append(assert_same_sizes(sizes, f"inputs {label} must have equal {what}"))
     if not checks:
         return values
     with tf.control_dependencies(checks):
