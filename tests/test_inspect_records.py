@@ -11,8 +11,10 @@ import struct
 import google_crc32c
 import pytest
 import tensorflow as tf
-from helpers import run_module_cli
+from helpers import run_module_cli, write_tiny_vocab
 from helpers_records import make_example
+
+from bert_tf.playground import views
 
 NUM_RECORDS = 10
 CUT_RECORD = 6
@@ -112,3 +114,18 @@ def test_a_length_field_beyond_the_file_with_a_valid_crc_is_named(tmp_path, leng
         assert str(path) in done.stderr and "record 2" in done.stderr
         assert f"byte {end}" in done.stderr and str(length) in done.stderr
     assert shown_records(run_cli(path, "--limit=50").stdout) == [0, 1]
+
+
+def test_the_playground_records_view_shows_the_good_records_then_the_damage(cut_file, tmp_path):
+    path, offset = cut_file
+    vocab = write_tiny_vocab(tmp_path / "vocab.txt")
+    playground = views.Playground(views.PlaygroundSettings(vocab_file=vocab))
+    reply = playground.records({"path": str(path), "limit": 50})
+    assert [x["index"] for x in reply["instances"]] == list(range(CUT_RECORD))
+    assert reply["instances"][5]["tokens"][1] == "w5"
+    assert f"record {CUT_RECORD}" in reply["damage"] and f"byte {offset}" in reply["damage"]
+    assert any(reply["damage"] in notice for notice in reply["notices"])
+    page = playground.records({"path": str(path), "start": 5, "limit": 1})
+    assert [x["index"] for x in page["instances"]] == [5] and page["more"] and not page["damage"]
+    with pytest.raises(views.ViewError, match=f"record {CUT_RECORD}.*byte {offset}"):
+        playground.records({"path": str(path), "start": CUT_RECORD})

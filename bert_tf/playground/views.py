@@ -660,11 +660,14 @@ class Playground:
         if not io_utils.is_remote(path) and not os.path.isfile(path):
             raise ViewError(f"No such file: {path}")
         try:
-            instances, more = inspection.read_instances(path, self.vocab.tokens, start, limit)
-        except inspection.RecordError as e:
-            raise ViewError(str(e)) from None
+            page = inspection.read_instances(path, self.vocab.tokens, start, limit)
         except OSError as e:
             raise ViewError(f"Cannot read {path}: {e.strerror or e}") from None
+        instances, more = page.instances, page.more
+        if page.damage is not None and not instances:
+            raise ViewError(str(page.damage))
+        if page.damage is not None:
+            notices.append(f"The records shown are the good ones before the damage: {page.damage}")
         if any(i >= self.vocab.size for x in instances for i in x.token_ids):
             notices.append(
                 f"Some ids are beyond this vocabulary's {self.vocab.size} tokens: were the records "
@@ -676,6 +679,7 @@ class Playground:
             "path": path,
             "start": start,
             "more": more,
+            "damage": "" if page.damage is None else str(page.damage),
             "instances": [dataclasses.asdict(x) | {"label": x.label} for x in instances],
             "notices": notices,
         }
