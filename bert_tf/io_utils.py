@@ -56,6 +56,35 @@ def full_disk_message(error):
     return f"{reason.lower()}{where}"
 
 
+# TensorFlow's file system errors read "<path>; <the system's reason>".
+_TF_OS_ERROR = re.compile(
+    "(\\S+); ("
+    + "|".join(sorted({re.escape(os.strerror(n)) for n in errno.errorcode}, key=len, reverse=True))
+    + ")"
+)
+
+
+def os_error_message(error):
+    """One line for an error of the file system (an OSError with an errno, or TensorFlow's error
+    from a file operation): the file and the reason, as full_disk_message words a full disk; None
+    for any other error."""
+    message = full_disk_message(error)
+    if message is not None:
+        return message
+    if isinstance(error, OSError):
+        if not error.errno or not error.strerror:
+            return None
+        reason, path = error.strerror, error.filename
+    else:
+        if type(error).__module__.split(".")[0] != "tensorflow":
+            return None
+        found = _TF_OS_ERROR.search(str(error))
+        if not found:
+            return None
+        path, reason = found.groups()
+    return f"{os.fsdecode(path)}: {reason}" if path is not None else reason
+
+
 # An OSError as text (str(error): "[Errno N] reason: 'file'", the file name as repr writes it),
 # the form in which a Beam worker's error reaches the job.
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ")

@@ -411,6 +411,35 @@ def test_cli_writes_only_a_new_empty_or_its_own_earlier_model_directory(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["google", "model"]
 
 
+def test_cli_a_google_checkpoint_cut_short_exits_2_naming_its_data_file(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    data = prefix + ".data-00000-of-00001"
+    os.truncate(data, os.path.getsize(data) // 2)
+    result = run_cli(
+        "--format=google",
+        f"--checkpoint={prefix}",
+        "--do_lower_case=false",
+        f"--output_dir={tmp_path / 'model'}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert data in line and "cut short" in line
+    assert sorted(os.listdir(tmp_path)) == ["google"]
+
+
+def test_cli_an_output_directory_it_cannot_create_is_one_line(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    result = run_cli(
+        "--format=google",
+        f"--checkpoint={prefix}",
+        "--do_lower_case=false",
+        "--output_dir=/proc/bert_tf_model",
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert "/proc/bert_tf_model" in line and "No such file or directory" in line
+
+
 # Released shapes: the 24 small BERTs (H 128/256/512/768 with A=H/64), base, large (H1024, A16, 24 layers),
 # cased/multilingual (only the vocab size differs). Heads and hidden size fix the reshapes and layers
 # only repeat them, so big hidden sizes are checked at one layer and a small vocab, and 24 layers at H=64.

@@ -7,6 +7,7 @@ bit. The keras-hub presets are loaded by keras-hub itself.
 """
 
 import dataclasses
+import glob
 import json
 import os
 
@@ -572,6 +573,37 @@ def test_cli_overwrite_replaces_its_own_earlier_output_and_nothing_else(tmp_path
     )
     assert (out / "notes.txt").read_text() == "mine" and "model.weights.h5" in os.listdir(out)
     assert sorted(os.listdir(tmp_path)) == ["model", "out"]
+
+
+def test_cli_os_errors_on_the_output_are_one_line_and_leave_nothing(tmp_path, small_disk):
+    model_dir, _ = write_model_dir(tmp_path / "model", "encoder")
+    (tmp_path / "a_file").write_text("x")
+    read_only, mount_point = small_disk("1m", read_only=True), small_disk("1m")
+    for out, code, reason in (
+        ("/proc/bert_tf_out", 1, "No such file or directory"),
+        (tmp_path / "a_file" / "out", 2, "is not a directory"),
+        (read_only / "out", 1, "Read-only file system"),
+        (mount_point, 2, "is a mount point"),
+    ):
+        result = run_cli("--to=huggingface", f"--model_dir={model_dir}", f"--output_dir={out}")
+        assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
+        (line,) = error_lines(result)
+        assert str(out) in line and reason in line, line
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "disk0", "disk1", "model"]
+    assert os.listdir(read_only) == [] and os.listdir(mount_point) == []
+
+
+@pytest.mark.parametrize("to", ["huggingface", "keras_hub"])
+def test_cli_a_checkpoint_cut_short_exits_2_naming_its_file(tmp_path, to):
+    model_dir, _ = write_model_dir(tmp_path / "model", "classifier")
+    (data,) = glob.glob(os.path.join(model_dir, "ckpt-1.data-*"))
+    os.truncate(data, os.path.getsize(data) // 2)
+    out = tmp_path / "new" / "out"  # the folders made for it go again too
+    result = run_cli(f"--to={to}", f"--model_dir={model_dir}", f"--output_dir={out}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert data in line and "cut short" in line
+    assert sorted(os.listdir(tmp_path)) == ["model"]
 
 
 # --- keras-hub --------------------------------------------------------------------------------
