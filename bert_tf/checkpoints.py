@@ -38,7 +38,15 @@ import tensorflow as tf
 from absl import logging
 
 from bert_tf import modeling
-from bert_tf.model_dir import ALL_HEADS, MLM_HEAD, NSP_HEAD, ModelDir, as_heads, describe_heads
+from bert_tf.model_dir import (
+    ALL_HEADS,
+    MLM_HEAD,
+    NSP_HEAD,
+    ModelDir,
+    as_heads,
+    describe_heads,
+    reading_checkpoint,
+)
 
 # Optimizer slots and counters in checkpoints written by the original run_pretraining.py.
 _IGNORED_GOOGLE_NAME = re.compile(r"(^|/)(adam_m|adam_v|global_step)$")
@@ -339,14 +347,23 @@ def resolve_google_checkpoint(path):
 
 
 def read_google_checkpoint_shapes(prefix):
-    """({original name: shape} without optimizer slots and counters, reader)."""
-    reader = tf.train.load_checkpoint(prefix)
+    """({original name: shape} without optimizer slots and counters, read(name) -> its array).
+
+    A checkpoint whose files are cut short or damaged is a DamagedCheckpointError naming them,
+    here or when `read` comes to the damage."""
+    with reading_checkpoint(prefix):
+        reader = tf.train.load_checkpoint(prefix)
     shapes = {
         name: tuple(shape)
         for name, shape in reader.get_variable_to_shape_map().items()
         if not _IGNORED_GOOGLE_NAME.search(name)
     }
-    return shapes, reader
+
+    def read(name):
+        with reading_checkpoint(prefix):
+            return reader.get_tensor(name)
+
+    return shapes, read
 
 
 # ----------------------------------------------------------------------------------------------
@@ -705,8 +722,8 @@ def convert(
         config = modeling.BertConfig.from_dict(
             dict(values, do_lower_case=do_lower_case), source=bert_config_file
         )
-        shapes, reader = read_google_checkpoint_shapes(prefix)
-        read, source = reader.get_tensor, prefix
+        shapes, read = read_google_checkpoint_shapes(prefix)
+        source = prefix
     else:
         source_dir = checkpoint
         bert_config_file = bert_config_file or os.path.join(source_dir, "config.json")

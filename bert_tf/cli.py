@@ -5,7 +5,7 @@ flag's help, and `define_flags` turns those fields into absl flags (same names, 
 dataclass, types from the annotations; a `list` field is a comma-separated flag). Only a CLI
 module reads FLAGS, through `args_from_flags` or `job_main`. `run` gives every job the same exits:
 2 with one line for a usage error (a bad flag, a missing or bad input), 1 with the message for a
-run that cannot go on (a JobFailure such as a diverged loss).
+run that cannot go on (a JobFailure such as a diverged loss, or a file system error naming the file).
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
-from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text, full_disk_message
+from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text, os_error_message
 
 
 def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A002 (absl's own name)
@@ -137,7 +137,8 @@ def _parse_flags_or_exit(argv, known_only=False):
 
 def run(main, pass_unknown_flags=False):
     """Runs an absl `main`; a UsageError or flag error prints one line and exits with code 2, a
-    JobFailure or a full disk logs its message (naming the file) and exits with code 1.
+    JobFailure or an error of the file system (a full disk, a read-only one, a folder that cannot
+    be made) logs its message (naming the file) and exits with code 1.
 
     With `pass_unknown_flags`, `main(argv)` gets the arguments absl does not know (another
     library's options, such as Beam's) in argv[1:], and must refuse those it cannot use.
@@ -150,7 +151,7 @@ def run(main, pass_unknown_flags=False):
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         except Exception as e:
-            message = str(e) if isinstance(e, JobFailure) else full_disk_message(e)
+            message = str(e) if isinstance(e, JobFailure) else os_error_message(e)
             if message is None:
                 raise
             logging.error("%s", message)

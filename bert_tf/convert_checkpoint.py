@@ -16,8 +16,12 @@ The other way, any model directory (pretrained or fine-tuned):
     python -m bert_tf.convert_checkpoint --to=huggingface --model_dir=models/mrpc --output_dir=hf/mrpc
     python -m bert_tf.convert_checkpoint --to=keras_hub --model_dir=models/sst2 --output_dir=presets/sst2
 
-bert_tf.hf_export and bert_tf.keras_hub_export say what each writes and what each refuses. The
-output directory must be empty or new (or pass --overwrite), and appears only once complete.
+bert_tf.hf_export and bert_tf.keras_hub_export say what each writes and what each refuses. Either
+way the output directory appears only once complete, with bert_tf_output.json naming this job and
+the files it wrote. It must be new or empty; --overwrite replaces one that holds this job's earlier
+output and nothing else. A folder holding anything else is never replaced (a typo in --output_dir
+must not cost its files): that is a usage error, exit 2. A gs:// --output_dir (importing only) is
+written in place and must be new or empty.
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -25,10 +29,11 @@ from bert_tf import job_process  # noqa: F401  (first: it sets the process up be
 # isort: split
 
 import dataclasses
+import os
 
 from absl import flags
 
-from bert_tf import checkpoints, cli, hf_export, keras_hub_export, tokenization
+from bert_tf import checkpoints, cli, hf_export, io_utils, keras_hub_export, tokenization
 from bert_tf.cli import arg
 from bert_tf.io_utils import UsageError
 from bert_tf.model_dir import ModelDir, describe_heads
@@ -36,9 +41,11 @@ from bert_tf.tasks import models
 
 # --to's choices: bert_tf.hf_export and bert_tf.keras_hub_export write them.
 EXPORT_TARGETS = ("huggingface", "keras_hub")
+# The resolved flags, written into the output (reusable with --flagfile).
+FLAGS_FILE = "convert_checkpoint.flags"
 # The flags of each direction, refused in the other.
 IMPORT_FLAGS = ("format", "checkpoint", "bert_config_file", "vocab_file", "do_lower_case")
-EXPORT_FLAGS = ("to", "model_dir", "overwrite", "allow_gelu_change")
+EXPORT_FLAGS = ("to", "model_dir", "allow_gelu_change")
 
 
 @dataclasses.dataclass
@@ -83,7 +90,9 @@ class ConvertArgs:
     )
     model_dir: str = arg(None, "With --to: the model directory to export.")
     overwrite: bool = arg(
-        False, "With --to: replace a --output_dir that is not empty (else it is refused)."
+        False,
+        "Replace a --output_dir that holds this job's earlier output (its bert_tf_output.json) and "
+        "nothing else; a folder holding anything else is refused all the same.",
     )
     allow_gelu_change: bool = arg(
         False,
@@ -93,8 +102,12 @@ class ConvertArgs:
     )
 
 
-def run(args):
-    """Converts the checkpoint of a `ConvertArgs` into a model directory; bad inputs are UsageErrors."""
+def run(args, flags_text=""):
+    """Converts the checkpoint of a `ConvertArgs` into a model directory; bad inputs are UsageErrors.
+
+    `flags_text` (the resolved flags) is written into it as convert_checkpoint.flags. A local
+    --output_dir appears whole (io_utils.atomic_directory); a gs:// one is written in place.
+    """
     if args.format == "google" and args.do_lower_case is not None:
         try:
             prefix = checkpoints.resolve_google_checkpoint(args.checkpoint)
@@ -104,18 +117,14 @@ def run(args):
             tokenization.validate_case_matches_checkpoint(
                 args.do_lower_case, prefix, flag="--checkpoint"
             )
-    try:
-        path = checkpoints.convert(
-            args.format,
-            args.checkpoint,
-            args.output_dir,
-            bert_config_file=args.bert_config_file,
-            vocab_file=args.vocab_file,
-            do_lower_case=args.do_lower_case,
-            task_model=hf_export.task_model,
-        )
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(str(e)) from e
+    if io_utils.is_remote(args.output_dir):
+        path = _convert_in_place(args, flags_text)
+    else:
+        with io_utils.atomic_directory(
+            args.output_dir, hf_export.OUTPUT_JOB, overwrite=args.overwrite
+        ) as tmp:
+            path = _convert(args, tmp, flags_text)
+        path = os.path.join(args.output_dir, os.path.basename(path))
     spec = models.read_task_spec(ModelDir(args.output_dir))
     if spec is not None:
         print(
@@ -130,12 +139,52 @@ def run(args):
     return path
 
 
+def _convert(args, output_dir, flags_text):
+    """checkpoints.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
+    try:
+        path = checkpoints.convert(
+            args.format,
+            args.checkpoint,
+            output_dir,
+            bert_config_file=args.bert_config_file,
+            vocab_file=args.vocab_file,
+            do_lower_case=args.do_lower_case,
+            task_model=hf_export.task_model,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from e
+    if flags_text:
+        io_utils.atomic_write_text(os.path.join(output_dir, FLAGS_FILE), flags_text)
+    return path
+
+
+def _convert_in_place(args, flags_text):
+    """_convert into a remote --output_dir, which cannot be renamed into place: it must be new or
+    empty, and is removed again when the conversion is refused before writing anything else."""
+    import tensorflow as tf
+
+    if args.overwrite:
+        raise UsageError(f"--overwrite: only for a local --output_dir, not {args.output_dir}")
+    created = not tf.io.gfile.exists(args.output_dir)
+    if not created and tf.io.gfile.listdir(args.output_dir):
+        raise UsageError(
+            f"{args.output_dir} is not empty: a gs:// --output_dir must be new or empty"
+        )
+    tf.io.gfile.makedirs(args.output_dir)
+    try:
+        return _convert(args, args.output_dir, flags_text)
+    except UsageError:
+        if created and set(tf.io.gfile.listdir(args.output_dir)) <= {FLAGS_FILE}:
+            tf.io.gfile.rmtree(args.output_dir)
+        raise
+
+
 def run_export(args, flags_text=""):
     """Exports --model_dir (a `ConvertArgs` with `to`) to --output_dir; bad inputs are UsageErrors.
 
     `flags_text` (the resolved flags) is written into the output as convert_checkpoint.flags.
     """
-    extra_files = {"convert_checkpoint.flags": flags_text} if flags_text else None
+    extra_files = {FLAGS_FILE: flags_text} if flags_text else None
     if args.to == "huggingface":
         result = hf_export.export(
             args.model_dir, args.output_dir, overwrite=args.overwrite, extra_files=extra_files
@@ -173,25 +222,21 @@ def _given(name):
 
 def main(argv):
     """Imports (--format) or, with --to, exports; the flags of one direction are refused in the other."""
-    if not _given("to"):
-        stray = [f"--{name}" for name in EXPORT_FLAGS if _given(name)]
-        if stray:
-            raise UsageError(f"{', '.join(stray)}: only with --to (exporting a model directory)")
-        return cli.job_main(
-            ConvertArgs, run, "convert_checkpoint", required=("format", "checkpoint", "output_dir")
-        )(argv)
     if len(argv) > 1:
         raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    stray = [f"--{name}" for name in IMPORT_FLAGS if _given(name)]
+    exporting = _given("to")
+    stray = [f"--{name}" for name in (IMPORT_FLAGS if exporting else EXPORT_FLAGS) if _given(name)]
     if stray:
-        raise UsageError(f"{', '.join(stray)}: only when importing (without --to)")
+        only = "only when importing (without --to)" if exporting else "only with --to (exporting)"
+        raise UsageError(f"{', '.join(stray)}: {only}")
     args = cli.args_from_flags(ConvertArgs)
-    for name in ("model_dir", "output_dir"):
+    required = ("model_dir", "output_dir") if exporting else ("format", "checkpoint", "output_dir")
+    for name in required:
         if not getattr(args, name):
             raise UsageError(f"--{name} is required")
     if args.allow_gelu_change and args.to != "keras_hub":
         raise UsageError("--allow_gelu_change: only with --to=keras_hub")
-    run_export(args, flags.FLAGS.flags_into_string())
+    (run_export if exporting else run)(args, flags.FLAGS.flags_into_string())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ chance of a random B; 0 for the paper's No NSP ablations).
     --temp_location, --setup_file, --flink_master, ...) and goes to Beam unchanged;
   * OUTPUT_DIR/.PREFIX.work/ holds the run's settings, manifests, parts and token files: a rerun with
     the same flags and input resumes a killed run and keeps its finished files; a run with other
-    settings at the same output paths is refused, unless --overwrite;
+    settings at the same output paths is refused, unless --overwrite; a file at an output's name
+    that no recorded run wrote is refused, --overwrite or not, and never removed;
   * summary.json (counts, label balance, truncations, invalid UTF-8, elapsed time) and
     create_pretraining_data.flags (reusable with --flagfile) are written beside the output, and the
     first records are logged readably, as the original does. Bad flags or input exit with code 2.

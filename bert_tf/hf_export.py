@@ -44,7 +44,9 @@ huggingface_to_original_name. Before OUT appears, the written file is read back 
 reader and compared, bit for bit, with the model's weights. transformers builds BertForMaskedLM,
 BertForTokenClassification and BertForQuestionAnswering without a pooler; the pooler is written all
 the same (transformers reports its two weights as unused) so that importing OUT gives back this
-directory's pooler, not a fresh one. OUT appears whole or not at all (io_utils.atomic_directory).
+directory's pooler, not a fresh one. OUT appears whole or not at all (io_utils.atomic_directory),
+with io_utils.OUTPUT_MARKER naming convert_checkpoint and the files it wrote: an existing OUT is
+replaced only when it is empty or (with overwrite) that earlier output and nothing else.
 """
 
 import dataclasses
@@ -95,6 +97,8 @@ TASK_ARCHITECTURES = {
 _PROBLEM_TYPES = {"classifier": "single_label_classification", "regressor": "regression"}
 # config.json's copy of task.json, read back by task_model.
 TASK_KEY = "bert_tf_task"
+# The job the output markers name: an export replaces only a folder this job wrote.
+OUTPUT_JOB = "convert_checkpoint"
 WEIGHTS_FILE = "model.safetensors"
 # transformers' BertTokenizer arguments for its special tokens, and their tokens.
 SPECIAL_TOKENS = {
@@ -341,8 +345,9 @@ def _check_written(path, weights):
 def export(model_dir, output_dir, overwrite=False, extra_files=None):
     """Writes the model directory `model_dir` as the Hugging Face directory `output_dir`.
 
-    `extra_files` ({name: text}) are written into it too (the CLI's flags). A non-empty
-    `output_dir` is refused unless `overwrite`. Returns an ExportResult.
+    `extra_files` ({name: text}) are written into it too (the CLI's flags). An existing
+    `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
+    output and `overwrite` (io_utils.check_replaceable). Returns an ExportResult.
     """
     directory = ModelDir(model_dir)
     directory.check()
@@ -350,7 +355,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
     check_head_exportable(directory, "Hugging Face", model_dir)
     check_apart(model_dir, output_dir)
     vocab = read_vocab(directory.vocab_file)
-    with io_utils.atomic_directory(output_dir, overwrite=overwrite) as tmp:
+    with io_utils.atomic_directory(output_dir, OUTPUT_JOB, overwrite=overwrite) as tmp:
         config, spec, heads, model = load_model(directory)
         arch = architecture(spec, heads)
         weights = checkpoints.original_weights(

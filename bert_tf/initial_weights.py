@@ -129,7 +129,7 @@ class ModelSource:
     def _load_from_google_checkpoint(self, encoder, pretraining_model):
         """Assigns an original checkpoint's weights (see load_weights)."""
         prefix = self.init_prefix
-        shapes, reader = checkpoints.read_google_checkpoint_shapes(prefix)
+        shapes, read = checkpoints.read_google_checkpoint_shapes(prefix)
         found = checkpoints.heads_in(shapes)
         model_heads = (
             model_pretraining_heads(pretraining_model)
@@ -149,7 +149,7 @@ class ModelSource:
             checkpoints.assign_original_weights(
                 prefix,
                 shapes,
-                reader.get_tensor,
+                read,
                 pretraining_model if with_heads else encoder,
                 self.config.num_hidden_layers,
                 with_heads,

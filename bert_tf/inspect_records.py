@@ -5,8 +5,9 @@
 Prints each record of a `.tfrecord` (or `.tfrecord.gz`) file written by create_pretraining_data,
 ours or Google's: the NSP label, both segments as text, the input as the model sees it, and every
 masked position as [MASK], random or kept beside its original token. Without --vocab_file the
-tokens are shown as their ids (#N), and a masked position that changed reads "replaced". The
-playground's Records view shows the same decoding (bert_tf.pretraining.inspection).
+tokens are shown as their ids (#N), and a masked position that changed reads "replaced". A damaged
+file prints its good records, then one line naming the damage (file, record, byte), and exits 2.
+The playground's Records view shows the same decoding (bert_tf.pretraining.inspection).
 """
 
 from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -57,7 +58,8 @@ class _IdNames:
 
 
 def run(args, paths):
-    """Prints the records; returns the DecodedInstances printed."""
+    """Prints the records; returns the DecodedInstances printed. A damaged record is a RecordError
+    (exit 2) raised after the good records before it are printed."""
     if len(paths) != 1:
         raise io_utils.UsageError(f"give one record file, got {len(paths)} arguments")
     if args.limit < 1 or args.start < 0:
@@ -69,11 +71,12 @@ def run(args, paths):
         except OSError as e:
             raise io_utils.UsageError(f"cannot read {path}: {e.strerror}") from None
     tokens = vocab_tokens(args.vocab_file) or _IdNames()
-    instances, more = inspection.read_instances(path, tokens, args.start, args.limit)
+    page = inspection.read_instances(path, tokens, args.start, args.limit)
+    instances = page.instances
     lines = [line for instance in instances for line in inspection.instance_lines(instance)]
-    if not instances:
+    if page.damage is None and not instances:
         lines.append(f"{path}: no records from record {args.start} on")
-    elif more:
+    elif page.damage is None and page.more:
         lines.append(f"... more records follow (--start={instances[-1].index + 1})")
     try:
         for line in lines:
@@ -81,6 +84,8 @@ def run(args, paths):
         sys.stdout.flush()
     except BrokenPipeError:  # `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if page.damage is not None:
+        raise page.damage
     return instances
 
 

@@ -56,6 +56,35 @@ def full_disk_message(error):
     return f"{reason.lower()}{where}"
 
 
+# TensorFlow's file system errors read "<path>; <the system's reason>".
+_TF_OS_ERROR = re.compile(
+    "(\\S+); ("
+    + "|".join(sorted({re.escape(os.strerror(n)) for n in errno.errorcode}, key=len, reverse=True))
+    + ")"
+)
+
+
+def os_error_message(error):
+    """One line for an error of the file system (an OSError with an errno, or TensorFlow's error
+    from a file operation): the file and the reason, as full_disk_message words a full disk; None
+    for any other error."""
+    message = full_disk_message(error)
+    if message is not None:
+        return message
+    if isinstance(error, OSError):
+        if not error.errno or not error.strerror:
+            return None
+        reason, path = error.strerror, error.filename
+    else:
+        if type(error).__module__.split(".")[0] != "tensorflow":
+            return None
+        found = _TF_OS_ERROR.search(str(error))
+        if not found:
+            return None
+        path, reason = found.groups()
+    return f"{os.fsdecode(path)}: {reason}" if path is not None else reason
+
+
 # An OSError as text (str(error): "[Errno N] reason: 'file'", the file name as repr writes it),
 # the form in which a Beam worker's error reaches the job.
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\] ")
@@ -128,39 +157,155 @@ def atomic_path(path):
         raise
 
 
-@contextlib.contextmanager
-def atomic_directory(path, overwrite=False):
-    """Yields a new empty directory beside `path` (`path.tmp-XXXX`), renamed onto `path` only when the
-    block succeeds; removed when it fails. A kill leaves at most a `.tmp-` directory, never a
-    half-written one under `path`. Local paths only.
+# The file that marks a folder as a job's own output: {"job": NAME, "files": [every path it wrote
+# there, relative, folders included]}. A job replaces a folder only when it is empty or carries this
+# file with its name and holds nothing else.
+OUTPUT_MARKER = "bert_tf_output.json"
 
-    An existing `path` that is not empty is a UsageError unless `overwrite`; then it is moved aside
-    (`path.old-XXXX`) and removed once the new one is in place.
+
+def _tree(path):
+    """Every file and folder under `path`, as sorted relative paths (symbolic links not followed)."""
+    entries = []
+    for root, folders, names in os.walk(path):
+        for name in folders + names:
+            entries.append(os.path.relpath(os.path.join(root, name), path))
+    return sorted(entries)
+
+
+def read_output_marker(path):
+    """The marker of the folder `path` as a dict, or None when it has none (or one not ours)."""
+    try:
+        with open(os.path.join(path, OUTPUT_MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+        return None
+    return marker
+
+
+def check_replaceable(path, job, overwrite):
+    """A UsageError unless the local folder `path` may become `job`'s output: it does not exist, is
+    empty, or (with `overwrite`) holds exactly what `job` wrote there before, as its marker says.
+
+    A file where a folder is wanted, and a mount point (which cannot be renamed), are refused too.
+    Nothing is ever removed here.
+    """
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        if existing == path:
+            raise UsageError(f"{path} exists and is not a directory")
+        raise UsageError(f"{path}: {existing} is not a directory")
+    if existing != path:
+        return
+    if os.path.ismount(path):
+        raise UsageError(
+            f"{path} is a mount point, which cannot be replaced as a whole: write to a new folder "
+            "inside it"
+        )
+    if not os.listdir(path):
+        return
+    marker = read_output_marker(path)
+    if marker is None or marker.get("job") != job:
+        raise UsageError(
+            f"{path} holds files {job} did not write (no {OUTPUT_MARKER} of {job} is there): it "
+            "is never replaced, --overwrite or not; write to a new or empty folder"
+        )
+    written = set(marker["files"]) | {OUTPUT_MARKER}
+    strays = [name for name in _tree(path) if name not in written]  # walked only once it is ours
+    if strays:
+        shown = ", ".join(strays[:5]) + (f" and {len(strays) - 5} more" if len(strays) > 5 else "")
+        raise UsageError(
+            f"{path} holds files {job} did not write ({shown}): it is never replaced, "
+            "--overwrite or not; move them out, or write to a new or empty folder"
+        )
+    if not overwrite:
+        raise UsageError(
+            f"{path} is not empty (an earlier output of {job}): pass --overwrite to replace it"
+        )
+
+
+def _output_name(filename, path, tmp):
+    """The name an error about `filename` should give: `path` for a temporary beside it (or for no
+    name), the file under `path` for one under the temporary `tmp`."""
+    if filename is None:
+        return path
+    filename = os.fsdecode(filename)
+    if tmp is not None and filename.startswith(tmp + os.sep):
+        return path + filename[len(tmp) :]
+    if filename == tmp or filename.startswith(path + "."):
+        return path
+    return filename
+
+
+def _swap_in(tmp, path):
+    """Renames the finished folder `tmp` onto `path`; an earlier `path` is moved aside first and
+    removed after, or put back when the rename fails."""
+    if not os.path.lexists(path):
+        os.replace(tmp, path)
+        return
+    parent, name = os.path.split(path)
+    aside = tempfile.mkdtemp(prefix=name + ".old-", dir=parent)
+    try:
+        os.replace(path, aside)  # onto the empty directory mkdtemp made
+    except OSError:
+        os.rmdir(aside)
+        raise
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        os.replace(aside, path)
+        raise
+    shutil.rmtree(aside)
+
+
+@contextlib.contextmanager
+def atomic_directory(path, job, overwrite=False):
+    """Yields a new empty directory beside `path` (`path.tmp-XXXX`), renamed onto `path` only when the
+    block succeeds, with `job`'s OUTPUT_MARKER listing what the block wrote; removed when it fails.
+    A kill leaves at most a `.tmp-` directory, never a half-written one under `path`. Local paths
+    only.
+
+    An existing `path` is replaced only as check_replaceable allows (empty, or `job`'s own earlier
+    output with `overwrite`). An OSError names `path` (or the file under it), not the temporary.
     """
     if is_remote(path):
         raise UsageError(f"{path}: the output must be a local directory")
-    path = os.path.abspath(path)
-    if os.path.lexists(path):
-        if not os.path.isdir(path):
-            raise UsageError(f"{path} exists and is not a directory")
-        if os.listdir(path) and not overwrite:
-            raise UsageError(f"{path} is not empty: pass --overwrite to replace it")
+    path = os.path.realpath(path)  # a symbolic link's target is what gets replaced
+    check_replaceable(path, job, overwrite)
     parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
-    os.chmod(tmp, 0o777 & ~_UMASK)
+    missing = parent  # the folders made for `path`, removed again when the block fails
+    while not os.path.lexists(os.path.dirname(missing)):
+        missing = os.path.dirname(missing)
+    made = not os.path.lexists(missing)
+    tmp = None
     try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+        os.chmod(tmp, 0o777 & ~_UMASK)
         yield tmp
-        if os.path.lexists(path):
-            old = tempfile.mkdtemp(prefix=name + ".old-", dir=parent)
-            os.replace(path, old)  # onto the empty directory mkdtemp made
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        written = _tree(tmp)
+        atomic_write_json(os.path.join(tmp, OUTPUT_MARKER), {"job": job, "files": written})
+        _swap_in(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        folder = parent
+        while made and folder.startswith(missing):  # empty ones only: never what another wrote
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+            folder = os.path.dirname(folder)
+        if not isinstance(e, OSError) or not e.errno:
+            raise
+        filename = _output_name(e.filename, path, tmp)
+        if filename == e.filename:
+            raise
+        raise OSError(e.errno, e.strerror, filename) from e
 
 
 def atomic_write_text(path, text):

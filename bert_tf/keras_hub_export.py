@@ -175,8 +175,9 @@ def _load(directory, allow_gelu_change):
 def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extra_files=None):
     """Writes the model directory `model_dir` as the keras-hub preset `output_dir`.
 
-    `extra_files` ({name: text}) are written into it too (the CLI's flags). A non-empty
-    `output_dir` is refused unless `overwrite`. Returns an ExportResult.
+    `extra_files` ({name: text}) are written into it too (the CLI's flags). An existing
+    `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
+    output and `overwrite` (io_utils.check_replaceable). Returns an ExportResult.
     """
     directory = ModelDir(model_dir)
     directory.check()
@@ -184,7 +185,7 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
     hf_export.check_head_exportable(directory, "keras-hub", model_dir)
     hf_export.check_apart(model_dir, output_dir)
     vocab = hf_export.read_vocab(directory.vocab_file)
-    with io_utils.atomic_directory(output_dir, overwrite=overwrite) as tmp:
+    with io_utils.atomic_directory(output_dir, hf_export.OUTPUT_JOB, overwrite=overwrite) as tmp:
         config, spec, model, encoder, left_out, backbone, gelu_changed = _load(
             directory, allow_gelu_change
         )

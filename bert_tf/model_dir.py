@@ -41,6 +41,7 @@ Loading never depends on how the directory was written: the file names and the c
 those bert_tf has always used (the keys follow the order in which bert_tf.modeling creates layers).
 """
 
+import contextlib
 import os
 import re
 
@@ -64,6 +65,29 @@ class ModelDirError(io_utils.UsageError):
     """A model directory that is missing files or whose checkpoint does not fit its config."""
 
 
+class DamagedCheckpointError(io_utils.UsageError):
+    """A checkpoint whose files are cut short or damaged; the message names them."""
+
+
+# What TensorFlow's checkpoint reader raises for a .data file cut short ("Read less bytes than
+# requested") or whose bytes do not match the index's checksums.
+_DAMAGE_ERRORS = (IndexError, tf.errors.DataLossError, tf.errors.OutOfRangeError)
+
+
+@contextlib.contextmanager
+def reading_checkpoint(prefix):
+    """The block reads checkpoint `prefix` (ours or Google's): damage is a DamagedCheckpointError
+    naming its data files, not TensorFlow's bare IndexError."""
+    try:
+        yield
+    except _DAMAGE_ERRORS as e:
+        shards = sorted(tf.io.gfile.glob(prefix + ".data-*")) or [prefix + ".data-*"]
+        reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+        raise DamagedCheckpointError(
+            f"checkpoint {prefix}: {', '.join(shards)} is cut short or damaged ({reason})"
+        ) from None
+
+
 # The legacy config files already warned about, so that a job reading one model directory several
 # times warns once.
 _warned_legacy_configs = set()
@@ -71,8 +95,9 @@ _warned_legacy_configs = set()
 
 def checkpoint_step(prefix):
     """The training step saved in the checkpoint `prefix`; 0 when it has none (e.g. a converted one)."""
-    reader = tf.train.load_checkpoint(prefix)
-    return int(reader.get_tensor(STEP_KEY)) if reader.has_tensor(STEP_KEY) else 0
+    with reading_checkpoint(prefix):
+        reader = tf.train.load_checkpoint(prefix)
+        return int(reader.get_tensor(STEP_KEY)) if reader.has_tensor(STEP_KEY) else 0
 
 
 def checkpoint_root_children(prefix):
@@ -86,7 +111,8 @@ def checkpoint_root_children(prefix):
 
 def is_object_checkpoint(prefix):
     """Whether `prefix` is a TF2 object checkpoint (ours), not a TF1 name-based one (Google's)."""
-    return tf.train.load_checkpoint(prefix).has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    with reading_checkpoint(prefix):
+        return tf.train.load_checkpoint(prefix).has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,9 +212,10 @@ def pretraining_checkpoint_object(pretraining_model, heads):
 def _object_graph(prefix):
     """The trackable object graph of the TF2 object checkpoint `prefix`."""
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
-    graph.ParseFromString(
-        tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
-    )
+    with reading_checkpoint(prefix):
+        graph.ParseFromString(
+            tf.train.load_checkpoint(prefix).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+        )
     return graph
 
 
@@ -418,7 +445,8 @@ class ModelDir:
         prefix = prefix or self.check()
         fits = f"checkpoint {prefix} does not fit {CONFIG_FILE} beside it"
         try:
-            status = tf.train.Checkpoint(**objects).restore(prefix).expect_partial()
+            with reading_checkpoint(prefix):
+                status = tf.train.Checkpoint(**objects).restore(prefix).expect_partial()
         except ValueError as e:
             raise ModelDirError(f"{fits}: {e}") from e
         try:

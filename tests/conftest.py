@@ -1,7 +1,9 @@
-"""Shared test fixtures: the real uncased BERT vocabulary, real English text, the demo fine-tuning set."""
+"""Shared test fixtures: the real uncased BERT vocabulary, real English text, the demo fine-tuning set,
+disks of their own (small, or read-only)."""
 
 import itertools
 import os
+import subprocess
 import sysconfig
 
 import numpy as np
@@ -65,3 +67,30 @@ def direct(exports):
     import tensorflow as tf
 
     return tf.saved_model.load(exports["v1"])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """mount(size, read_only=False) -> a new directory on its own tmpfs of `size` (mount(8) syntax:
+    1m), which is also a mount point; unmounted after the test. Mounting needs root, which CI has."""
+    mounted = []
+
+    def mount(size, read_only=False):
+        path = tmp_path / f"disk{len(mounted)}"
+        path.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode:
+            pytest.skip(
+                f"a disk of its own needs a tmpfs mount, refused here: {result.stderr.strip()}"
+            )
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)

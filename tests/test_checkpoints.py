@@ -19,7 +19,7 @@ from helpers_google import (
 )
 from safetensors.numpy import save_file
 
-from bert_tf import checkpoints, modeling
+from bert_tf import checkpoints, io_utils, modeling
 from bert_tf.model_dir import ModelDir
 
 TINY_HF_DIR = os.path.join(FIXTURES, "tiny_hf_pretraining")
@@ -375,6 +375,69 @@ def test_cli_unknown_format_is_a_flag_error(tmp_path):
     result = run_cli("--format=onnx", "--checkpoint=x", f"--output_dir={tmp_path}")
     assert result.returncode == 2
     assert "format" in result.stderr
+
+
+def error_lines(result):
+    """The `error: ...` lines a CLI printed (a usage error's on stderr, a failed run's on stdout)."""
+    return [
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")
+    ]
+
+
+def test_cli_writes_only_a_new_empty_or_its_own_earlier_model_directory(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    flags = ["--format=google", f"--checkpoint={prefix}", "--do_lower_case=false"]
+    flags.append(f"--output_dir={out}")
+    # A folder holding a user's file: refused, --overwrite or not, and left as it was.
+    for overwrite in ([], ["--overwrite"]):
+        result = run_cli(*flags, *overwrite)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        (line,) = error_lines(result)
+        assert f"{out} holds files convert_checkpoint did not write" in line
+        assert os.listdir(out) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    os.remove(out / "notes.txt")
+    assert run_cli(*flags).returncode == 0  # an empty folder
+    marker = json.loads((out / io_utils.OUTPUT_MARKER).read_text())
+    assert marker["job"] == "convert_checkpoint" and "checkpoint" in marker["files"]
+    result = run_cli(*flags)
+    assert result.returncode == 2 and "pass --overwrite" in error_lines(result)[0]
+    result = run_cli(*flags, "--overwrite")  # its own earlier output
+    assert result.returncode == 0, result.stderr
+    assert f"(checkpoint {out}/ckpt-1)" in result.stdout
+    assert ModelDir(str(out)).load_encoder() is not None
+    assert sorted(os.listdir(tmp_path)) == ["google", "model"]
+
+
+def test_cli_a_google_checkpoint_cut_short_exits_2_naming_its_data_file(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    data = prefix + ".data-00000-of-00001"
+    os.truncate(data, os.path.getsize(data) // 2)
+    result = run_cli(
+        "--format=google",
+        f"--checkpoint={prefix}",
+        "--do_lower_case=false",
+        f"--output_dir={tmp_path / 'model'}",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert data in line and "cut short" in line
+    assert sorted(os.listdir(tmp_path)) == ["google"]
+
+
+def test_cli_an_output_directory_it_cannot_create_is_one_line(tmp_path):
+    prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
+    result = run_cli(
+        "--format=google",
+        f"--checkpoint={prefix}",
+        "--do_lower_case=false",
+        "--output_dir=/proc/bert_tf_model",
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert "/proc/bert_tf_model" in line and "No such file or directory" in line
 
 
 # Released shapes: the 24 small BERTs (H 128/256/512/768 with A=H/64), base, large (H1024, A16, 24 layers),

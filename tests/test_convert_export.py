@@ -7,6 +7,7 @@ bit. The keras-hub presets are loaded by keras-hub itself.
 """
 
 import dataclasses
+import glob
 import json
 import os
 
@@ -277,7 +278,7 @@ def test_huggingface_export_is_exact_and_comes_back_bit_for_bit(tmp_path, kind, 
     hf_dir = str(tmp_path / "hf")
     result = hf_export.export(model_dir, hf_dir)
     assert result.architecture == WANT_ARCHITECTURE[kind]
-    assert set(os.listdir(hf_dir)) == HF_FILES
+    assert set(os.listdir(hf_dir)) == HF_FILES | {io_utils.OUTPUT_MARKER}
     check_hf_config(hf_dir, kind, hidden_act)
 
     # The files, read by hand and run by the NumPy BERT, compute what our model computes.
@@ -374,26 +375,52 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["model"]
 
 
-def test_the_output_directory_appears_only_once_complete(tmp_path):
+def test_the_output_directory_appears_only_once_complete_with_its_marker(tmp_path):
     out = tmp_path / "out"
-    with io_utils.atomic_directory(str(out)) as tmp:
+    with io_utils.atomic_directory(str(out), "a_job") as tmp:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             f.write("{}")
         # A kill now leaves out.tmp-XXXX, never a directory named out.
         assert not out.exists() and os.path.basename(tmp).startswith("out.tmp-")
-    assert os.listdir(out) == ["config.json"] and os.listdir(tmp_path) == ["out"]
+    assert sorted(os.listdir(out)) == sorted(["config.json", io_utils.OUTPUT_MARKER])
+    assert os.listdir(tmp_path) == ["out"]
+    marker = json.loads((out / io_utils.OUTPUT_MARKER).read_text())
+    assert marker == {"job": "a_job", "files": ["config.json"]}
+    # Replaced only by the same job, and only while it holds nothing but what that job wrote.
+    with pytest.raises(io_utils.UsageError, match="holds files another_job did not write"):
+        with io_utils.atomic_directory(str(out), "another_job", overwrite=True):
+            pass
+    with io_utils.atomic_directory(str(out), "a_job", overwrite=True) as tmp:
+        os.makedirs(os.path.join(tmp, "assets"))
+        (tmp_path / os.path.basename(tmp) / "assets" / "vocab.txt").write_text("a")
+    assert json.loads((out / io_utils.OUTPUT_MARKER).read_text())["files"] == [
+        "assets",
+        os.path.join("assets", "vocab.txt"),
+    ]
+    (out / "assets" / "mine.txt").write_text("mine")
+    with pytest.raises(io_utils.UsageError, match=r"did not write \(assets/mine.txt\)"):
+        with io_utils.atomic_directory(str(out), "a_job", overwrite=True):
+            pass
+    assert (out / "assets" / "mine.txt").read_text() == "mine" and os.listdir(tmp_path) == ["out"]
 
 
-def test_an_output_directory_that_is_not_empty_is_refused_unless_overwrite(tmp_path):
+def test_an_output_directory_is_replaced_only_when_it_is_this_jobs_and_overwrite(tmp_path):
     model_dir, _ = write_model_dir(tmp_path / "model", "encoder")
     out = tmp_path / "hf"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(io_utils.UsageError, match="not empty: pass --overwrite"):
+    for overwrite in (False, True):
+        with pytest.raises(
+            io_utils.UsageError, match=f"{out} holds files convert_checkpoint did not"
+        ):
+            hf_export.export(model_dir, str(out), overwrite=overwrite)
+        assert os.listdir(out) == ["keep.txt"]
+    os.remove(out / "keep.txt")
+    hf_export.export(model_dir, str(out))  # empty: no --overwrite needed
+    assert set(os.listdir(out)) == HF_FILES | {io_utils.OUTPUT_MARKER}
+    with pytest.raises(io_utils.UsageError, match="not empty .*: pass --overwrite"):
         hf_export.export(model_dir, str(out))
-    assert os.listdir(out) == ["keep.txt"]
     hf_export.export(model_dir, str(out), overwrite=True)
-    assert set(os.listdir(out)) == HF_FILES
     assert sorted(os.listdir(tmp_path)) == ["hf", "model"]
     with pytest.raises(io_utils.UsageError, match="would replace the model directory"):
         hf_export.export(model_dir, model_dir, overwrite=True)
@@ -459,7 +486,10 @@ def test_cli_exports_and_imports_a_fine_tuned_model(tmp_path):
     result = run_cli("--to=huggingface", f"--model_dir={model_dir}", f"--output_dir={hf_dir}")
     assert result.returncode == 0, result.stderr
     assert "wrote BertForTokenClassification" in result.stdout
-    assert set(os.listdir(hf_dir)) == HF_FILES | {"convert_checkpoint.flags"}
+    assert set(os.listdir(hf_dir)) == HF_FILES | {
+        "convert_checkpoint.flags",
+        io_utils.OUTPUT_MARKER,
+    }
     result = run_cli("--format=huggingface", f"--checkpoint={hf_dir}", f"--output_dir={back}")
     assert result.returncode == 0, result.stderr
     assert "a fine-tuned ner" in result.stdout
@@ -490,6 +520,89 @@ def test_cli_an_incomplete_model_directory_exits_2_naming_what_is_missing(tmp_pa
     result = run_cli("--to=huggingface", f"--model_dir={model_dir}", f"--output_dir={out}")
     assert result.returncode == 2, result.stderr
     assert named in result.stderr and "Traceback" not in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def error_lines(result):
+    """The `error: ...` lines a CLI printed (a usage error's on stderr, a failed run's on stdout)."""
+    return [
+        line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")
+    ]
+
+
+@pytest.mark.parametrize("to", ["huggingface", "keras_hub"])
+def test_cli_never_replaces_a_folder_it_did_not_write(tmp_path, to):
+    # A typo in --output_dir must not cost the user the folder it names, --overwrite or not.
+    model_dir, _ = write_model_dir(tmp_path / "model", "classifier")
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    for overwrite in ([], ["--overwrite"]):
+        result = run_cli(
+            f"--to={to}", f"--model_dir={model_dir}", f"--output_dir={out}", *overwrite
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        (line,) = error_lines(result)
+        assert f"{out} holds files convert_checkpoint did not write" in line
+        assert os.listdir(out) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["model", "photos"]
+
+
+def test_cli_overwrite_replaces_its_own_earlier_output_and_nothing_else(tmp_path):
+    model_dir, _ = write_model_dir(tmp_path / "model", "classifier")
+    out = tmp_path / "out"
+    export = lambda to, *extra: run_cli(
+        f"--to={to}", f"--model_dir={model_dir}", f"--output_dir={out}", *extra
+    )
+    assert export("huggingface").returncode == 0
+    marker = json.loads((out / io_utils.OUTPUT_MARKER).read_text())
+    assert marker["job"] == "convert_checkpoint"
+    assert set(marker["files"]) == HF_FILES | {"convert_checkpoint.flags"}
+    result = export("huggingface")
+    assert result.returncode == 2 and "pass --overwrite" in error_lines(result)[0]
+    # Its own output, replaced by another kind of export.
+    result = export("keras_hub", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert "model.weights.h5" in os.listdir(out) and "model.safetensors" not in os.listdir(out)
+    # A file the user put into it since: the folder is no longer only what the job wrote.
+    (out / "notes.txt").write_text("mine")
+    result = export("huggingface", "--overwrite")
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"{out} holds files convert_checkpoint did not write (notes.txt)" in error_lines(result)[0]
+    )
+    assert (out / "notes.txt").read_text() == "mine" and "model.weights.h5" in os.listdir(out)
+    assert sorted(os.listdir(tmp_path)) == ["model", "out"]
+
+
+def test_cli_os_errors_on_the_output_are_one_line_and_leave_nothing(tmp_path, small_disk):
+    model_dir, _ = write_model_dir(tmp_path / "model", "encoder")
+    (tmp_path / "a_file").write_text("x")
+    read_only, mount_point = small_disk("1m", read_only=True), small_disk("1m")
+    for out, code, reason in (
+        ("/proc/bert_tf_out", 1, "No such file or directory"),
+        (tmp_path / "a_file" / "out", 2, "is not a directory"),
+        (read_only / "out", 1, "Read-only file system"),
+        (mount_point, 2, "is a mount point"),
+    ):
+        result = run_cli("--to=huggingface", f"--model_dir={model_dir}", f"--output_dir={out}")
+        assert result.returncode == code and "Traceback" not in result.stderr, result.stderr
+        (line,) = error_lines(result)
+        assert str(out) in line and reason in line, line
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "disk0", "disk1", "model"]
+    assert os.listdir(read_only) == [] and os.listdir(mount_point) == []
+
+
+@pytest.mark.parametrize("to", ["huggingface", "keras_hub"])
+def test_cli_a_checkpoint_cut_short_exits_2_naming_its_file(tmp_path, to):
+    model_dir, _ = write_model_dir(tmp_path / "model", "classifier")
+    (data,) = glob.glob(os.path.join(model_dir, "ckpt-1.data-*"))
+    os.truncate(data, os.path.getsize(data) // 2)
+    out = tmp_path / "new" / "out"  # the folders made for it go again too
+    result = run_cli(f"--to={to}", f"--model_dir={model_dir}", f"--output_dir={out}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = error_lines(result)
+    assert data in line and "cut short" in line
     assert sorted(os.listdir(tmp_path)) == ["model"]
 
 

@@ -292,6 +292,48 @@ def test_a_rerun_with_other_settings_is_refused_or_replaces_everything(
     assert len(outputs_in(directory)) == 2
 
 
+def test_overwrite_never_removes_a_file_this_job_did_not_write(tmp_path):
+    # A user's files at the output's names: refused (exit 2), --overwrite or not, and kept; the
+    # job's own earlier output, named in its recorded settings, is what --overwrite replaces.
+    text = tmp_path / "corpus.txt"
+    text.write_text("the man went to the store .\nhe bought milk .\n\nit rained .\nhe ran .\n")
+    directory = tmp_path / "records"
+    directory.mkdir()
+    theirs = {"pretrain-00000-of-00001.tfrecord": b"mine", "summary.json": b"{}"}
+    for name, data in theirs.items():
+        (directory / name).write_bytes(data)
+    (directory / "notes.txt").write_text("mine")
+    flags = [f"--{k}={v}" for k, v in common_flags(str(text), str(directory)).items()]
+    flags += ["--num_shards=1", "--num_workers=1"]
+    for overwrite in ([], ["--overwrite"]):
+        result = run_cli(*flags, *overwrite)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+        assert "create_pretraining_data did not write it" in line and str(directory) in line
+        for name, data in theirs.items():
+            assert (directory / name).read_bytes() == data
+    for name in theirs:
+        os.remove(directory / name)
+    assert run_cli(*flags).returncode == 0
+    # A file of the user's where a run with two shards would write: refused, even though the
+    # folder holds this job's earlier output, which stays as it was.
+    ours = outputs_in(str(directory))
+    before = read_bytes(ours)
+    (directory / "pretrain-00001-of-00002.tfrecord").write_bytes(b"mine")
+    two = [f for f in flags if not f.startswith("--num_shards")] + ["--num_shards=2"]
+    result = run_cli(*two, "--overwrite")
+    assert result.returncode == 2 and "pretrain-00001-of-00002.tfrecord" in result.stderr
+    assert read_bytes(ours) == before
+    os.remove(directory / "pretrain-00001-of-00002.tfrecord")
+    result = run_cli(*two, "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert [os.path.basename(p) for p in outputs_in(str(directory))] == [
+        "pretrain-00000-of-00002.tfrecord",
+        "pretrain-00001-of-00002.tfrecord",
+    ]
+    assert (directory / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize(
     "case",
     [

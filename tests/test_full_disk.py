@@ -21,30 +21,6 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
 SEQ, PRED = 32, 5
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """mount(size) -> a new directory on its own tmpfs of `size` (mount(8) syntax: 1m); unmounted
-    after the test. Mounting needs root, which CI has."""
-    mounted = []
-
-    def mount(size):
-        path = tmp_path / f"disk{len(mounted)}"
-        path.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-        )
-        if result.returncode:
-            pytest.skip(f"a small disk needs a tmpfs mount, refused here: {result.stderr.strip()}")
-        mounted.append(path)
-        return path
-
-    yield mount
-    for path in mounted:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def resize(disk, size):
     subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
 

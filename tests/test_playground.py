@@ -692,9 +692,9 @@ def test_records_written_as_google_writes_them_plain_or_gzip(tmp_path, files):
         with tf.io.TFRecordWriter(path, options) as writer:
             for _ in range(3):
                 writer.write(example.SerializeToString())
-        instances, more = inspection.read_instances(path, tokens, start=1, limit=1)
-        (x,) = instances
-        assert (x.index, more, x.label, x.max_seq_length, x.max_predictions_per_seq) == (
+        page = inspection.read_instances(path, tokens, start=1, limit=1)
+        (x,) = page.instances
+        assert (x.index, page.more, x.label, x.max_seq_length, x.max_predictions_per_seq) == (
             1,
             True,
             "NotNext",

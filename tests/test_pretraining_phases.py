@@ -169,6 +169,10 @@ def test_changed_phase_flags_are_refused_unless_overwrite(data, straight, tmp_pa
     output_dir, _ = straight
     resumed = str(tmp_path / "resumed")
     shutil.copytree(output_dir, resumed)
+    # --overwrite lets a run go on with changed flags; it removes nothing, a user's file least.
+    notes = os.path.join(resumed, "notes.txt")
+    with open(notes, "w") as f:
+        f.write("mine")
     for overrides, named in (
         (dict(phase2_train_steps=20), r"--phase2_train_steps=20 \(the run has 10\)"),
         (dict(num_train_steps=25), r"--num_train_steps=25 \(the run has 20\)"),
@@ -183,6 +187,8 @@ def test_changed_phase_flags_are_refused_unless_overwrite(data, straight, tmp_pa
         two_phase_args(data, resumed, phase2_train_steps=20, overwrite=True)
     )
     assert result.step == 40
+    with open(notes) as f:
+        assert f.read() == "mine"
 
 
 def test_a_phase_1_run_may_gain_a_phase_2(data, tmp_path):

@@ -802,11 +802,14 @@ class Playground:
         start = fields.integer("start", "The first record", 0, 1 << 62, default=0)
         limit = fields.integer("limit", "Records per page", 1, MAX_RECORDS_PER_PAGE, default=5)
         try:
-            instances, more = inspection.read_instances(path, self.vocab.tokens, start, limit)
-        except inspection.RecordError as e:
-            raise ViewError(str(e)) from None
+            page = inspection.read_instances(path, self.vocab.tokens, start, limit)
         except OSError as e:
             raise ViewError(f"Cannot read {path}: {e.strerror or e}") from None
+        instances, more = page.instances, page.more
+        if page.damage is not None and not instances:
+            raise ViewError(str(page.damage))
+        if page.damage is not None:
+            notices.append(f"The records shown are the good ones before the damage: {page.damage}")
         if any(i >= self.vocab.size for x in instances for i in x.token_ids):
             notices.append(
                 f"Some ids are beyond this vocabulary's {self.vocab.size} tokens: were the records "
@@ -818,6 +821,7 @@ class Playground:
             "path": path,
             "start": start,
             "more": more,
+            "damage": "" if page.damage is None else str(page.damage),
             "instances": [dataclasses.asdict(x) | {"label": x.label} for x in instances],
             "notices": notices,
         }

@@ -5,7 +5,9 @@ the masked positions and the original ids there (the labels), the weights, the N
 puts the two back side by side: each segment as text, and every masked position as what the model
 sees there ([MASK], a random token or the token kept) beside the original token. It works on
 records written here and on Google's (the same features), plain or gzip (told by the file's first
-bytes, not its name), and checks each record's CRC as TensorFlow's reader does.
+bytes, not its name), and checks each record's CRC as TensorFlow's reader does. A damaged record
+(a CRC that does not match, a length no record can have, a file cut short) ends what is read: the
+good records before it are shown, then the damage is named by file, record and byte.
 
 A random replacement that happened to draw the original token reads as "kept", and one that drew
 [MASK] as "[MASK]": the record does not say which rule fired, only what the model sees.
@@ -15,6 +17,7 @@ No TensorFlow here: the CLI starts in a fraction of a second.
 import dataclasses
 import gzip
 import struct
+import zlib
 
 from bert_tf import io_utils
 from bert_tf.pretraining import example_codec, files, schema, tfrecord
@@ -24,81 +27,121 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # What the model sees at a masked position, as the 80/10/10 rule leaves it; REPLACED when no
 # vocabulary says which id is [MASK].
 AS_MASK, RANDOM, KEPT, REPLACED = "[MASK]", "random", "kept", "replaced"
-# A pretraining record is kilobytes; a length field past this is damage, not data.
-MAX_RECORD_BYTES = 1 << 30
-_READ_PIECE_BYTES = 1 << 20
 
 
 class RecordError(io_utils.UsageError):
     """A file that is not a pretraining record file, or is damaged; the message names the record."""
 
 
-def iter_records(path, start=0):
-    """Yields (index, bytes) of the records of a TFRecord file from record `start` on.
+# No record can be longer: protobuf refuses to parse a message of 2 GiB or more (a tf.train.Example
+# is one), so a larger length field is damage, read without allocating for it.
+MAX_RECORD_BYTES = (1 << 31) - 1
+# Records are read (and skipped, inside gzip) in pieces of at most this many bytes, so that a
+# damaged length field costs no more memory than the bytes really there.
+_READ_BYTES = 1 << 20
 
-    Plain or gzip (seen from the magic bytes). Records before `start` are skipped without being
-    read (plain files seek past them). A length or data CRC that does not match, a length the file
-    cannot hold (or past MAX_RECORD_BYTES), or a file that ends inside a record, is a RecordError
-    naming the record.
-    """
-    with files.open_read(path) as raw:
-        is_gzip = raw.read(2) == _GZIP_MAGIC
+
+class _RecordStream:
+    """The records of one open TFRecord file, in order, each checked as TensorFlow's reader checks
+    it; a RecordError names the damaged record, its index and the byte it starts at."""
+
+    def __init__(self, path, raw):
+        self.path = path
+        self.is_gzip = raw.read(2) == _GZIP_MAGIC
         raw.seek(0)
-        size = None if is_gzip else raw.seek(0, 2)
-        raw.seek(0)
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip else raw
-        index = 0
-        while True:
-            header = stream.read(12)
-            if not header:
-                return
-            if len(header) < 12:
-                raise RecordError(f"{path}: the file ends inside the header of record {index}")
-            (length,) = struct.unpack("<Q", header[:8])
-            if struct.unpack("<I", header[8:])[0] != tfrecord.masked_crc32c(header[:8]):
-                raise RecordError(
-                    f"{path}: record {index}'s length does not match its CRC: not a TFRecord "
-                    "file, or a damaged one"
-                )
-            left = None if size is None else size - stream.tell()
-            if length > MAX_RECORD_BYTES or (left is not None and length + 4 > left):
-                raise RecordError(
-                    f"{path}: record {index}'s length field says {length:,} bytes, "
-                    + (
-                        f"but only {left:,} bytes follow it"
-                        if left is not None and left < MAX_RECORD_BYTES
-                        else f"more than any record this reads ({MAX_RECORD_BYTES:,})"
-                    )
-                    + ": a damaged file"
-                )
-            if index < start:
-                if is_gzip:
-                    _read_at_most(stream, length + 4)
-                else:
-                    stream.seek(length + 4, 1)
-                index += 1
-                continue
-            data = _read_at_most(stream, length)
-            crc = stream.read(4)
-            if len(data) < length or len(crc) < 4:
-                raise RecordError(f"{path}: the file ends inside record {index}")
-            if struct.unpack("<I", crc)[0] != tfrecord.masked_crc32c(data):
-                raise RecordError(f"{path}: record {index}'s data does not match its CRC")
-            yield index, data
-            index += 1
+        if self.is_gzip:
+            self.stream, self.size = gzip.GzipFile(fileobj=raw, mode="rb"), None
+        else:
+            self.stream, self.size = raw, raw.seek(0, 2)
+            raw.seek(0)
+        self.index = 0
+        self.offset = 0  # where record `index` starts (in the decompressed stream, for gzip)
 
+    def position(self):
+        """Where record `index` starts, as the messages say it."""
+        return f"byte {self.offset}" + (" of the decompressed stream" if self.is_gzip else "")
 
-def _read_at_most(stream, length):
-    """Up to `length` bytes, read a piece at a time: a read(length) asks for all of it at once,
-    however little the stream holds."""
-    pieces = []
-    while length > 0:
-        piece = stream.read(min(length, _READ_PIECE_BYTES))
-        if not piece:
-            break
-        pieces.append(piece)
-        length -= len(piece)
-    return b"".join(pieces)
+    def where(self):
+        """Record `index` and where it starts, as the messages say them."""
+        return f"record {self.index} ({self.position()})"
+
+    def damaged(self, what):
+        return RecordError(f"{self.path}: {self.where()} {what}")
+
+    def more(self):
+        """Whether any byte follows the records read so far."""
+        if not self.is_gzip:
+            return self.offset < self.size
+        try:
+            return bool(self.stream.peek(1))
+        except (EOFError, gzip.BadGzipFile, zlib.error):
+            return True  # damage follows, which reading on names
+
+    def _read(self, count):
+        """Up to `count` bytes, fewer only at the end of the file; read in pieces."""
+        pieces = []
+        try:
+            while count > 0:
+                piece = self.stream.read(min(count, _READ_BYTES))
+                if not piece:
+                    break
+                pieces.append(piece)
+                count -= len(piece)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise self.damaged(f"is in a gzip stream that is damaged or cut short ({e})") from None
+        return b"".join(pieces)
+
+    def _header(self):
+        """The length the next record's header gives, checked; None at the end of the file."""
+        header = self._read(12)
+        if not header:
+            return None
+        if len(header) < 12:
+            raise self.damaged("is cut short inside its header: the file ends there")
+        (length,) = struct.unpack("<Q", header[:8])
+        if struct.unpack("<I", header[8:])[0] != tfrecord.masked_crc32c(header[:8]):
+            raise self.damaged(
+                "has a length that does not match its CRC: not a TFRecord file, or a damaged one"
+            )
+        if length > MAX_RECORD_BYTES:
+            raise self.damaged(
+                f"says it holds {length} bytes, more than any record can (2 GiB): the file is "
+                "damaged"
+            )
+        if self.size is not None and self.offset + 12 + length + 4 > self.size:
+            raise self.damaged(f"says it holds {length} bytes, but the file ends inside it")
+        return length
+
+    def _advance(self, length):
+        self.index += 1
+        self.offset += 12 + length + 4
+
+    def read(self):
+        """The data of the next record, its CRCs checked; None at the end of the file."""
+        length = self._header()
+        if length is None:
+            return None
+        data, crc = self._read(length), self._read(4)
+        if len(data) < length or len(crc) < 4:
+            raise self.damaged(f"says it holds {length} bytes, but the file ends inside it")
+        if struct.unpack("<I", crc)[0] != tfrecord.masked_crc32c(data):
+            raise self.damaged("has data that does not match its CRC")
+        self._advance(length)
+        return data
+
+    def skip(self):
+        """Moves past the next record, its header checked and its data unread (plain files seek);
+        False at the end of the file."""
+        length = self._header()
+        if length is None:
+            return False
+        if self.is_gzip:
+            if len(self._read(length + 4)) < length + 4:
+                raise self.damaged(f"says it holds {length} bytes, but the file ends inside it")
+        else:
+            self.stream.seek(length + 4, 1)
+        self._advance(length)
+        return True
 
 
 @dataclasses.dataclass
@@ -197,18 +240,49 @@ def decode_example(values, tokens, index=0):
     )
 
 
+@dataclasses.dataclass
+class RecordPage:
+    """A page of a record file: its good records, whether more follow, and the damage that ended
+    it early (None when the page is whole)."""
+
+    instances: list  # DecodedInstances, in file order
+    more: bool  # a record (good or not) follows the page
+    damage: RecordError = None
+
+
 def read_instances(path, tokens, start=0, limit=10):
-    """(up to `limit` DecodedInstances from record `start` on, whether more records follow)."""
+    """A RecordPage of up to `limit` DecodedInstances from record `start` on.
+
+    Plain or gzip (told by the magic bytes). Records before `start` are skipped unread (plain files
+    seek past them), their headers checked. A damaged record (a CRC that does not match, a length
+    no record can have, a file that ends inside it, bytes that are no tf.train.Example of the
+    schema) ends the page: the records before it are kept, and the RecordError that names it (file,
+    record, byte) is the page's `damage`. Only the page is read: whether more follow is told by the
+    bytes after it, so damage beyond the page never hides the page.
+    """
     instances = []
-    for index, data in iter_records(path, start):
-        if len(instances) == limit:
-            return instances, True
+    with files.open_read(path) as raw:
+        records = _RecordStream(path, raw)
         try:
-            values = example_codec.parse_example(data)
-            instances.append(decode_example(values, tokens, index))
-        except (ValueError, IndexError, KeyError, UnicodeDecodeError, struct.error) as e:
-            raise RecordError(f"{path}: record {index} is not a tf.train.Example ({e})") from None
-    return instances, False
+            while records.index < start:
+                if not records.skip():
+                    return RecordPage(instances, False)
+            while len(instances) < limit:
+                index, where, position = records.index, records.where(), records.position()
+                data = records.read()
+                if data is None:
+                    return RecordPage(instances, False)
+                try:
+                    values = example_codec.parse_example(data)
+                except (ValueError, IndexError, KeyError, UnicodeDecodeError, struct.error) as e:
+                    raise RecordError(f"{path}: {where} is not a tf.train.Example ({e})") from None
+                try:
+                    instances.append(decode_example(values, tokens, index))
+                except RecordError as e:
+                    raise RecordError(f"{path}: {e} ({position})") from None
+        except RecordError as damage:
+            return RecordPage(instances, False, damage)
+        return RecordPage(instances, records.more())
 
 
 def instance_lines(instance):

@@ -100,7 +100,8 @@ class PretrainingDataArgs:
     overwrite: bool = arg(
         False,
         "Replace the output of an earlier run with other settings at the same output "
-        "paths (without it, such a run is refused).",
+        "paths (without it, such a run is refused). Files no recorded run wrote are never "
+        "replaced.",
     )
     compression: str = arg(
         "none",

@@ -10,7 +10,8 @@
     generation settings, the vocabulary's contents, input paths, sizes and mtimes, output paths,
     format version). A rerun with the same fingerprint skips whatever has a matching manifest and
     the recorded sizes, so a killed run resumes; a run with other settings at the same output paths
-    is refused, or with `overwrite` replaces everything of the earlier run (`claim_outputs`).
+    is refused, or with `overwrite` replaces everything of the earlier run (`claim_outputs`). A file
+    at an output's name that no recorded run wrote is never removed: the run is refused.
 
 Everything comes in as plain arguments (no absl flags), named as the CLI's flags, which the usage
 errors name. Paths may be remote (gs://, for a Beam run): files.py handles both kinds. No
@@ -323,27 +324,36 @@ def summary_path(plan):
 def claim_outputs(plan, overwrite):
     """Makes the output location this run's before anything is written there.
 
-    A rerun with the recorded settings resumes. Outputs of a run with other settings, or of unknown
-    origin, are a UsageError naming what differs, unless `overwrite`: then that run's files go
-    first, so that no output file of one run ever sits beside another's. Records the settings.
+    A rerun with the recorded settings resumes. Outputs of a run with other settings are a
+    UsageError naming what differs, unless `overwrite`: then that run's files go first, so that no
+    output file of one run ever sits beside another's. Files this job did not write (not listed in
+    the recorded settings) at this run's output names are a UsageError, `overwrite` or not: they
+    are never removed. The work directory (.PREFIX.work, a name of this job's) is. Records the
+    settings.
     """
     recorded = read_json(settings_path(plan))
     if recorded is not None and recorded.get("fingerprint") == plan.fingerprint:
         return
-    earlier = list(plan.outputs)
+    ours = set()
     if recorded is not None:
-        earlier += [
-            files.normpath(os.path.join(plan.work_dir, p))
+        ours = {
+            files.abspath(files.normpath(os.path.join(plan.work_dir, p)))
             for p in recorded.get("settings", {}).get("outputs", [])
-        ]
-    earlier = sorted({files.abspath(p) for p in earlier + [summary_path(plan)] if files.isfile(p)})
+        }
+        ours.add(files.abspath(summary_path(plan)))  # the recorded run's, beside its outputs
+    wanted = {files.abspath(p) for p in list(plan.outputs) + [summary_path(plan)]}
+    foreign = sorted(p for p in wanted - ours if files.isfile(p))
+    if foreign:
+        raise io_utils.UsageError(
+            f"{foreign[0]} is in the way of this run's output, and create_pretraining_data did not "
+            f"write it (no run's settings in {settings_path(plan)} name it): it is never replaced, "
+            "--overwrite or not. Move it, or write to a new --output_dir."
+        )
+    earlier = sorted(p for p in ours if files.isfile(p))
     if earlier and not overwrite:
-        if recorded is not None:
-            what = "a run with other settings: " + "; ".join(
-                setting_differences(recorded.get("settings", {}), plan.settings)
-            )
-        else:
-            what = f"a run whose settings are not recorded (no {settings_path(plan)})"
+        what = "a run with other settings: " + "; ".join(
+            setting_differences(recorded.get("settings", {}), plan.settings)
+        )
         raise io_utils.UsageError(
             f"{earlier[0]} is the output of {what}. Write to a new --output_dir, or pass --overwrite to "
             "replace that output."
