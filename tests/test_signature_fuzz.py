@@ -27,8 +27,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 SEED = int(os.environ.get("BERT_TF_FUZZ_SEED", "20261206"))
-DIRECT_SECONDS = 90
-SERVED_SECONDS = 60
+DIRECT_SECONDS = 60
+SERVED_SECONDS = 40
 CHILD_TIMEOUT = 600
 
 
