@@ -13,7 +13,7 @@ DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/quiet.py); --verbosity=1 brings TensorFlow's notices back.
 
-.PHONY: setup demo test browser lint format bench clean
+.PHONY: setup demo test browser lint format docs bench clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -126,6 +126,12 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format bert_tf tests benchmarks
 	$(VENV)/bin/ruff check --fix bert_tf tests benchmarks
+
+# The documentation site, docs/ and the API reference from the docstrings, into build/site/;
+# --strict turns every warning (a broken link or anchor, a missing page) into a failure; the
+# variable keeps mkdocs-material's banner about MkDocs 2.0 out of the log.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

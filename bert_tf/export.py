@@ -557,7 +557,22 @@ def export(
     """Exports MODEL_DIR as EXPORT_DIR/VERSION (default: the next version); returns (path, kind).
 
     The version is saved into a temporary directory beside it and renamed into place complete;
-    on any failure the temporary directory is removed and no version appears.
+    on any failure the temporary directory is removed and no version appears. An app loads the
+    export with TensorFlow alone: `tf.saved_model.load`, after importing tensorflow_text, whose ops
+    the in-graph tokenizer uses.
+
+    Examples:
+        >>> from bert_tf import export
+        >>> export.export("models/sentiment", "export/sentiment")  # a fine-tuned classifier
+        ('export/sentiment/1', 'classifier')
+        >>> import tensorflow as tf
+        >>> import tensorflow_text  # noqa: F401  (registers the tokenizer's ops)
+        >>> model = tf.saved_model.load("export/sentiment/1")
+        >>> outputs = model.signatures["serving_default"](text=tf.constant(["a delightful film"]))
+        >>> sorted(outputs), tuple(outputs["probabilities"].shape)
+        (['label', 'label_id', 'probabilities'], (1, 2))
+        >>> outputs["label"].numpy()[0] in (b"negative", b"positive")
+        True
     """
     if version is not None and (
         isinstance(version, bool) or not isinstance(version, int) or version < 0

@@ -239,6 +239,16 @@ class GraphTokenizer(tf.Module):
     `special_tokens`, as FullTokenizer's (default none, the original's rules): literals such as
     "[MASK]" that become one token wherever they appear in the text; each must be in the
     vocabulary. With it on, the graph also holds tensorflow_text's RegexSplitWithOffsets.
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from bert_tf.graph_tokenizer import GraphTokenizer
+        >>> tokenizer = GraphTokenizer("models/minilm/vocab.txt", do_lower_case=True)
+        >>> tokenizer.tokenize(tf.constant(["Unaffable tokenizers, naïvely!", "hello world"])).to_list()
+        [[14477, 20961, 3468, 19204, 17629, 2015, 1010, 15743, 2135, 999], [7592, 2088]]
+        >>> ids, starts, ends = tokenizer.tokenize_with_offsets(tf.constant(["naïvely hello"]))
+        >>> ids.to_list(), starts.to_list(), ends.to_list()  # byte offsets into the UTF-8 input
+        ([[15743, 2135, 7592]], [[0, 6, 9]], [[6, 8, 14]])
     """
 
     def __init__(self, vocab_file, do_lower_case=True, name=None, *, special_tokens=()):

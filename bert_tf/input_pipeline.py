@@ -1,6 +1,6 @@
 """tf.data readers for the original BERT pretraining TFRecords, one input pipeline per worker.
 
-The record schema (Google's create_pretraining_data.py; see tfrecords/README.md):
+The record schema (Google's create_pretraining_data.py; see docs/pretraining-records.md):
     input_ids, input_mask, segment_ids         int64 [max_seq_length]
     masked_lm_positions, masked_lm_ids         int64 [max_predictions_per_seq]
     masked_lm_weights                          float [max_predictions_per_seq]

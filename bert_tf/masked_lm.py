@@ -162,6 +162,17 @@ class MaskedLM:
     `max_seq_length` (default: the model's max_position_embeddings) is where texts are cut, by the
     original's rule. A directory without the head a call needs is refused when the call is made,
     naming the head (ModelDirError, a usage error).
+
+    Examples:
+        >>> from bert_tf.masked_lm import MaskedLM
+        >>> model = MaskedLM("build/demo/pretrained")  # what make demo pretrains: both heads
+        >>> (result,) = model.fill_mask(["the [MASK] of the module is returned ."], top_k=3)
+        >>> len(result.masks), len(result.masks[0].tokens), len(result.masks[0].probabilities)
+        (1, 3, 3)
+        >>> result.filled  # the best token in place of the [MASK]
+        'the ... of the module is returned .'
+        >>> model.next_sentence(["return the value of the attribute ."], ["the default is none ."])
+        array([0...], dtype=float32)
     """
 
     def __init__(self, model_dir, max_seq_length=None):

@@ -315,7 +315,19 @@ def _copy_vocab(vocab_file, config, destination):
 
 
 class ModelDir:
-    """One model directory (local or gs://): its files, its checkpoints, writing and restoring models."""
+    """One model directory (local or gs://): its files, its checkpoints, writing and restoring models.
+
+    Examples:
+        >>> from bert_tf.model_dir import ModelDir
+        >>> model_dir = ModelDir("models/minilm")  # the quickstart's all-MiniLM-L6-v2, converted
+        >>> model_dir.check()  # the newest checkpoint; a ModelDirError names every missing file
+        'models/minilm/ckpt-1'
+        >>> config = model_dir.load_config()
+        >>> config.hidden_size, config.num_hidden_layers, config.hidden_act, config.do_lower_case
+        (384, 6, 'gelu_exact', True)
+        >>> model_dir.latest_step(), sorted(model_dir.pretraining_heads())  # converted: no heads
+        (0, [])
+    """
 
     def __init__(self, path):
         self.path = os.fspath(path) if path else ""
@@ -560,5 +572,19 @@ class ModelDir:
 
 
 def load_encoder(path):
-    """The Keras encoder of the model directory at `path` (inputs input_word_ids/input_mask/input_type_ids)."""
+    """The Keras encoder of the model directory at `path` (inputs input_word_ids/input_mask/input_type_ids).
+
+    Examples:
+        >>> import numpy as np
+        >>> from bert_tf.model_dir import load_encoder
+        >>> encoder = load_encoder("models/minilm")
+        >>> ids = np.array([[101, 7592, 2088, 102]], np.int32)  # [CLS] hello world [SEP]
+        >>> outputs = encoder(
+        ...     {"input_word_ids": ids, "input_mask": np.ones_like(ids), "input_type_ids": 0 * ids}
+        ... )
+        >>> tuple(outputs["sequence_output"].shape), tuple(outputs["pooled_output"].shape)
+        ((1, 4, 384), (1, 384))
+        >>> len(outputs["encoder_outputs"])  # one [batch, seq, hidden] tensor per layer
+        6
+    """
     return ModelDir(path).load_encoder()

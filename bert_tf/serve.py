@@ -137,7 +137,7 @@ class ServeArgs:
     tensorflow_intra_op_parallelism: int = arg(
         0,
         "Threads one op may use (TF Serving's flag); 0: TensorFlow's choice (one per core). "
-        "1 suits a machine of a few cores (README, Serving).",
+        "1 suits a machine of a few cores (docs/serving.md).",
     )
     tensorflow_inter_op_parallelism: int = arg(
         0, "Ops that may run side by side (TF Serving's flag); 0: TensorFlow's choice."

@@ -28,7 +28,19 @@ from bert_tf.serving import json_codec
 
 
 class GrpcPredictClient:
-    """Predict calls over one gRPC channel: {input name: values} -> {output name: np.ndarray}."""
+    """Predict calls over one gRPC channel: {input name: values} -> {output name: np.ndarray}.
+
+    With a server on the gRPC port 8500, as `python -m bert_tf.serve --model_name=sentiment
+    --model_base_path=$PWD/export/sentiment` starts it (or TF Serving on the same export):
+
+    Examples:
+        >>> from bert_tf.serving.client import GrpcPredictClient
+        >>> client = GrpcPredictClient("localhost:8500")
+        >>> outputs = client.predict("sentiment", {"text": ["a delightful film", "the plot was dull"]})
+        >>> sorted(outputs), outputs["probabilities"].shape
+        (['label', 'label_id', 'probabilities'], (2, 2))
+        >>> client.close()
+    """
 
     def __init__(self, address, timeout_s=60.0):
         self.channel = grpc.insecure_channel(address)
@@ -53,7 +65,18 @@ class GrpcPredictClient:
 
 
 class RestPredictClient:
-    """Predict calls over one keep-alive HTTP connection, in TF Serving's row format."""
+    """Predict calls over one keep-alive HTTP connection, in TF Serving's row format.
+
+    With the same server's REST API on port 8501:
+
+    Examples:
+        >>> from bert_tf.serving.client import RestPredictClient
+        >>> client = RestPredictClient("localhost:8501")
+        >>> (prediction,) = client.predict("sentiment", ["a delightful film"])
+        >>> sorted(prediction), len(prediction["probabilities"])
+        (['label', 'label_id', 'probabilities'], 2)
+        >>> client.close()
+    """
 
     def __init__(self, address, timeout_s=60.0):
         host, _, port = address.rpartition(":")

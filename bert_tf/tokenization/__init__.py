@@ -239,6 +239,20 @@ class FullTokenizer:
     `special_tokens` (default none, the original's rules): literals such as "[MASK]" that become one
     token wherever they appear in the text (see this module's docstring); each must be in the
     vocabulary (a VocabError names the one that is not).
+
+    Examples:
+        >>> from bert_tf.tokenization import FullTokenizer
+        >>> tokenizer = FullTokenizer("models/minilm/vocab.txt", do_lower_case=True)
+        >>> tokenizer.tokenize("Unaffable tokenizers, naïvely!")
+        ['una', '##ffa', '##ble', 'token', '##izer', '##s', ',', 'naive', '##ly', '!']
+        >>> tokenizer.encode("the capital of france is [MASK] .")  # the original splits [MASK]
+        [1996, 3007, 1997, 2605, 2003, 1031, 7308, 1033, 1012]
+        >>> FullTokenizer(
+        ...     "models/minilm/vocab.txt", special_tokens=("[MASK]", "[SEP]")
+        ... ).encode("the capital of france is [MASK] .")
+        [1996, 3007, 1997, 2605, 2003, 103, 1012]
+        >>> tokenizer.convert_ids_to_tokens([7592, 2088])
+        ['hello', 'world']
     """
 
     def __init__(self, vocab_file, do_lower_case=True, *, special_tokens=()):
@@ -321,7 +335,17 @@ class _Memo(dict):
 
 
 class CachedTokenizer(FullTokenizer):
-    """FullTokenizer with each distinct word tokenized once: the same tokens and ids, much faster."""
+    """FullTokenizer with each distinct word tokenized once: the same tokens and ids, much faster.
+
+    Examples:
+        >>> from bert_tf.tokenization import CachedTokenizer
+        >>> tokenizer = CachedTokenizer("models/minilm/vocab.txt", do_lower_case=True)
+        >>> tokenizer.encode("hello world")  # FullTokenizer's ids
+        [7592, 2088]
+        >>> ids, row_splits = tokenizer.encode_lines(["hello world", "hello again"])  # bulk text
+        >>> ids.tolist(), row_splits.tolist()
+        ([7592, 2088, 7592, 2153], [0, 2, 4])
+    """
 
     def __init__(
         self,
