@@ -111,9 +111,23 @@ def call_default(module, **inputs):
     return {name: value.numpy() for name, value in outputs.items()}
 
 
-def assert_same(dynamic, static, atol=1e-5):
-    """Every output equal (strings, ints) or within atol (floats)."""
+def assert_same(dynamic, static, atol=1e-5, repeats_tie=False):
+    """Every output equal (strings, ints) or within atol (floats).
+
+    `repeats_tie` (SQuAD): an answer that the context repeats word for word scores the same at
+    each repeat, and kernels that sum in another order (XLA's) may pick another of them; such a
+    row's span may move, to the same answer text of the same length and score.
+    """
     assert dynamic.keys() == static.keys()
+    if repeats_tie:
+        moved = dynamic["start"] != static["start"]
+        np.testing.assert_array_equal(dynamic["answer"], static["answer"], err_msg="answer")
+        np.testing.assert_array_equal(
+            (dynamic["end"] - dynamic["start"])[moved], (static["end"] - static["start"])[moved]
+        )
+        np.testing.assert_allclose(dynamic["score"][moved], static["score"][moved], atol=atol)
+        dynamic = {name: value[~moved] for name, value in dynamic.items()}
+        static = {name: value[~moved] for name, value in static.items()}
     for name in static:
         assert dynamic[name].dtype == static[name].dtype, name
         if static[name].dtype.kind == "f":
@@ -309,6 +323,7 @@ def test_xla_compiled_export_answers_as_the_padded_export(exports, kind):
         assert_same(
             call_default(loaded[kind]["xla"], **inputs),
             call_default(loaded[kind]["static"], **inputs),
+            repeats_tie=kind == "squad",
         )
 
 
