@@ -11,7 +11,7 @@ import uuid
 
 from helpers import wait_for
 
-from bert_tf.child_reaper import processes_holding
+from bert_tf.runtime.child_reaper import processes_holding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 from helpers import run_python_script
 
-from bert_tf import intra_op_limit
+from bert_tf.saved_model import intra_op_limit
 
 
 def nested_function(inputs):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import optimization
+from bert_tf.training import optimization
 
 RNG = np.random.default_rng(0)
 # Names chosen so the exclusion rule has to tell them apart: only the kernel is decayed.

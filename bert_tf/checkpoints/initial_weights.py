@@ -9,14 +9,14 @@ with the conversion command), then checks that the result fits (`_check_fits`).
 
 --init_checkpoint is one of:
 - nothing: the weights start random.
-- a model directory (bert_tf.model_dir): its bert_config.json (a legacy "gelu" read as the erf form
+- a model directory (bert_tf.model.model_dir): its bert_config.json (a legacy "gelu" read as the erf form
   it was trained with), its vocab.txt, and, for a fine-tuned one, its task.json. --bert_config_file
   and --model_size are ignored, with a warning: casing and activation travel with the model. A
   --do_lower_case that contradicts its config is an error.
 - an original Google checkpoint: a prefix (`.../bert_model.ckpt`) or the directory holding one.
   The config is --bert_config_file; Google's has no do_lower_case, so --do_lower_case gives it
   (default true), and it must not contradict the name of a Google release
-  (tokenization.validate_case_matches_checkpoint).
+  (python_tokenizer.validate_case_matches_checkpoint).
 Hugging Face weights are converted into a model directory first (python -m bert_tf.convert_checkpoint
 --format=huggingface); a Hugging Face directory given as --init_checkpoint is refused, saying so.
 
@@ -30,8 +30,9 @@ import dataclasses
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import checkpoints, io_utils, modeling, tokenization
-from bert_tf.model_dir import (
+from bert_tf.checkpoints import name_map
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import (
     ModelDir,
     checkpoint_root_children,
     describe_heads,
@@ -39,7 +40,9 @@ from bert_tf.model_dir import (
     model_pretraining_heads,
     pretraining_heads_to_restore,
 )
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
 
@@ -47,8 +50,8 @@ HF_CONFIG_FILE = "config.json"  # what marks a Hugging Face model directory
 def _load_vocab(vocab_file):
     """The vocab, with a missing, empty or malformed file as a usage error."""
     try:
-        return tokenization.load_vocab(vocab_file)
-    except tokenization.VocabError as e:
+        return tokenizer_rules.load_vocab(vocab_file)
+    except tokenizer_rules.VocabError as e:
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
 
 
@@ -76,7 +79,7 @@ class ModelSource:
 
     def tokenizer(self):
         """A tokenizer with the model's vocab and casing: FullTokenizer's tokens, cached per word."""
-        return tokenization.CachedTokenizer(
+        return python_tokenizer.CachedTokenizer(
             self.vocab_file, do_lower_case=self.config.do_lower_case
         )
 
@@ -129,8 +132,8 @@ class ModelSource:
     def _load_from_google_checkpoint(self, encoder, pretraining_model):
         """Assigns an original checkpoint's weights (see load_weights)."""
         prefix = self.init_prefix
-        shapes, read = checkpoints.read_google_checkpoint_shapes(prefix)
-        found = checkpoints.heads_in(shapes)
+        shapes, read = name_map.read_google_checkpoint_shapes(prefix)
+        found = name_map.heads_in(shapes)
         model_heads = (
             model_pretraining_heads(pretraining_model)
             if pretraining_model is not None
@@ -144,9 +147,9 @@ class ModelSource:
             shapes = {name: shape for name, shape in shapes.items() if name.startswith("bert/")}
         else:
             # A model built without its NSP head takes the checkpoint's MLM head only.
-            shapes = checkpoints.without_heads(shapes, found - with_heads)
+            shapes = name_map.without_heads(shapes, found - with_heads)
         try:
-            checkpoints.assign_original_weights(
+            name_map.assign_original_weights(
                 prefix,
                 shapes,
                 read,
@@ -154,7 +157,7 @@ class ModelSource:
                 self.config.num_hidden_layers,
                 with_heads,
             )
-        except checkpoints.CheckpointMismatchError as e:
+        except name_map.CheckpointMismatchError as e:
             raise io_utils.UsageError(f"--init_checkpoint: {e}") from e
         return ["encoder", "pretraining_model"] if with_heads else ["encoder"]
 
@@ -223,7 +226,7 @@ def _from_google_checkpoint(
             f"--init_checkpoint: {not_found} (expected a model directory or an original checkpoint)"
         ) from not_found
     # The prefix, not the flag: a directory such as cased_L-12_H-768_A-12/ is checked too.
-    tokenization.validate_case_matches_checkpoint(config.do_lower_case, prefix)
+    python_tokenizer.validate_case_matches_checkpoint(config.do_lower_case, prefix)
     return ModelSource(
         config=config,
         vocab_file=_required_vocab(vocab_file),
@@ -259,7 +262,7 @@ def _find_google_checkpoint(init):
     """
     init_dir = ModelDir(init)
     try:
-        prefix = checkpoints.resolve_google_checkpoint(init)
+        prefix = name_map.resolve_google_checkpoint(init)
     except FileNotFoundError as e:
         prefix, not_found = "", e
     else:

@@ -16,12 +16,12 @@ A checkpoint holds the pretraining heads it holds: both (Google's with `cls/`, H
 BertForPreTraining), the MLM head only (`cls/predictions/`: Hugging Face's BertForMaskedLM), or none
 (an encoder-only source such as a Hugging Face BertModel). `heads_in` tells them apart by name, the
 name map covers the heads asked for, and the model directory records which ones it got
-(bert_tf.model_dir: `ModelDir.pretraining_heads()`).
+(bert_tf.model.model_dir: `ModelDir.pretraining_heads()`).
 
 Validation runs before any weight is assigned and reports every missing, extra and mis-shaped
 variable at once, so a config that does not match its checkpoint never half-loads.
 
-The same map runs backwards, for export (bert_tf.hf_export, bert_tf.keras_hub_export):
+The same map runs backwards, for export (bert_tf.interop.hf_export, bert_tf.interop.keras_hub_export):
 `original_weights` reads a model's variables under the original names, and `huggingface_name` gives
 transformers' name of each, checked against `huggingface_to_original_name`. A fine-tuned model's
 head is mapped too (`task_kind`), under the names Hugging Face's task classes give it.
@@ -37,8 +37,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import modeling
-from bert_tf.model_dir import (
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import (
     ALL_HEADS,
     MLM_HEAD,
     NSP_HEAD,
@@ -701,7 +701,7 @@ def convert(
     BertForMaskedLM) gets a freshly initialized one, with a warning.
 
     `task_model(hf_config, config, source)`, for a Hugging Face source, returns (TaskSpec, task
-    model, encoder) when config.json describes a fine-tuned model it can rebuild (bert_tf.hf_export
+    model, encoder) when config.json describes a fine-tuned model it can rebuild (bert_tf.interop.hf_export
     passes one that knows its own exports), else None; the directory then holds that task model and
     its task.json, and the head's weights are mapped like the rest.
     """

@@ -35,7 +35,7 @@ Linear(H, 2) on sequence_output with no dropout, start logits first, as `qa_outp
 dropout and Linear(H, 1) on each choice's pooled_output, reshaped to [b, choices]. The MLM head's
 decoder is tied to the word embeddings and its bias to cls.predictions.bias, as transformers ties them
 (and leaves them out of the file). There is no head here whose form transformers lacks, so no
-refusal for a head; a config setting beyond the original BERT's (checkpoints.unportable_settings)
+refusal for a head; a config setting beyond the original BERT's (name_map.unportable_settings)
 is refused: a left_to_right model (attention_direction), for one, since BertModel attends both ways.
 
 The names come from bert_tf.checkpoints' one map: the model's weights under the original names
@@ -68,8 +68,9 @@ from tokenizers import (
 )
 from tokenizers.models import WordPiece
 
-from bert_tf import checkpoints, io_utils, modeling, tokenizer_rules
-from bert_tf.model_dir import (
+from bert_tf.checkpoints import name_map
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import (
     ALL_HEADS,
     MLM_HEAD,
     NSP_HEAD,
@@ -77,7 +78,9 @@ from bert_tf.model_dir import (
     describe_heads,
     pretraining_checkpoint_object,
 )
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
+from bert_tf.tokenization import tokenizer_rules
 
 # The class of a pretrained model directory, by the pretraining heads its checkpoint holds.
 PRETRAINED_ARCHITECTURES = {
@@ -130,7 +133,7 @@ def architecture(spec, heads):
 def check_exportable(config, target, model_dir):
     """Refuses (UsageError) the config of `model_dir` with settings beyond the original BERT's:
     `target` lacks them (a left_to_right attention_direction: its BERT always attends both ways)."""
-    settings = checkpoints.unportable_settings(config)
+    settings = name_map.unportable_settings(config)
     if settings:
         raise io_utils.UsageError(
             f"model directory {model_dir} has {', '.join(settings)}: {target}'s BERT has no such "
@@ -200,9 +203,9 @@ def load_model(directory):
 def huggingface_config(config, spec, arch, vocab):
     """config.json for transformers' `arch` holding a model of `config` (and task.json `spec`)."""
     values = {"architectures": [arch], "model_type": "bert"}
-    values.update({name: getattr(config, name) for name in checkpoints.ORIGINAL_CONFIG_FIELDS})
+    values.update({name: getattr(config, name) for name in name_map.ORIGINAL_CONFIG_FIELDS})
     values.update(
-        hidden_act=checkpoints.huggingface_activation(config.hidden_act),
+        hidden_act=name_map.huggingface_activation(config.hidden_act),
         layer_norm_eps=modeling.LAYER_NORM_EPSILON,
         position_embedding_type="absolute",
         pad_token_id=vocab["[PAD]"],
@@ -325,14 +328,14 @@ def huggingface_state(weights, arch):
     prefix = "" if arch == "BertModel" else "bert."
     state = {}
     for original, array in weights.items():
-        name, transpose = checkpoints.huggingface_name(original, prefix)
+        name, transpose = name_map.huggingface_name(original, prefix)
         state[name] = np.ascontiguousarray(array.T if transpose else array)
     return state
 
 
 def _check_written(path, weights):
     """Reads `path` back with the importer's reader; every weight must come back bit for bit."""
-    written, _ = checkpoints.read_huggingface_weights(path)
+    written, _ = name_map.read_huggingface_weights(path)
     if set(written) != set(weights):
         raise RuntimeError(
             f"bert_tf bug: {WEIGHTS_FILE} reads back as {sorted(set(written) ^ set(weights))}"
@@ -358,7 +361,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
     with io_utils.atomic_directory(output_dir, OUTPUT_JOB, overwrite=overwrite) as tmp:
         config, spec, heads, model = load_model(directory)
         arch = architecture(spec, heads)
-        weights = checkpoints.original_weights(
+        weights = name_map.original_weights(
             model, config.num_hidden_layers, heads, task_kind=spec.kind if spec else None
         )
         save_file(
@@ -383,7 +386,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
 
 
 def task_model(hf_config, config, source="config.json"):
-    """checkpoints.convert's `task_model` hook: (TaskSpec, task model, encoder) for a config.json this
+    """name_map.convert's `task_model` hook: (TaskSpec, task model, encoder) for a config.json this
     module wrote for a fine-tuned model (its `bert_tf_task`), else None."""
     values = hf_config.get(TASK_KEY)
     if values is None:

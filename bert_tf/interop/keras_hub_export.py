@@ -38,8 +38,11 @@ import keras
 import keras_hub
 import numpy as np
 
-from bert_tf import checkpoints, hf_export, io_utils, modeling
-from bert_tf.model_dir import ModelDir, describe_heads
+from bert_tf.checkpoints import name_map
+from bert_tf.interop import hf_export
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir, describe_heads
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 
 # task.json kinds keras-hub's BertTextClassifier holds.
@@ -191,8 +194,8 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
         )
         num_layers = config.num_hidden_layers
         # Through the one name map: ours -> original names -> keras-hub's (the same variable paths).
-        weights = checkpoints.original_weights(encoder, num_layers, ())
-        checkpoints.assign_original_weights(
+        weights = name_map.original_weights(encoder, num_layers, ())
+        name_map.assign_original_weights(
             f"model directory {model_dir}",
             {name: array.shape for name, array in weights.items()},
             weights.__getitem__,
@@ -210,7 +213,7 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
             backbone.save_to_preset(tmp)
             tokenizer.save_to_preset(tmp)
         else:
-            head = checkpoints.original_weights(model, num_layers, (), task_kind=spec.kind)
+            head = name_map.original_weights(model, num_layers, (), task_kind=spec.kind)
             task = keras_hub.models.BertTextClassifier(
                 backbone=backbone,
                 num_classes=head["classifier/bias"].shape[0],

@@ -32,13 +32,13 @@ initialization, with a warning naming it, and `load_pretraining_model(require=..
 directory that lacks a head the caller needs (fill-mask needs "mlm", next-sentence "nsp").
 
     model_dir = ModelDir("build/pretrain")
-    encoder = model_dir.load_encoder()          # or bert_tf.model_dir.load_encoder(path)
+    encoder = model_dir.load_encoder()          # or bert_tf.model.model_dir.load_encoder(path)
 
 This module knows files and checkpoints only; a fine-tuned model is rebuilt where tasks live
 (`bert_tf.tasks.models.load_task_model(ModelDir("models/mrpc"))`).
 
 Loading never depends on how the directory was written: the file names and the checkpoint keys are
-those bert_tf has always used (the keys follow the order in which bert_tf.modeling creates layers).
+those bert_tf has always used (the keys follow the order in which bert_tf.model.modeling creates layers).
 """
 
 import contextlib
@@ -49,7 +49,8 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from bert_tf import io_utils, modeling
+from bert_tf.model import modeling
+from bert_tf.runtime import io_utils
 
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"

@@ -18,7 +18,7 @@ Layer choices, checked against the installed keras-hub 0.32 / Keras 3.15 source:
   0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))), so that is what a Google checkpoint was trained
   with. The exact erf form, Hugging Face's `"gelu"`, is `"gelu_exact"` here; the Hugging Face
   converter renames it. Model directories written before `config_version` 2 meant erf by `"gelu"`;
-  `bert_tf.model_dir.ModelDir.read_config` reads them that way (see there).
+  `bert_tf.model.model_dir.ModelDir.read_config` reads them that way (see there).
   Its LayerNorm epsilon defaults to 1e-5, so we pass 1e-12.
   It has one dropout rate for both the attention probabilities and the hidden states; every released
   BERT config uses 0.1 for both, and we log a warning when a config asks for two different rates.
@@ -29,7 +29,7 @@ Layer choices, checked against the installed keras-hub 0.32 / Keras 3.15 source:
   activation, LayerNorm, tied projection, own bias. We pass the config's activation and eps 1e-12.
 - The segment embedding is a plain `keras.layers.Embedding`, the pooler and NSP head plain `Dense`.
 
-Reading and writing model directories (config, vocab, checkpoints) is bert_tf.model_dir's job.
+Reading and writing model directories (config, vocab, checkpoints) is bert_tf.model.model_dir's job.
 The weights live in a TF2 object checkpoint. Its keys are attribute paths such as
 `encoder/_operations/5/_self_attention_layer/_query_dense/_kernel`, where the number is the layer's
 position in the functional graph, so the ORDER in which `build_encoder` creates layers is part of the
@@ -45,7 +45,7 @@ import keras_hub
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 # ----------------------------------------------------------------------------------------------
 # Config

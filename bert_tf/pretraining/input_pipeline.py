@@ -18,8 +18,9 @@ import tensorflow as tf
 from absl import logging
 from google.protobuf import message
 
-from bert_tf import io_utils, tf_data, tokenization
-from bert_tf.pretraining import schema
+from bert_tf.pretraining_data import schema
+from bert_tf.runtime import io_utils, tf_data
+from bert_tf.tokenization import tokenizer_rules
 
 SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
@@ -144,7 +145,7 @@ class DynamicMasking:
     @classmethod
     def from_vocab_file(cls, vocab_file, vocab_size=None):
         """Reads the special-token ids from vocab.txt."""
-        vocab = tokenization.load_vocab(vocab_file)
+        vocab = tokenizer_rules.load_vocab(vocab_file)
         missing = [t for t in ("[MASK]", "[CLS]", "[SEP]", "[PAD]") if t not in vocab]
         if missing:
             raise io_utils.UsageError(

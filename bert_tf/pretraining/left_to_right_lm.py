@@ -9,7 +9,7 @@ run_pretraining --objective=ltr --nsp=false trains it on the very records the ma
   gathered at every position but the last. The paper's LTR model is BERT with that mask, no NSP
   and the same output layer, so its encoder fine-tunes exactly as BERT's does.
 The loss is the mean cross-entropy over the predicting positions of the GLOBAL batch: each replica
-divides its sum by the all-reduced count, as bert_tf.masked_lm's MLM loss does, so any number of
+divides its sum by the all-reduced count, as bert_tf.pretraining.masked_lm's MLM loss does, so any number of
 replicas trains as one device would. The metrics are ltr_loss, ltr_accuracy (the argmax is the
 next token) and ltr_perplexity = exp(ltr_loss).
 """
@@ -18,8 +18,8 @@ import math
 
 import tensorflow as tf
 
-from bert_tf import modeling
-from bert_tf.objective import Objective
+from bert_tf.model import modeling
+from bert_tf.model.objective import Objective
 
 # As the MLM loss's epsilon: a batch without a single prediction gives a loss of 0, not NaN.
 LOSS_EPSILON = 1e-5
@@ -38,7 +38,7 @@ def predicting_positions(input_word_ids):
 
 
 class LeftToRightObjective(Objective):
-    """Next-token cross-entropy of a left-to-right pretraining model, for training.Trainer.
+    """Next-token cross-entropy of a left-to-right pretraining model, for training_loop.Trainer.
 
     `model` is modeling.build_pretraining_model(config, with_nsp_head=False) for a left_to_right
     config; batches are pretraining batches whose input_word_ids hold the original tokens.

@@ -21,8 +21,8 @@ so the per-replica shares add up to the global figure whatever the replicas' mas
 the NSP cross-entropy averaged over the global batch with tf.nn.compute_average_loss. So any number
 of replicas trains as the original does on one device. On a TPU the original computes the loss
 per core, over that core's share of the batch, and sums the cores' gradients, each clipped on
-its own (see bert_tf.optimization). Without NSP (run_pretraining --nsp=false) the loss is the
-masked-LM term alone; the left-to-right objective is bert_tf.left_to_right_lm's.
+its own (see bert_tf.training.optimization). Without NSP (run_pretraining --nsp=false) the loss is the
+masked-LM term alone; the left-to-right objective is bert_tf.pretraining.left_to_right_lm's.
 """
 
 import dataclasses
@@ -30,9 +30,11 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import modeling, tasks, tokenization
-from bert_tf.model_dir import MLM_HEAD, NSP_HEAD, ModelDir, ModelDirError, describe_heads
-from bert_tf.objective import Objective
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD, ModelDir, ModelDirError, describe_heads
+from bert_tf.model.objective import Objective
+from bert_tf.tasks import packing
+from bert_tf.tokenization import python_tokenizer
 
 MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
 MLM_LOSS_EPSILON = 1e-5
@@ -44,7 +46,7 @@ _NEEDS = {MLM_HEAD: "fill-mask needs its MLM head", NSP_HEAD: "next-sentence nee
 
 
 class PretrainingObjective(Objective):
-    """MLM + NSP losses and their metrics, for training.Trainer; the MLM's alone without `nsp`
+    """MLM + NSP losses and their metrics, for training_loop.Trainer; the MLM's alone without `nsp`
     (the paper's "No NSP" ablation: `model` then has no NSP head, and nothing of NSP is reported)."""
 
     MLM_STATS = ("loss", "mlm_loss_sum", "mlm_correct", "mlm_weight")
@@ -174,7 +176,7 @@ class MaskedLM:
                 f"max_seq_length must be in [3, {self.config.max_position_embeddings}], "
                 f"got {self.max_seq_length}"
             )
-        self.tokenizer = tokenization.FullTokenizer(
+        self.tokenizer = python_tokenizer.FullTokenizer(
             self.directory.vocab_file,
             do_lower_case=self.config.do_lower_case,
             special_tokens=TEXT_SPECIAL_TOKENS,
@@ -212,7 +214,7 @@ class MaskedLM:
         """Inputs for token-id segments: [CLS] s0 [SEP] (s1 [SEP]), cut by the original rule, at the
         batch's longest length; an empty s1 packs as s0 alone, as fine-tuning and exports pack it."""
         packed = [
-            tasks.pack_segments(
+            packing.pack_segments(
                 ids, self.max_seq_length, self.cls_id, self.sep_id, drop_empty_b=True
             )
             for ids in segments

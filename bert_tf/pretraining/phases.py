@@ -39,7 +39,8 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, optimization, training
+from bert_tf.runtime import io_utils
+from bert_tf.training import optimization, training_loop
 
 PHASES_FILE = "pretraining_phases.json"
 CONTINUE, RESTART = "continue", "restart"
@@ -76,7 +77,11 @@ class Phase:
     @property
     def iterator_name(self):
         """Its input iterator's key in the checkpoints."""
-        return training.TRAIN_ITERATOR if self.number == 1 else f"phase{self.number}_train_iterator"
+        return (
+            training_loop.TRAIN_ITERATOR
+            if self.number == 1
+            else f"phase{self.number}_train_iterator"
+        )
 
     @property
     def _flag_prefix(self):
@@ -258,7 +263,7 @@ def check_resumed(output_dir, settings, overwrite):
     which logs what changes.
     """
     recorded = read_recorded(output_dir)
-    if recorded is None or not training.checkpoint_step(output_dir):
+    if recorded is None or not training_loop.checkpoint_step(output_dir):
         return
     current = settings.recorded()
     adds_phase2 = not any(name.startswith("phase2") for name in recorded)

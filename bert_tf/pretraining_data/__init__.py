@@ -12,7 +12,7 @@ in the order the data flows through them:
   instances.py         the instance algorithm, to be read beside the original script: document
                        shuffle, dupe_factor passes, A and B, truncation, masking, instance shuffle
   instance_data.py     an instance as data, and a batch of them as padded arrays
-  schema.py            the record format, declared once (also read by bert_tf.input_pipeline)
+  schema.py            the record format, declared once (also read by bert_tf.pretraining.input_pipeline)
   example_codec.py     the tf.train.Example encoder in NumPy, and a small decoder for logs
   inspection.py        records decoded back to text (inspect_records, the playground)
   tfrecord.py          TFRecord framing, the part writer
@@ -23,6 +23,7 @@ in the order the data flows through them:
                        summary.json
   beam.py              the same units as an Apache Beam pipeline (`PretrainingDataArgs.runner`)
   files.py             local paths through os, remote ones (gs://) through Beam's FileSystems
+  corpus.py            the embedded default corpus: the docstrings of installed packages as prose
 
 How the corpus is cut (the streaming design)
   The original reads the whole corpus, shuffles its documents, runs `dupe_factor` passes and
@@ -41,7 +42,3 @@ No module here imports TensorFlow at import time: the worker processes never loa
 start-up and ~0.8 GB of RSS each). Only `schema.feature_spec` (for readers) and the tfds reader
 import it, when called.
 """
-
-from bert_tf.pretraining.job import PretrainingDataArgs, run
-
-__all__ = ["PretrainingDataArgs", "run"]

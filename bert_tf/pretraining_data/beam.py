@@ -44,9 +44,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics, MetricsFilter
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from bert_tf import child_reaper, io_utils
-from bert_tf.pretraining import files, tokenized_corpus, worker
-from bert_tf.pretraining import plan as planning
+from bert_tf.pretraining_data import files, tokenized_corpus, worker
+from bert_tf.pretraining_data import plan as planning
+from bert_tf.runtime import child_reaper, io_utils
 
 # What Dataflow needs from the command line before it can start anything.
 DATAFLOW_REQUIRED = ("project", "region", "temp_location")

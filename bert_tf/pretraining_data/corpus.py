@@ -10,27 +10,19 @@ documents. A docstring with at least two sentences is a document; the one-senten
 module are gathered into one document of their own. The file walk is sorted and duplicates are
 dropped in walk order, so the same Python gives the same bytes every time.
 
-CLI:
-  python -m bert_tf.corpus --output_file=build/demo/corpus.txt [--max_mb=N] [--packages=numpy,keras]
+Its command line: python -m bert_tf.corpus.
 """
-
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
-
-# isort: split
 
 import ast
 import contextlib
-import dataclasses
 import hashlib
 import multiprocessing
 import os
 import re
 import sysconfig
-import time
 import warnings
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
+from bert_tf.runtime import io_utils
 
 # Directories that hold test fixtures, vendored wheels or generated data rather than library prose.
 SKIPPED_DIRS = frozenset(
@@ -410,51 +402,3 @@ def repeat_corpus(src, dst, target_bytes):
                 f.write(data)
                 written = len(data)
     return written
-
-
-@dataclasses.dataclass
-class CorpusArgs:
-    """A `python -m bert_tf.corpus` run: its fields are the CLI's flags."""
-
-    output_file: str = arg(
-        None, "Where to write the corpus: one sentence per line, a blank line between documents."
-    )
-    max_mb: float = arg(
-        None,
-        "Stop before the corpus would exceed this many megabytes (10**6 bytes). Default: "
-        "everything found.",
-    )
-    packages: list = arg(
-        help="Installed packages whose docstrings are added after the standard library's. Empty: "
-        "the standard library only.",
-        default_factory=lambda: list(DEFAULT_PACKAGES),
-    )
-    num_workers: int = arg(
-        min(2, os.cpu_count() or 1),
-        "Processes that parse source files. The output does not depend on it.",
-    )
-
-
-def run(args):
-    """Writes the default corpus of a `CorpusArgs` and prints what it wrote; returns the counts."""
-    if args.max_mb is not None and args.max_mb <= 0:
-        raise io_utils.UsageError(f"--max_mb must be positive, got {args.max_mb}")
-    if args.num_workers < 1:
-        raise io_utils.UsageError(f"--num_workers must be at least 1, got {args.num_workers}")
-    max_bytes = None if args.max_mb is None else int(args.max_mb * 1e6)
-    roots = corpus_source_dirs(args.packages)
-    started = time.time()
-    stats = write_default_corpus(
-        args.output_file, max_bytes=max_bytes, roots=roots, processes=args.num_workers
-    )
-    print(
-        f"wrote {stats['documents']} documents, {stats['sentences']} sentences, "
-        f"{stats['bytes'] / 1e6:.2f} MB to {args.output_file} in {time.time() - started:.1f} s "
-        f"(docstrings of the standard library and of: {', '.join(args.packages) or 'nothing else'})"
-    )
-    return stats
-
-
-if __name__ == "__main__":
-    cli.define_flags(CorpusArgs)
-    cli.run(cli.job_main(CorpusArgs, run, "corpus", required=("output_file",)))

@@ -2,7 +2,7 @@
 
 The input format is the original BERT `create_pretraining_data.py`'s: one sentence per line, a blank
 line between documents. Files are read in byte ranges, so that work units stream and run in
-parallel (see bert_tf.pretraining.plan): a document belongs to the range that holds its *position*,
+parallel (see bert_tf.pretraining_data.plan): a document belongs to the range that holds its *position*,
 the offset of the blank line before it (or of the start of its file). A range reads only its own
 bytes: a plain file is entered with `seek`, a `.gz` file is decompressed from its start (positions
 are then offsets in the compressed file). Documents are grouped into *blocks* of about
@@ -32,8 +32,8 @@ import os
 
 import numpy as np
 
-from bert_tf import tokenization
-from bert_tf.pretraining import files
+from bert_tf.pretraining_data import files
+from bert_tf.tokenization import python_tokenizer
 
 # The text of a block, and the most of one document: part of the output's identity, since changing
 # it changes which documents share a block (a work unit is about this much input, too).
@@ -236,7 +236,7 @@ def iter_tfds_pieces(name, split, feature, data_dir=None):
     cut into sentences."""
     import tensorflow_datasets as tfds
 
-    from bert_tf.corpus import split_sentences
+    from bert_tf.pretraining_data.corpus import split_sentences
 
     dataset = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)
     texts = (example[feature] for example in tfds.as_numpy(dataset))
@@ -336,7 +336,7 @@ def make_array_tokenizer(vocab_file, do_lower_case):
     CachedTokenizer gives exactly FullTokenizer's ids, without TensorFlow, at tens of MB/s once its
     cache of words is warm (which it stays for the life of a worker process).
     """
-    return tokenization.CachedTokenizer(vocab_file, do_lower_case).encode_lines
+    return python_tokenizer.CachedTokenizer(vocab_file, do_lower_case).encode_lines
 
 
 @functools.lru_cache(maxsize=2)
@@ -351,7 +351,7 @@ def count_invalid_utf8(lines):
         b"".join(lines).decode("utf-8")  # the usual case, at C speed
         return 0
     except UnicodeDecodeError:
-        return sum(tokenization.count_invalid_utf8(line) for line in lines)
+        return sum(python_tokenizer.count_invalid_utf8(line) for line in lines)
 
 
 def tokenize_block(documents, tokenize, stats=None, originals=None):

@@ -14,8 +14,8 @@ import struct
 
 import numpy as np
 
-from bert_tf.pretraining import schema
-from bert_tf.pretraining.instance_data import InstanceBatch
+from bert_tf.pretraining_data import schema
+from bert_tf.pretraining_data.instance_data import InstanceBatch
 
 # ---------------------------------------------------------------------------------------------
 # Encoding

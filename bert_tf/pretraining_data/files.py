@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import uuid
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 is_remote = io_utils.is_remote
 # The buffer of a streamed copy.

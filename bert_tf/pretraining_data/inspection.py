@@ -19,8 +19,8 @@ import gzip
 import struct
 import zlib
 
-from bert_tf import io_utils
-from bert_tf.pretraining import example_codec, files, schema, tfrecord
+from bert_tf.pretraining_data import example_codec, files, schema, tfrecord
+from bert_tf.runtime import io_utils
 
 MASK_TOKEN, CLS_TOKEN, SEP_TOKEN = "[MASK]", "[CLS]", "[SEP]"
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -62,10 +62,10 @@ import gc
 
 import numpy as np
 
-from bert_tf import tokenization
-from bert_tf.pretraining import tokenized_corpus
-from bert_tf.pretraining.documents import Block
-from bert_tf.pretraining.instance_data import InstanceBatch
+from bert_tf.pretraining_data import tokenized_corpus
+from bert_tf.pretraining_data.documents import Block
+from bert_tf.pretraining_data.instance_data import InstanceBatch
+from bert_tf.tokenization import tokenizer_rules
 
 # Instances masked and serialized together: big enough for NumPy to pay off, small enough that the
 # byte matrices of one chunk stay at a few tens of MB. Does not change the output.
@@ -96,10 +96,10 @@ class VocabInfo:
     @classmethod
     def from_file(cls, vocab_file):
         """Loads vocab.txt; a vocabulary without [CLS], [SEP] or [MASK] is a VocabError."""
-        vocab = tokenization.load_vocab(vocab_file)
+        vocab = tokenizer_rules.load_vocab(vocab_file)
         missing = [t for t in REQUIRED_TOKENS if t not in vocab]
         if missing:
-            raise tokenization.VocabError(
+            raise tokenizer_rules.VocabError(
                 f"{vocab_file}: the vocabulary has no {', '.join(missing)} token; pretraining data "
                 f"needs {', '.join(REQUIRED_TOKENS)}"
             )

@@ -28,11 +28,12 @@ import time
 
 from absl import logging
 
-from bert_tf import io_utils, tokenization
-from bert_tf.cli import arg
-from bert_tf.pretraining import documents, example_codec, files, schema, tfrecord, worker
-from bert_tf.pretraining import plan as planning  # `plan` names the run's Plan here
-from bert_tf.pretraining.instances import VocabInfo
+from bert_tf.pretraining_data import documents, example_codec, files, schema, tfrecord, worker
+from bert_tf.pretraining_data import plan as planning  # `plan` names the run's Plan here
+from bert_tf.pretraining_data.instances import VocabInfo
+from bert_tf.runtime import io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tokenization import tokenizer_rules
 
 EXAMPLES_TO_LOG = 5
 # The values of --runner: Apache Beam runners that run the job as a pipeline (beam.py).
@@ -167,7 +168,7 @@ def validate(args, pipeline_args=()):
             )
         # Beam's options and paths first: a bad Dataflow setup must fail before anything starts.
         try:
-            from bert_tf.pretraining import beam
+            from bert_tf.pretraining_data import beam
         except ImportError as e:
             raise io_utils.UsageError(f"--runner needs apache-beam ({e}): pip install it") from e
         beam.validate(args, pipeline_args, outputs, output_flag)
@@ -248,7 +249,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args, b
     """run() once the workers are starting: vocabulary, plan, units, outputs, summary."""
     try:
         vocab = VocabInfo.from_file(config.vocab_file)
-    except tokenization.VocabError as e:
+    except tokenizer_rules.VocabError as e:
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
     work_dir = planning.work_dir_path(outputs, args.output_prefix, args.output_file)
     plan = planning.make_plan(
@@ -283,7 +284,7 @@ def _run_planned(args, config, outputs, pool, start, log_flags, pipeline_args, b
     )
     try:
         if args.runner:
-            from bert_tf.pretraining import beam
+            from bert_tf.pretraining_data import beam
 
             output_stats, run_text_bytes = beam.run_units(
                 args.runner, pipeline_args, config, plan, finished, beam_after_step

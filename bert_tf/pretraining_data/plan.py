@@ -30,8 +30,8 @@ import tempfile
 
 from absl import logging
 
-from bert_tf import io_utils
-from bert_tf.pretraining import documents, files, tokenized_corpus
+from bert_tf.pretraining_data import documents, files, tokenized_corpus
+from bert_tf.runtime import io_utils
 
 # The input of a work unit: about one block (documents.BLOCK_BYTES), so that a unit's blocks are
 # one, except where a huge document makes more. Part of the output's identity (see `settings`).

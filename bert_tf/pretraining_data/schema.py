@@ -8,7 +8,7 @@ tf.train.Example per instance with seven fixed-length features:
     masked_lm_weights                          float [max_predictions_per_seq]
     next_sentence_labels                       int64 [1]
 
-The encoder (example_codec), the readers (bert_tf.input_pipeline) and the data job all take the
+The encoder (example_codec), the readers (bert_tf.pretraining.input_pipeline) and the data job all take the
 names, types and lengths from here. The two lengths are not stored in the records: training must use
 the values the data was made with. Only `feature_spec` imports TensorFlow, and only when called, so
 that the worker processes that write records never load it.

@@ -14,8 +14,8 @@ import struct
 import google_crc32c
 import numpy as np
 
-from bert_tf import io_utils
-from bert_tf.pretraining import files
+from bert_tf.pretraining_data import files
+from bert_tf.runtime import io_utils
 
 # The values of --compression: "gzip" writes each part as one gzip member, so parts concatenate.
 COMPRESSIONS = ("none", "gzip")

@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 # How many times the original tries to draw a random document other than the current one.
 RANDOM_DOCUMENT_TRIES = 10

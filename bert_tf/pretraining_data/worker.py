@@ -30,16 +30,17 @@ import time
 
 import numpy as np
 
-from bert_tf import io_utils, tokenization
-from bert_tf.pretraining import documents, tokenized_corpus
-from bert_tf.pretraining.example_codec import ExampleSerializer
-from bert_tf.pretraining.instances import (
+from bert_tf.pretraining_data import documents, tokenized_corpus
+from bert_tf.pretraining_data.example_codec import ExampleSerializer
+from bert_tf.pretraining_data.instances import (
     InstanceBuilder,
     VocabInfo,
     add_batch_stats,
     iter_block_batches,
 )
-from bert_tf.pretraining.tfrecord import PartWriter
+from bert_tf.pretraining_data.tfrecord import PartWriter
+from bert_tf.runtime import io_utils
+from bert_tf.tokenization import tokenizer_rules
 
 
 def block_seed(random_seed, unit_index, block_index):
@@ -209,7 +210,7 @@ def warm_up_worker(config):
     try:
         _block_record_builder(config)
         documents.cached_array_tokenizer(config.vocab_file, config.do_lower_case)
-    except (OSError, tokenization.VocabError):
+    except (OSError, tokenizer_rules.VocabError):
         pass  # a missing or bad vocabulary: the main process reports it
     return os.getpid()
 

@@ -35,7 +35,7 @@ def reaped_children():
     token = uuid.uuid4().hex
     read_fd, write_fd = os.pipe()
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "bert_tf.child_reaper", token],
+        [sys.executable, "-m", "bert_tf.runtime.child_reaper", token],
         stdin=read_fd,
         stdout=subprocess.DEVNULL,
         close_fds=True,

@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
-from bert_tf.io_utils import JobFailure, UsageError, atomic_write_text, os_error_message
+from bert_tf.runtime.io_utils import JobFailure, UsageError, atomic_write_text, os_error_message
 
 
 def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A002 (absl's own name)

@@ -6,7 +6,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime.io_utils import UsageError
 
 STRATEGIES = ("tpu", "mirrored", "multi_worker_mirrored", "one_device", "default")
 

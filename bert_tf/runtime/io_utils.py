@@ -320,6 +320,14 @@ def atomic_write_json(path, obj):
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def require_file(path, what="input"):
+    """Returns `path` if it is a file; otherwise a UsageError naming it (the CLIs exit with code 2)."""
+    gfile = _gfile()
+    if not gfile.exists(path) or gfile.isdir(path):
+        raise UsageError(f"{what} file not found: {path}")
+    return path
+
+
 def expand_globs(patterns, what="input"):
     """Expands comma-separated globs into a sorted file list; a pattern matching nothing is a UsageError."""
     if isinstance(patterns, str):

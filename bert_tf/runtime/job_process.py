@@ -3,7 +3,7 @@
 Every CLI module imports this module first, above its other imports. It acts only when the module
 that runs as the program (`__main__`) is a bert_tf job, so importing a job as a library changes
 nothing:
-- the output is quiet (bert_tf.quiet): TensorFlow's start-up notices go, warnings and errors stay;
+- the output is quiet (bert_tf.runtime.quiet): TensorFlow's start-up notices go, warnings and errors stay;
 - a training job turns TensorFlow's oneDNN kernels on where TensorFlow would leave them off.
 
 On Linux TensorFlow turns oneDNN on by itself only where the CPU has AVX-512 VNNI or BF16, AVX-VNNI
@@ -16,7 +16,7 @@ inference no dependable gain there (benchmarks/RESULTS.md).
 import os
 import sys
 
-from bert_tf import quiet
+from bert_tf.runtime import quiet
 
 TRAINING_JOBS = (
     "bert_tf.run_classifier",

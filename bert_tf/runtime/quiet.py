@@ -9,7 +9,7 @@ process's stderr (file descriptor 2) goes through a filter thread that drops tho
 every other byte on. The INFO lines that TensorFlow's and Keras' Python code logs (through absl, as
 ours do) are dropped too; their warnings stay.
 
-It is installed only for a command line (`bert_tf.job_process` sees `python -m bert_tf.<job>`), never when
+It is installed only for a command line (`bert_tf.runtime.job_process` sees `python -m bert_tf.<job>`), never when
 bert_tf is imported as a library, and not when the user asks for more: `--verbosity=1` (or any
 positive absl verbosity) or their own TF_CPP_MIN_LOG_LEVEL.
 """

@@ -37,19 +37,14 @@ in bfloat16, outputs keep their dtypes. `--jit_compile` XLA-compiles the model p
 then needs --xla_cpu_compilation_enabled=true).
 
 Every export carries assets/vocab.txt and assets/bert_config.json (with do_lower_case), task
-exports assets/task.json, and every version assets.extra/tf_serving_warmup_requests (bert_tf.warmup).
+exports assets/task.json, and every version assets.extra/tf_serving_warmup_requests (bert_tf.saved_model.warmup).
 Inputs are tokenized by GraphTokenizer (FullTokenizer's ids) and packed
 as in training: `[CLS] a [SEP] (b [SEP])`, truncated by the original rule to max_seq_length (the
 model directory's, or --max_seq_length), so an empty string and a megabyte-long one both work.
 The graphs use only TensorFlow core and tensorflow_text ops.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
-
-# isort: split
-
 import contextlib
-import dataclasses
 import os
 import re
 import socket
@@ -60,20 +55,16 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import cli, io_utils, masked_lm, masked_lm_serving, modeling, warmup
-from bert_tf.cli import arg
-from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
-from bert_tf.model_dir import MLM_HEAD, ModelDir
-from bert_tf.model_versions import list_versions
-from bert_tf.tasks import (
-    export_graph,
-    length_multiple,
-    models,
-    pack_inputs,
-    registry,
-    representations,
-)
-from bert_tf.tokenizer_rules import VocabError, load_vocab
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import MLM_HEAD, ModelDir
+from bert_tf.pretraining import masked_lm
+from bert_tf.runtime import io_utils
+from bert_tf.saved_model import masked_lm_serving, warmup
+from bert_tf.saved_model.inference_encoder import InferenceEncoder, with_inference_encoder
+from bert_tf.saved_model.model_versions import list_versions
+from bert_tf.tasks import export_graph, models, registry, representations
+from bert_tf.tasks.packing import length_multiple, pack_inputs
+from bert_tf.tokenization.tokenizer_rules import VocabError, load_vocab
 
 ENCODER_KIND = "encoder"
 PREPROCESS_SUBDIR = "preprocess"
@@ -81,47 +72,6 @@ DEFAULT_ENCODER_SEQ_LENGTH = 128
 # --precision -> the Keras dtype policy the model is rebuilt under. Variables stay float32 (the
 # checkpoint's); bfloat16 computes the encoder in bfloat16, and every output stays float32.
 PRECISION_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
-
-
-@dataclasses.dataclass
-class ExportArgs:
-    """One export: which model directory, where, and how the serving graph pads and computes."""
-
-    model_dir: str = arg(
-        None,
-        "The model directory to export: a fine-tuned one (with task.json) "
-        "or a pretrained one (exported as a TF Hub style encoder + preprocessor).",
-    )
-    export_dir: str = arg(
-        None,
-        "Where versions go: EXPORT_DIR/N/ is one SavedModel version, "
-        "TF Serving's --model_base_path.",
-    )
-    version: int = arg(
-        None,
-        "The version number to write. Default: one more than the highest "
-        "numeric version already in --export_dir (1 if none).",
-    )
-    max_seq_length: int = arg(
-        None,
-        "Tokens per packed input at most (the truncation limit). Default: the "
-        "model directory's task.json max_seq_length, or 128 for an encoder.",
-    )
-    pad_to_max_seq_length: bool = arg(
-        False,
-        "Pad every batch to max_seq_length (static shapes, as before) instead of to its own "
-        "longest input (rounded up to a multiple of 16 with --jit_compile).",
-    )
-    precision: str = arg(
-        "float32",
-        "The compute precision of the exported model; outputs keep their dtypes.",
-        choices=PRECISION_POLICIES,
-    )
-    jit_compile: bool = arg(
-        False,
-        "XLA-compile the model in the exported graph (faster on CPU; stock TF Serving then needs "
-        "--xla_cpu_compilation_enabled=true).",
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -594,14 +544,3 @@ def export(
         raise
     logging.info("exported %s model %s as %s", kind, model_dir, final)
     return final, kind
-
-
-def run(args):
-    """Runs one export from its arguments and prints where it went."""
-    path, kind = export(**dataclasses.asdict(args))
-    print(f"exported {kind} model to {path}")
-
-
-if __name__ == "__main__":
-    cli.define_flags(ExportArgs)
-    cli.run(cli.job_main(ExportArgs, run, "export", required=("model_dir", "export_dir")))

@@ -32,7 +32,7 @@ tanh(dense(first token)); a left_to_right config's attention sees each position 
 it, and its pooler reads the last real token, as modeling.build_encoder's do. Outputs match the
 Keras encoder's within float rounding (tests compare every output). Inference only: there is no
 dropout, and the weights are copies of the encoder's in this layout (the matmul kernels in the
-compute dtype), so training goes through bert_tf.modeling's Keras encoder.
+compute dtype), so training goes through bert_tf.model.modeling's Keras encoder.
 """
 
 import math
@@ -41,7 +41,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import checkpoints, intra_op_limit, modeling
+from bert_tf.checkpoints import name_map
+from bert_tf.model import modeling
+from bert_tf.saved_model import intra_op_limit
 
 # How many parts each layer's heads are split into, and its feedforward columns at least (tensor
 # parallelism, as Megatron-LM splits a layer across GPUs). TensorFlow's executor runs the parts'
@@ -252,7 +254,7 @@ class InferenceEncoder(keras.layers.Layer):
         # checkpoint converter's map, read backwards: each Keras layout is a reshape of those).
         source = {
             name: variable.numpy().reshape(shape)
-            for name, (variable, shape, _) in checkpoints.original_name_map(
+            for name, (variable, shape, _) in name_map.original_name_map(
                 encoder, config.num_hidden_layers, with_heads=False
             ).items()
         }

@@ -14,7 +14,7 @@ bert_tf.export adds them to a pretrained model's export, beside the TF Hub encod
   float32 [b] (the original's NSP label 0, IsNext).
 
 A literal [MASK] or [SEP] in the text is that token, whatever the casing (GraphTokenizer's
-special_tokens); texts are packed and cut as bert_tf.masked_lm packs them, each batch padded to its
+special_tokens); texts are packed and cut as bert_tf.pretraining.masked_lm packs them, each batch padded to its
 longest row. A row without a [MASK] fails the call (INVALID_ARGUMENT, naming the row), as Hugging
 Face's pipeline refuses it, and so does a top_k outside [1, vocab size], and a call whose answer
 would hold more than MAX_ANSWERS tokens (rows x surviving [MASK]s x top_k), refused before the
@@ -31,10 +31,10 @@ never computes [b, s, vocab] logits.
 
 import tensorflow as tf
 
-from bert_tf.masked_lm import DEFAULT_TOP_K, MASK_TOKEN
-from bert_tf.model_dir import MLM_HEAD, NSP_HEAD
+from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD
+from bert_tf.pretraining.masked_lm import DEFAULT_TOP_K, MASK_TOKEN
 from bert_tf.tasks import export_graph
-from bert_tf.tokenizer_rules import load_vocab
+from bert_tf.tokenization.tokenizer_rules import load_vocab
 
 # The most tokens one fill_mask call answers (rows x [MASK]s x top_k): about 40 MB of outputs.
 MAX_ANSWERS = 1 << 20

@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
-from bert_tf import io_utils
-from bert_tf.tasks import LENGTH_BUCKET
+from bert_tf.runtime import io_utils
+from bert_tf.tasks.packing import LENGTH_BUCKET
 
 ASSETS_EXTRA = "assets.extra"
 REQUESTS_FILE = "tf_serving_warmup_requests"

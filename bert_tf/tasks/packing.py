@@ -1,28 +1,14 @@
-"""The fine-tuning tasks; this module holds what every task shares: input packing, records, errors.
+"""What every task's features go through: segments packed into BERT's input layout, their records and datasets.
 
-The package, read downward:
-
-    classification/ squad/ ner/ multiple_choice/
-                    one folder per task: data.py (files -> examples -> features, and the record
-                    schema), model.py (the head and its loss), metrics / postprocess, serving.py
-                    (the exported graph and its signatures)
-    registry.py     one entry per task kind (task.json's `kind`): model, loss, record schema, and
-                    the name of its serving module
-    models.py       task.json (TaskSpec), building and loading task models from a model directory
-    heads.py        what every head shares: output layers, the HeadObjective loss base
-    export_graph.py what every exported graph shares: text packing to the batch's length, assets,
-                    calls by length groups
-
-A task's data.py turns its files into examples, its examples into features with `pack_segments`
-(Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for GraphTokenizer ids inside a
-graph); bert_tf.finetuning writes them with `write_records` and reads them back with
-`records_dataset`. Both packers follow the original BERT layout and truncation rule:
+Both packers follow the original BERT layout and truncation rule: `pack_segments` in Python over
+FullTokenizer ids, `pack_inputs` in TensorFlow ops over GraphTokenizer ids inside a graph.
 
     [CLS] a [SEP] b [SEP]     segment ids 0 for [CLS], a and the first [SEP]; 1 for b and its [SEP]
 
-and, while the segments are too long, one token is removed from the end of the longest segment
-(the last of the longest on a tie; for two segments that is the original `_truncate_seq_pair`).
-Padding is id 0 with mask 0 and segment id 0.
+While the segments are too long, one token is removed from the end of the longest segment (the
+last of the longest on a tie; for two segments that is the original `_truncate_seq_pair`).
+Padding is id 0 with mask 0 and segment id 0. bert_tf.training.finetuning writes the features with
+`write_records` and reads them back with `records_dataset`.
 
 Sentence (pair) tasks pass `drop_empty_b=True`: a pair whose b has no tokens (an empty string, or
 text such as "\u200b" that tokenizes to nothing) is packed as the single sentence `[CLS] a [SEP]`,
@@ -30,14 +16,12 @@ with a's budget max_seq_length - 2, as the original convert_single_example's `if
 it. SQuAD keeps `[CLS] query [SEP] doc [SEP]` whatever the query holds, as run_squad.py does.
 """
 
-import os
-
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from bert_tf import io_utils
-from bert_tf.tf_data import without_autotune
+from bert_tf.runtime import io_utils
+from bert_tf.runtime.tf_data import without_autotune
 
 # Record feature name -> the model's input name (the TF Hub / Model Garden convention).
 MODEL_INPUT_NAMES = {
@@ -55,55 +39,6 @@ LENGTH_BUCKET = 16
 # stream: wide enough that each batch spans a narrow band of lengths, narrow enough that a window
 # is still a random sample of the data.
 LENGTH_GROUP_BATCHES = 16
-
-
-class DataFormatError(io_utils.UsageError):
-    """An input file that breaks its format; the message names the file and line."""
-
-
-def require_file(path, what="input"):
-    """Returns `path` if it is a file; otherwise a UsageError naming it (the CLIs exit with code 2)."""
-    if not tf.io.gfile.exists(path) or tf.io.gfile.isdir(path):
-        raise io_utils.UsageError(f"{what} file not found: {path}")
-    return path
-
-
-# The flag whose job needs the examples of each split, for errors about an empty split.
-SPLIT_FLAGS = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}
-
-
-def require_examples(examples, path, split):
-    """Returns `examples`; an empty train or eval split is a UsageError naming the file and flag.
-
-    An empty training set would stop training at its first step and leave a model directory
-    without a checkpoint; an empty eval set would report an accuracy of 0 over 0 examples.
-    """
-    if not len(examples) and not split.startswith("test"):
-        flag = SPLIT_FLAGS.get(split.split("_")[0], "--do_eval")
-        raise io_utils.UsageError(f"{flag}: {path} has no examples ({split} split)")
-    return examples
-
-
-def decoded_lines(path):
-    """(line number, text without its line ending) for each line of `path` (.gz too); bad UTF-8 names the line."""
-    with io_utils.open_text(path) as f:
-        for line_number, raw in enumerate(f, start=1):
-            try:
-                yield line_number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise DataFormatError(f"{path}:{line_number}: not UTF-8 ({e})") from None
-
-
-def read_text_pairs(path, what="input"):
-    """[(text_a, text_b or None)] for each line of `path`, blank lines included, as the original
-    extract_features.py reads its input: a pair is split at the LAST " ||| ", spaces included."""
-    require_file(path, what)
-    pairs = []
-    for _, line in decoded_lines(path):
-        line = line.strip()
-        text_a, separator, text_b = line.rpartition(" ||| ")
-        pairs.append((text_a, text_b) if separator else (line, None))
-    return pairs
 
 
 def truncated_lengths(lengths, max_total):
@@ -365,7 +300,7 @@ def records_dataset(
     """
     files = [files] if isinstance(files, str) else list(files)
     for path in files:
-        require_file(path, "record")
+        io_utils.require_file(path, "record")
     if drop_remainder is None:
         drop_remainder = is_training
     dataset = tf.data.TFRecordDataset(files)
@@ -413,8 +348,3 @@ def features_dataset(
         _to_model_batch,
         group_by_length,
     )
-
-
-def split_path(data_dir, file_name):
-    """DATA_DIR/FILE_NAME, required to exist (a missing split file is a UsageError naming it)."""
-    return require_file(os.path.join(data_dir, file_name), "split")

@@ -18,9 +18,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from bert_tf import io_utils
-from bert_tf.graph_cond import cond_as_call
-from bert_tf.tokenizer_rules import (
+from bert_tf.runtime import io_utils
+from bert_tf.tokenization.graph_cond import cond_as_call
+from bert_tf.tokenization.tokenizer_rules import (
     CJK_RANGES,
     MAX_INPUT_CHARS_PER_WORD,
     NUM_CODE_POINTS,

@@ -2,10 +2,10 @@
 
 `FullTokenizer` follows Google's original `tokenization.py` rule for rule. `CachedTokenizer`, a
 drop-in subclass, gives the same tokens and ids several times faster by tokenizing each distinct
-word once. Neither needs TensorFlow (`bert_tf.graph_tokenizer.GraphTokenizer`, the in-graph
+word once. Neither needs TensorFlow (`bert_tf.tokenization.graph_tokenizer.GraphTokenizer`, the in-graph
 tokenizer, does), so a process that only tokenizes text, such as a create_pretraining_data worker,
 starts in a fraction of a second. The vocabulary file and the character classes both tokenizers
-follow are in `bert_tf.tokenizer_rules`; `python -m bert_tf.tokenization` (this package's
+follow are in `bert_tf.tokenization.tokenizer_rules`; `python -m bert_tf.tokenization` (the package's
 `__main__.py`) compares the two.
 
 The original pipeline:
@@ -42,8 +42,8 @@ import unicodedata
 
 import numpy as np
 
-from bert_tf import io_utils
-from bert_tf.tokenizer_rules import (
+from bert_tf.runtime import io_utils
+from bert_tf.tokenization.tokenizer_rules import (
     MAX_INPUT_CHARS_PER_WORD,
     NUM_CODE_POINTS,
     UNK_TOKEN,
@@ -56,10 +56,6 @@ from bert_tf.tokenizer_rules import (
     longest_first,
     special_token_tuple,
 )
-
-# Re-exported: callers read tokenization.SPECIAL_TOKENS and catch tokenization.VocabError.
-from bert_tf.tokenizer_rules import SPECIAL_TOKENS as SPECIAL_TOKENS
-from bert_tf.tokenizer_rules import VocabError as VocabError
 
 # Google's released checkpoints, by the name of their directory, as the original's
 # validate_case_matches_checkpoint lists them: those trained on lower-cased text, and the cased ones.

@@ -2,7 +2,7 @@
 tokens, and the character classes.
 
 `bert_tf.tokenization` (FullTokenizer and CachedTokenizer, plain Python) and
-`bert_tf.graph_tokenizer` (GraphTokenizer, TensorFlow ops) read these, so that they agree by
+`bert_tf.tokenization.graph_tokenizer` (GraphTokenizer, TensorFlow ops) read these, so that they agree by
 construction. No TensorFlow here (a vocabulary on gs:// imports it to read the file).
 """
 
@@ -11,7 +11,7 @@ import functools
 import os
 import unicodedata
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

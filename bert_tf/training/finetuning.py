@@ -9,7 +9,7 @@ A fine-tuning CLI reads its data into features (bert_tf.tasks.<task>.data), then
                             evaluate_and_predict)             # the CLI's metrics and output files
 
 `run` writes the training records, builds their input pipeline from the task's record schema (its
-registry entry), resumes from OUTPUT_DIR or loads the initial weights, trains (training.Trainer:
+registry entry), resumes from OUTPUT_DIR or loads the initial weights, trains (training_loop.Trainer:
 progress, TensorBoard, checkpoints), then calls `evaluate_and_predict(finetuner)`, which predicts
 with `Finetuner.predict` (outputs in example order) and returns the eval results (written to
 eval_results.txt and eval/ summaries) and the files it wrote.
@@ -22,7 +22,7 @@ The losses are the task's (bert_tf.tasks.registry -> bert_tf/tasks/<task>/model.
 `tasks.heads.HeadObjective` averaged over the GLOBAL batch, however many replicas share it. The original
 scripts average over one device's batch: the whole batch on a GPU or CPU, which is what these do,
 but one core's share on a TPU, where the cores' gradients are then summed, each clipped by itself
-(see bert_tf.optimization).
+(see bert_tf.training.optimization).
 """
 
 import dataclasses
@@ -34,10 +34,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, optimization, tasks, training
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import heads, models, registry
-from bert_tf.training_job import JobConfig, TrainingJob
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import heads, models, packing, registry
+from bert_tf.training import optimization, training_loop
+from bert_tf.training.training_job import JobConfig, TrainingJob
 
 EXAMPLE_INDEX = heads.EXAMPLE_INDEX
 
@@ -69,8 +70,8 @@ class FinetuneConfig:
     # Evaluate after every epoch too (eval_history.jsonl: the learning curve), not only at the end.
     eval_every_epoch: bool = False
     # The loop's cadence, clipping and compilation; its num_train_steps is set from the data.
-    loop: training.LoopConfig = dataclasses.field(
-        default_factory=lambda: training.LoopConfig(num_train_steps=0)
+    loop: training_loop.LoopConfig = dataclasses.field(
+        default_factory=lambda: training_loop.LoopConfig(num_train_steps=0)
     )
 
 
@@ -78,7 +79,7 @@ class FinetuneConfig:
 class TrainData:
     """The training set as the driver writes it into train.tf_record."""
 
-    features: dict  # record feature name -> array [n, ...] (tasks.write_records' input)
+    features: dict  # record feature name -> array [n, ...] (packing.write_records' input)
     num_examples: int  # what epochs count: examples (SQuAD: questions, not their windows)
 
 
@@ -87,13 +88,13 @@ def length_bucket(pad_to_max_seq_length, strategy_name, jit_compile):
 
     TPUs compile a program per input shape and want one, so --strategy=tpu always pads to
     --max_seq_length, as --pad_to_max_seq_length does everywhere. XLA (--jit_compile) compiles a
-    program per shape too, so its lengths are multiples of tasks.LENGTH_BUCKET (a few shapes).
+    program per shape too, so its lengths are multiples of packing.LENGTH_BUCKET (a few shapes).
     TensorFlow's graph kernels take any shape at no extra cost: there a batch is cut to exactly
     its longest row, which on short sentences trains about 20% faster than multiples of 16.
     """
     if pad_to_max_seq_length or strategy_name == "tpu":
         return None
-    return tasks.length_multiple(jit_compile)
+    return packing.length_multiple(jit_compile)
 
 
 def num_train_steps(num_examples, train_batch_size, num_train_epochs):
@@ -146,7 +147,7 @@ def _pad_positions(values, seq_length, fill):
 
 
 class Finetuner(TrainingJob):
-    """Builds the task model under the strategy, trains it with training.Trainer, and predicts."""
+    """Builds the task model under the strategy, trains it with training_loop.Trainer, and predicts."""
 
     def __init__(self, config, strategy, source, spec, train_steps=0):
         self.config = config
@@ -186,7 +187,7 @@ class Finetuner(TrainingJob):
         previous = models.read_task_spec(ModelDir(output_dir))
         if (
             previous is not None
-            and training.checkpoint_step(output_dir)
+            and training_loop.checkpoint_step(output_dir)
             and not previous.same_head(self.spec)
         ):
             raise io_utils.UsageError(
@@ -271,7 +272,7 @@ class Finetuner(TrainingJob):
         count = len(next(iter(features.values())))
         padded = _pad_rows(features, batch_size)
         seq_length = np.shape(features["input_mask"])[-1]
-        dataset = tasks.features_dataset(
+        dataset = packing.features_dataset(
             padded,
             batch_size,
             is_training=False,
@@ -313,13 +314,15 @@ class Finetuner(TrainingJob):
         if not self.is_chief:
             return None
         path = os.path.join(self.config.output_dir, file_name)
-        training.write_eval_results(path, results)
+        training_loop.write_eval_results(path, results)
         scalars = {
             k: float(v)
             for k, v in results.items()
             if isinstance(v, (int, float, np.floating, np.integer)) and k != "global_step"
         }
-        training.write_summaries(os.path.join(self.config.output_dir, "eval"), self.step, scalars)
+        training_loop.write_summaries(
+            os.path.join(self.config.output_dir, "eval"), self.step, scalars
+        )
         return path
 
 
@@ -420,7 +423,7 @@ def run(
     train_steps, make_train_dataset = 0, None
     if config.do_train:
         records = os.path.join(config.output_dir, "train.tf_record")
-        tasks.write_records(records, train.features)
+        packing.write_records(records, train.features)
         train_steps = num_train_steps(
             train.num_examples, config.train_batch_size, config.num_train_epochs
         )
@@ -428,7 +431,7 @@ def run(
         record_spec = registry.get(spec.kind).feature_spec(input_shape)
 
         def make_train_dataset(batch_size, seed, input_context):
-            return tasks.records_dataset(
+            return packing.records_dataset(
                 records,
                 record_spec,
                 batch_size,

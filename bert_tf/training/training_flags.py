@@ -8,17 +8,11 @@ fine-tuning flags), and turns into the library's settings with `loop_config`, `f
 
 import dataclasses
 
-from bert_tf import (
-    distribution,
-    finetuning,
-    initial_weights,
-    io_utils,
-    optimization,
-    tasks,
-    training,
-)
-from bert_tf.cli import arg
-from bert_tf.tasks import representations
+from bert_tf.checkpoints import initial_weights
+from bert_tf.runtime import distribution, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import packing, representations
+from bert_tf.training import finetuning, optimization, training_loop
 
 
 @dataclasses.dataclass
@@ -62,12 +56,12 @@ class LoopArgs:
     mixed_precision: str = arg(
         "none",
         "Compute dtype; float16 adds dynamic loss scaling.",
-        choices=training.MIXED_PRECISION_POLICIES,
+        choices=training_loop.MIXED_PRECISION_POLICIES,
     )
     jit_compile: bool = arg(False, "XLA-compile the forward and backward pass.")
     seed: int = arg(12345, "Seeds the weights, dropout and the input order.")
     max_loss_ratio: float = arg(
-        training.DEFAULT_MAX_LOSS_RATIO,
+        training_loop.DEFAULT_MAX_LOSS_RATIO,
         "Stop, as for a NaN loss, when a step's loss exceeds this many times the mean loss of the run's earlier "
         "steps (a diverging run, e.g. from too high a learning rate): that step and the rest of its loop are "
         "not applied, nothing is saved after it, and the error names the last healthy checkpoint. The mean is "
@@ -103,10 +97,10 @@ class LoopArgs:
             )
         if self.adam_epsilon is not None and not self.adam_epsilon > 0:
             raise io_utils.UsageError(f"--adam_epsilon must be positive, got {self.adam_epsilon}")
-        if self.mixed_precision not in training.MIXED_PRECISION_POLICIES:
+        if self.mixed_precision not in training_loop.MIXED_PRECISION_POLICIES:
             raise io_utils.UsageError(
                 f"--mixed_precision={self.mixed_precision} is not one of "
-                f"{', '.join(training.MIXED_PRECISION_POLICIES)}"
+                f"{', '.join(training_loop.MIXED_PRECISION_POLICIES)}"
             )
         if self.max_loss_ratio != 0 and not self.max_loss_ratio > 1:
             raise io_utils.UsageError(
@@ -131,7 +125,7 @@ class LoopArgs:
             num_accumulation_steps=self.num_accumulation_steps,
         )
         fields.update(overrides)
-        return training.LoopConfig(**fields)
+        return training_loop.LoopConfig(**fields)
 
 
 @dataclasses.dataclass
@@ -187,7 +181,7 @@ class FinetuneArgs(LoopArgs):
         False,
         "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
         "--strategy=tpu). Otherwise each batch is cut to its longest example (with "
-        f"--jit_compile, rounded up to a multiple of {tasks.LENGTH_BUCKET} tokens), and training "
+        f"--jit_compile, rounded up to a multiple of {packing.LENGTH_BUCKET} tokens), and training "
         "batches group examples of similar length.",
     )
     group_by_length: bool = arg(
@@ -274,7 +268,7 @@ class FinetuneArgs(LoopArgs):
         strategy = distribution.make_strategy(
             self.strategy, self.tpu, self.num_cpu_replicas, self.batch_sizes()
         )
-        training.check_accumulation(
+        training_loop.check_accumulation(
             self.train_batch_size, strategy.num_replicas_in_sync, self.num_accumulation_steps
         )
         return strategy

@@ -3,9 +3,9 @@
     job = TrainingJob(strategy, JobConfig(...), build)     # build() -> (objective, checkpoint objects)
     resumed = job.start(make_train_iterator, initialize)   # the output directory's newest checkpoint, or
                                                            # initialize() (the initial weights)
-    metrics = job.train()                                  # training.Trainer: progress, TensorBoard, ckpts
+    metrics = job.train()                                  # training_loop.Trainer: progress, TensorBoard, ckpts
 
-run_pretraining drives one directly; bert_tf.finetuning's Finetuner is one, with prediction added.
+run_pretraining drives one directly; bert_tf.training.finetuning's Finetuner is one, with prediction added.
 """
 
 import dataclasses
@@ -13,7 +13,7 @@ import dataclasses
 import keras
 from absl import logging
 
-from bert_tf import optimization, training
+from bert_tf.training import optimization, training_loop
 
 
 @dataclasses.dataclass
@@ -24,12 +24,12 @@ class JobConfig:
     train_batch_size: int
     learning_rate: float
     num_warmup_steps: int
-    loop: training.LoopConfig
+    loop: training_loop.LoopConfig
     optimizer: str = "adamw"
     weight_decay: float = 0.01
     adam_epsilon: float = optimization.DEFAULT_EPSILON
     adam_bias_correction: bool = False  # standard AdamW; the original omits the correction
-    mixed_precision: str = "none"  # a key of training.MIXED_PRECISION_POLICIES
+    mixed_precision: str = "none"  # a key of training_loop.MIXED_PRECISION_POLICIES
     seed: int = 12345
     # A second schedule taking over mid-run (pretraining's phase 2 under the restart recipe).
     schedule_restart: optimization.ScheduleRestart | None = None
@@ -43,7 +43,7 @@ class TrainingJob:
         self.strategy = strategy
         self.job_config = config
         keras.mixed_precision.set_global_policy(
-            training.MIXED_PRECISION_POLICIES[config.mixed_precision]
+            training_loop.MIXED_PRECISION_POLICIES[config.mixed_precision]
         )
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
@@ -58,7 +58,7 @@ class TrainingJob:
                 config.adam_bias_correction,
                 config.schedule_restart,
             )
-        self.trainer = training.Trainer(
+        self.trainer = training_loop.Trainer(
             strategy,
             self.objective,
             self.optimizer,
@@ -81,11 +81,11 @@ class TrainingJob:
         Without a checkpointed iterator a resumed run would replay the first batches.
         """
         seed = self.job_config.seed
-        start_step = training.checkpoint_step(self.job_config.output_dir)
+        start_step = training_loop.checkpoint_step(self.job_config.output_dir)
         if start_step and not self.job_config.loop.checkpoint_iterator:
             return make_train_iterator(seed + start_step)
         iterator = make_train_iterator(seed)
-        if start_step and not training.is_checkpointable(iterator):
+        if start_step and not training_loop.is_checkpointable(iterator):
             logging.warning(
                 "resuming at step %d with a reshuffled input order (this strategy's input "
                 "iterator cannot be checkpointed)",
@@ -95,7 +95,7 @@ class TrainingJob:
         return iterator
 
     def start(
-        self, make_train_iterator=None, initialize=None, iterator_name=training.TRAIN_ITERATOR
+        self, make_train_iterator=None, initialize=None, iterator_name=training_loop.TRAIN_ITERATOR
     ):
         """Resumes from the output directory's newest checkpoint, or calls `initialize()` (under the
         strategy's scope) to load the initial weights; returns the checkpoint resumed from, or None.

@@ -13,7 +13,7 @@ Each step, on every replica:
      gradient of the global batch's loss, clipped as the original clips it on one GPU or CPU,
      where the word embedding's gradient is one row per token and its part of the norm is taken
      over those rows (norm_over_rows); on a multi-core TPU the original clips each core's
-     gradient before summing them (see bert_tf.optimization);
+     gradient before summing them (see bert_tf.training.optimization);
   5. the update is applied only when the loss and the gradient norm are finite and the loss has
      not exploded (over `max_loss_ratio` times the mean loss of the run's earlier steps). A failed
      step is skipped, as is every later step of its loop, so the weights stay as they were, and
@@ -53,9 +53,10 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
 
-from bert_tf import distribution, io_utils, model_dir, modeling
-from bert_tf.distribution import is_chief
-from bert_tf.model_dir import CHECKPOINT_NAME
+from bert_tf.model import model_dir, modeling
+from bert_tf.model.model_dir import CHECKPOINT_NAME
+from bert_tf.runtime import distribution, io_utils
+from bert_tf.runtime.distribution import is_chief
 
 # --mixed_precision values and the Keras dtype policies they set.
 MIXED_PRECISION_POLICIES = {
