@@ -33,7 +33,7 @@ import os
 
 from absl import flags
 
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import conversion, google_checkpoint
 from bert_tf.interop import hf_export, keras_hub_export
 from bert_tf.model.model_dir import ModelDir, describe_heads
 from bert_tf.runtime import cli, io_utils
@@ -59,7 +59,7 @@ class ConvertArgs:
         None,
         "The source format: 'google' for the original TF1 bert_model.ckpt, 'huggingface' for a "
         "directory with config.json and model.safetensors or pytorch_model.bin.",
-        choices=name_map.FORMATS,
+        choices=conversion.FORMATS,
     )
     checkpoint: str = arg(
         None,
@@ -113,7 +113,7 @@ def run(args, flags_text=""):
     """
     if args.format == "google" and args.do_lower_case is not None:
         try:
-            prefix = name_map.resolve_google_checkpoint(args.checkpoint)
+            prefix = google_checkpoint.resolve_google_checkpoint(args.checkpoint)
         except FileNotFoundError:
             prefix = None  # convert() names what is missing
         if prefix:
@@ -143,9 +143,9 @@ def run(args, flags_text=""):
 
 
 def _convert(args, output_dir, flags_text):
-    """name_map.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
+    """conversion.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
     try:
-        path = name_map.convert(
+        path = conversion.convert(
             args.format,
             args.checkpoint,
             output_dir,

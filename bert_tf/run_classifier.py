@@ -22,11 +22,12 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
 from bert_tf.tasks import data_files, models
 from bert_tf.tasks.classification import data as classification
-from bert_tf.training import finetuning, training_loop
+from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
 
@@ -220,7 +221,5 @@ def run(args):
 if __name__ == "__main__":
     cli.define_flags(ClassifierArgs)
     cli.run(
-        cli.job_main(
-            ClassifierArgs, run, "run_classifier", clean_output_dir=training_loop.clean_output_dir
-        )
+        cli.job_main(ClassifierArgs, run, "run_classifier", clean_output_dir=saves.clean_output_dir)
     )

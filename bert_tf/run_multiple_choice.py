@@ -20,11 +20,12 @@ import dataclasses
 
 import tensorflow as tf
 
+from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
 from bert_tf.tasks import data_files, models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
-from bert_tf.training import finetuning, training_loop
+from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
 TASK_NAMES = ("swag",)
@@ -136,6 +137,6 @@ if __name__ == "__main__":
             MultipleChoiceArgs,
             run,
             "run_multiple_choice",
-            clean_output_dir=training_loop.clean_output_dir,
+            clean_output_dir=saves.clean_output_dir,
         )
     )

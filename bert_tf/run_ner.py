@@ -22,12 +22,13 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 import dataclasses
 import os
 
+from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
 from bert_tf.tasks import data_files, models, representations
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
-from bert_tf.training import finetuning, training_loop
+from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
 SPLIT_FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
@@ -207,4 +208,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(NerArgs)
-    cli.run(cli.job_main(NerArgs, run, "run_ner", clean_output_dir=training_loop.clean_output_dir))
+    cli.run(cli.job_main(NerArgs, run, "run_ner", clean_output_dir=saves.clean_output_dir))

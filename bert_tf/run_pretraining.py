@@ -32,7 +32,7 @@ import os
 
 import keras
 
-from bert_tf.checkpoints import initial_weights
+from bert_tf.checkpoints import initial_weights, saves
 from bert_tf.model import model_dir, modeling
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.pretraining import input_pipeline, left_to_right_lm, masked_lm
@@ -388,7 +388,7 @@ def run(args):
         return objective, dict(models)
 
     # The phase to resume in follows from the step of the checkpoint resumed from.
-    resume_point = training_loop.resume_point(args.output_dir, args.resume_from)
+    resume_point = saves.resume_point(args.output_dir, args.resume_from)
     phase = pretraining_phases.phase_at(
         phases, model_dir.checkpoint_step(resume_point) if resume_point else 0
     )
@@ -490,6 +490,6 @@ if __name__ == "__main__":
             run,
             "run_pretraining",
             required=("input_file", "output_dir"),
-            clean_output_dir=training_loop.clean_output_dir,
+            clean_output_dir=saves.clean_output_dir,
         )
     )

@@ -20,13 +20,14 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 
 import dataclasses
 
+from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 from bert_tf.tasks.squad import postprocess as squad_postprocess
-from bert_tf.training import finetuning, training_loop
+from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
 
@@ -200,6 +201,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(SquadArgs)
-    cli.run(
-        cli.job_main(SquadArgs, run, "run_squad", clean_output_dir=training_loop.clean_output_dir)
-    )
+    cli.run(cli.job_main(SquadArgs, run, "run_squad", clean_output_dir=saves.clean_output_dir))

@@ -20,7 +20,7 @@ from helpers_google import NumpyBert, np_gelu, np_gelu_exact
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import conversion, huggingface, name_map
 from bert_tf.interop import hf_export, keras_hub_export
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ALL_HEADS, ModelDir, pretraining_checkpoint_object
@@ -294,7 +294,7 @@ def test_huggingface_export_is_exact_and_comes_back_bit_for_bit(tmp_path, kind, 
 
     # Importing the export gives back the same model directory: every variable, every output.
     back = str(tmp_path / "back")
-    name_map.convert("huggingface", hf_dir, back, task_model=hf_export.task_model)
+    conversion.convert("huggingface", hf_dir, back, task_model=hf_export.task_model)
     config, loaded = load_back(back, kind)
     assert config == ModelDir(model_dir).load_config()
     want = {v.path: v.numpy() for v in model.weights}
@@ -352,19 +352,19 @@ def test_the_reverse_names_are_the_importers_names():
     names = name_map.original_weights(model, config.num_hidden_layers, ALL_HEADS)
     for prefix in ("bert.", ""):
         for original in names:
-            hf_name, transpose = name_map.huggingface_name(original, prefix)
-            assert name_map.huggingface_to_original_name(hf_name) == (original, transpose)
-    assert name_map.huggingface_name("bert/encoder/layer_1/attention/self/query/kernel") == (
+            hf_name, transpose = huggingface.huggingface_name(original, prefix)
+            assert huggingface.huggingface_to_original_name(hf_name) == (original, transpose)
+    assert huggingface.huggingface_name("bert/encoder/layer_1/attention/self/query/kernel") == (
         "bert.encoder.layer.1.attention.self.query.weight",
         True,
     )
-    assert name_map.huggingface_name("cls/seq_relationship/output_weights") == (
+    assert huggingface.huggingface_name("cls/seq_relationship/output_weights") == (
         "cls.seq_relationship.weight",
         False,
     )
-    assert name_map.huggingface_activation("gelu") == "gelu_new"
-    assert name_map.huggingface_activation("gelu_exact") == "gelu"
-    assert name_map.huggingface_activation("relu") == "relu"
+    assert huggingface.huggingface_activation("gelu") == "gelu_new"
+    assert huggingface.huggingface_activation("gelu_exact") == "gelu"
+    assert huggingface.huggingface_activation("relu") == "relu"
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):

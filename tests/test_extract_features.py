@@ -9,7 +9,7 @@ from helpers import run_module_cli
 from helpers_google import GOOGLE_TINY, NumpyBert, random_weights, write_google_dir
 
 from bert_tf import extract_features
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import conversion
 from bert_tf.runtime import io_utils
 from bert_tf.tasks import data_files
 from bert_tf.tokenization import python_tokenizer
@@ -107,7 +107,7 @@ def test_cli_from_an_original_checkpoint_matches_numpy_bert(google, tmp_path):
 
 def test_a_model_directory_gives_the_same_features(google, tmp_path):
     model_dir = str(tmp_path / "model")
-    name_map.convert("google", google["prefix"], model_dir, do_lower_case=True)
+    conversion.convert("google", google["prefix"], model_dir, do_lower_case=True)
     output_file = str(tmp_path / "features.jsonl")
     count = extract_features.run(
         extract_features.ExtractArgs(

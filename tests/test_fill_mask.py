@@ -33,7 +33,7 @@ from helpers_google import (
 from helpers_serve import model_server
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import conversion, name_map
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir, ModelDirError
 from bert_tf.pretraining import masked_lm
@@ -75,19 +75,19 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("fill_mask")
     google_w = random_weights(GOOGLE_TINY, seed=11)
     prefix = write_google_dir(str(root / "google"), google_w)
-    name_map.convert("google", prefix, str(root / "from_google"), do_lower_case=True)
+    conversion.convert("google", prefix, str(root / "from_google"), do_lower_case=True)
     hf_w = hf_weights("BertForPreTraining", seed=12)
     state = hf_state_dict(hf_w, GOOGLE_TINY, "BertForPreTraining")
     hf_dir = write_hf_dir(root / "hf", state, "BertForPreTraining")
-    name_map.convert("huggingface", hf_dir, str(root / "from_hf"))
+    conversion.convert("huggingface", hf_dir, str(root / "from_hf"))
     mlm_w = hf_weights("BertForMaskedLM", seed=13)
     state = hf_state_dict(mlm_w, GOOGLE_TINY, "BertForMaskedLM")
-    name_map.convert(
+    conversion.convert(
         "huggingface", write_hf_dir(root / "hf_mlm", state, "BertForMaskedLM"), str(root / "mlm")
     )
     encoder_w = hf_weights("BertModel", seed=14)
     state = hf_state_dict(encoder_w, GOOGLE_TINY, "BertModel")
-    name_map.convert(
+    conversion.convert(
         "huggingface", write_hf_dir(root / "hf_encoder", state, "BertModel"), str(root / "encoder")
     )
     return {

@@ -15,9 +15,10 @@ from helpers_records import write_real_text_records
 from test_run_pretraining import ENV, ROOT, args_for, cli_flags, read_scalars
 
 from bert_tf import run_pretraining
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.pretraining import phases
 from bert_tf.runtime import io_utils
-from bert_tf.training import optimization, training_loop
+from bert_tf.training import optimization
 
 PHASE1_STEPS, PHASE2_STEPS = 20, 10
 TOTAL = PHASE1_STEPS + PHASE2_STEPS
@@ -256,4 +257,4 @@ def test_accumulated_pretraining_trains_the_weights_of_one_large_batch(data, tmp
         split.pretraining_model.trainable_variables, whole.pretraining_model.trainable_variables
     ):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=2e-5, err_msg=got.path)
-    assert training_loop.checkpoint_step(str(tmp_path / "split")) == 15
+    assert ModelDir(str(tmp_path / "split")).latest_step() == 15

@@ -22,6 +22,7 @@ from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 from helpers_records import write_numbered_records, write_real_text_records
 
 from bert_tf import run_classifier, run_pretraining
+from bert_tf.checkpoints import saves
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir, ModelDirError, describe_heads
 from bert_tf.pretraining import input_pipeline, left_to_right_lm
@@ -191,14 +192,14 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(data, tmp_p
     )
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
-        if training_loop.checkpoint_step(str(killed_dir)) >= 20:
+        if ModelDir(str(killed_dir)).latest_step() >= 20:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
     process.wait()
     assert straight.wait(timeout=300) == 0
     assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    killed_at = training_loop.checkpoint_step(str(killed_dir))
+    killed_at = ModelDir(str(killed_dir)).latest_step()
     assert 20 <= killed_at < 80
 
     resumed = subprocess.run(
@@ -289,7 +290,7 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
             )
         )
     assert "marked suspect in suspect_checkpoints.json" in str(failure.value)
-    assert training_loop.suspect_checkpoints(str(output_dir)) == ["ckpt-3"]
+    assert saves.suspect_checkpoints(str(output_dir)) == ["ckpt-3"]
     # --resume_from picks a checkpoint, suspect or not; a missing one is refused naming what exists.
     with pytest.raises(
         io_utils.UsageError, match=r"--resume_from=ckpt-9: no such checkpoint .*ckpt-3"
@@ -303,8 +304,8 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
     assert result.step == 4
     assert f"resuming from {output_dir}/ckpt-2, the last healthy checkpoint" in caplog.text
     assert f"resumed from {output_dir}/ckpt-2 at step 2" in caplog.text
-    assert training_loop.suspect_checkpoints(str(output_dir)) == []  # ckpt-3 was saved anew
-    assert not (output_dir / training_loop.SUSPECT_FILE).exists()
+    assert saves.suspect_checkpoints(str(output_dir)) == []  # ckpt-3 was saved anew
+    assert not (output_dir / saves.SUSPECT_FILE).exists()
 
 
 def test_checkpoints_without_their_index_are_never_a_fresh_start(data, tmp_path):

@@ -30,7 +30,7 @@ import dataclasses
 import tensorflow as tf
 from absl import logging
 
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import google_checkpoint, name_map
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import (
     ModelDir,
@@ -132,7 +132,7 @@ class ModelSource:
     def _load_from_google_checkpoint(self, encoder, pretraining_model):
         """Assigns an original checkpoint's weights (see load_weights)."""
         prefix = self.init_prefix
-        shapes, read = name_map.read_google_checkpoint_shapes(prefix)
+        shapes, read = google_checkpoint.read_google_checkpoint_shapes(prefix)
         found = name_map.heads_in(shapes)
         model_heads = (
             model_pretraining_heads(pretraining_model)
@@ -262,7 +262,7 @@ def _find_google_checkpoint(init):
     """
     init_dir = ModelDir(init)
     try:
-        prefix = name_map.resolve_google_checkpoint(init)
+        prefix = google_checkpoint.resolve_google_checkpoint(init)
     except FileNotFoundError as e:
         prefix, not_found = "", e
     else:

@@ -68,7 +68,7 @@ from tokenizers import (
 )
 from tokenizers.models import WordPiece
 
-from bert_tf.checkpoints import name_map
+from bert_tf.checkpoints import huggingface, name_map
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import (
     ALL_HEADS,
@@ -205,7 +205,7 @@ def huggingface_config(config, spec, arch, vocab):
     values = {"architectures": [arch], "model_type": "bert"}
     values.update({name: getattr(config, name) for name in name_map.ORIGINAL_CONFIG_FIELDS})
     values.update(
-        hidden_act=name_map.huggingface_activation(config.hidden_act),
+        hidden_act=huggingface.huggingface_activation(config.hidden_act),
         layer_norm_eps=modeling.LAYER_NORM_EPSILON,
         position_embedding_type="absolute",
         pad_token_id=vocab["[PAD]"],
@@ -328,14 +328,14 @@ def huggingface_state(weights, arch):
     prefix = "" if arch == "BertModel" else "bert."
     state = {}
     for original, array in weights.items():
-        name, transpose = name_map.huggingface_name(original, prefix)
+        name, transpose = huggingface.huggingface_name(original, prefix)
         state[name] = np.ascontiguousarray(array.T if transpose else array)
     return state
 
 
 def _check_written(path, weights):
     """Reads `path` back with the importer's reader; every weight must come back bit for bit."""
-    written, _ = name_map.read_huggingface_weights(path)
+    written, _ = huggingface.read_huggingface_weights(path)
     if set(written) != set(weights):
         raise RuntimeError(
             f"bert_tf bug: {WEIGHTS_FILE} reads back as {sorted(set(written) ^ set(weights))}"
@@ -386,7 +386,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
 
 
 def task_model(hf_config, config, source="config.json"):
-    """name_map.convert's `task_model` hook: (TaskSpec, task model, encoder) for a config.json this
+    """conversion.convert's `task_model` hook: (TaskSpec, task model, encoder) for a config.json this
     module wrote for a fine-tuned model (its `bert_tf_task`), else None."""
     values = hf_config.get(TASK_KEY)
     if values is None:

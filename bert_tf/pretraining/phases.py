@@ -39,6 +39,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
 from bert_tf.training import optimization, training_loop
 
@@ -263,7 +264,7 @@ def check_resumed(output_dir, settings, overwrite):
     which logs what changes.
     """
     recorded = read_recorded(output_dir)
-    if recorded is None or not training_loop.checkpoint_step(output_dir):
+    if recorded is None or not ModelDir(output_dir).latest_step():
         return
     current = settings.recorded()
     adds_phase2 = not any(name.startswith("phase2") for name in recorded)

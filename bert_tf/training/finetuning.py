@@ -187,7 +187,7 @@ class Finetuner(TrainingJob):
         previous = models.read_task_spec(ModelDir(output_dir))
         if (
             previous is not None
-            and training_loop.checkpoint_step(output_dir)
+            and ModelDir(output_dir).latest_step()
             and not previous.same_head(self.spec)
         ):
             raise io_utils.UsageError(

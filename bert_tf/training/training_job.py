@@ -13,6 +13,7 @@ import dataclasses
 import keras
 from absl import logging
 
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.training import optimization, training_loop
 
 
@@ -81,7 +82,7 @@ class TrainingJob:
         Without a checkpointed iterator a resumed run would replay the first batches.
         """
         seed = self.job_config.seed
-        start_step = training_loop.checkpoint_step(self.job_config.output_dir)
+        start_step = ModelDir(self.job_config.output_dir).latest_step()
         if start_step and not self.job_config.loop.checkpoint_iterator:
             return make_train_iterator(seed + start_step)
         iterator = make_train_iterator(seed)
