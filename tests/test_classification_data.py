@@ -571,13 +571,44 @@ def test_pack_inputs_drops_an_empty_b_row_by_row_as_python_does():
         assert packed["input_type_ids"][i].numpy().tolist() == types.tolist()
 
 
+def graph_inputs(graph_tokenizer, seq_length, texts_a, texts_b=None):
+    """Model inputs for string tensors [batch], tokenized and packed in TensorFlow ops as an export
+    packs them (export_graph's packer)."""
+    cls_id = graph_tokenizer.special_ids["[CLS]"]
+    sep_id = graph_tokenizer.special_ids["[SEP]"]
+    segments = [graph_tokenizer.tokenize(texts_a)]
+    if texts_b is not None:
+        segments.append(graph_tokenizer.tokenize(texts_b))
+    # Row by row, a text_b with no tokens packs as a single sentence, as in `convert_examples`.
+    return packing.pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=True)
+
+
+def convert_examples_in_graph(examples, graph_tokenizer, max_seq_length, labels, batch_size=512):
+    """The features of `classification.convert_examples`, tokenized and packed in the graph
+    (graph_inputs), in batches."""
+    count = len(examples)
+    features = {
+        name: np.zeros((count, max_seq_length), np.int32) for name in packing.MODEL_INPUT_NAMES
+    }
+    # A missing text_b is an empty one: both pack as a single sentence.
+    has_pairs = any(e.text_b is not None for e in examples)
+    for start in range(0, count, batch_size):
+        rows = examples[start : start + batch_size]
+        texts_a = tf.constant([e.text_a for e in rows])
+        texts_b = tf.constant([e.text_b or "" for e in rows]) if has_pairs else None
+        packed = graph_inputs(graph_tokenizer, max_seq_length, texts_a, texts_b)
+        for name, model_name in packing.MODEL_INPUT_NAMES.items():
+            features[name][start : start + len(rows)] = packed[model_name].numpy()
+    features["label_ids"] = classification.label_values(examples, labels)
+    features["is_real_example"] = np.ones(count, np.int32)
+    return features
+
+
 @pytest.mark.slow
 def test_graph_conversion_equals_python_conversion(real_vocab, tokenizer):
     graph_tokenizer = GraphTokenizer(real_vocab, do_lower_case=True)
     expected = classification.convert_examples(EXAMPLES, tokenizer, 16, ["0", "1"])
-    actual = classification.convert_examples_in_graph(
-        EXAMPLES, graph_tokenizer, 16, ["0", "1"], batch_size=2
-    )
+    actual = convert_examples_in_graph(EXAMPLES, graph_tokenizer, 16, ["0", "1"], batch_size=2)
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 

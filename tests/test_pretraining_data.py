@@ -206,11 +206,23 @@ def test_cut_point_respects_utf8():
     assert piece[:cut].decode("utf-8")
 
 
+def tokenize_documents(documents, tokenize, stats=None):
+    """docs.tokenize_block with a tokenizer that returns id lists; the documents as id lists."""
+
+    def as_arrays(lines):
+        ids = tokenize(lines)
+        lengths = [len(s) for s in ids]
+        flat = np.fromiter((t for s in ids for t in s), dtype=np.int32, count=sum(lengths))
+        return flat, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+    return docs.tokenize_block(documents, as_arrays, stats).to_documents()
+
+
 def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):
     lines = [b"caf\xe9 au lait", b"fine line", b"\xff\xfe two bad", "ok \ufffd".encode()]
     tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
     stats = collections.Counter()
-    documents = docs.tokenize_documents([lines], tokenize, stats)
+    documents = tokenize_documents([lines], tokenize, stats)
     assert stats["invalid_utf8"] == 3  # the literal U+FFFD in the last line is not invalid
     assert documents[0][0] == full_tokenizer.encode("caf au lait")
 
@@ -218,7 +230,7 @@ def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):
 def test_empty_documents_and_lines_are_dropped(full_tokenizer):
     tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
     stats = collections.Counter()
-    documents = docs.tokenize_documents(
+    documents = tokenize_documents(
         [[b"\x00\x01"], [b"hello there", b"\x07", b"bye"]], tokenize, stats
     )
     assert documents == [[full_tokenizer.encode("hello there"), full_tokenizer.encode("bye")]]
@@ -241,7 +253,7 @@ def test_array_tokenizer_ids_equal_full_tokenizer(sentences, full_tokenizer):
 
 def test_text_documents_split_into_sentences():
     texts = [b"First one here. Second one there!\nA new paragraph? Yes.", b"", "Solo sentence"]
-    documents = list(docs.iter_text_documents(texts, corpus.split_sentences))
+    documents = [d for _, d in docs.iter_text_pieces(texts, corpus.split_sentences)]
     assert documents == [
         [b"First one here.", b"Second one there!", b"A new paragraph?", b"Yes."],
         [b"Solo sentence"],

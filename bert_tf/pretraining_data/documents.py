@@ -225,12 +225,6 @@ def iter_text_pieces(texts, split_sentences, max_document_bytes=BLOCK_BYTES):
             yield number, piece
 
 
-def iter_text_documents(texts, split_sentences, max_document_bytes=BLOCK_BYTES):
-    """Turns whole-document strings (a tfds text feature) into documents of sentence bytes."""
-    for _, document in iter_text_pieces(texts, split_sentences, max_document_bytes):
-        yield document
-
-
 def iter_tfds_pieces(name, split, feature, data_dir=None):
     """(original, document) pairs of a tensorflow-datasets split: each example's `feature` text,
     cut into sentences."""
@@ -394,14 +388,3 @@ def tokenize_block(documents, tokenize, stats=None, originals=None):
         stats["sentences"] += int(has_tokens.sum())
         stats["tokens"] += len(tokens)
     return block
-
-
-def tokenize_documents(documents, tokenize, stats=None):
-    """Like tokenize_block, for a tokenizer that returns id lists; returns documents of id lists."""
-
-    def as_arrays(lines):
-        ids = tokenize(lines)
-        flat = np.fromiter((t for s in ids for t in s), dtype=np.int32, count=sum(map(len, ids)))
-        return flat, _offsets([len(s) for s in ids])
-
-    return tokenize_block(documents, as_arrays, stats).to_documents()

@@ -123,13 +123,6 @@ def predict_logs(
     return records
 
 
-def write_requests(version_dir, signature_name, input_specs, lengths, vocab_file, batch_sizes=(1,)):
-    """Writes a predict request per batch size and length into VERSION_DIR's warm-up file (the
-    batch-1 ones first, should MAX_RECORDS cut the file short); returns the count."""
-    records = predict_logs(signature_name, input_specs, lengths, vocab_file, batch_sizes)
-    return write_records(version_dir, records)
-
-
 def write_records(version_dir, records):
     """Writes serialized PredictionLogs as VERSION_DIR's warm-up file, at most MAX_RECORDS of them
     (the first); returns the count."""

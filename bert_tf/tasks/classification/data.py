@@ -485,37 +485,6 @@ def convert_examples(examples, tokenizer, max_seq_length, labels):
     }
 
 
-def graph_inputs(graph_tokenizer, seq_length, texts_a, texts_b=None):
-    """Model inputs for string tensors [batch], tokenized and packed in TensorFlow ops (for export)."""
-    cls_id = graph_tokenizer.special_ids["[CLS]"]
-    sep_id = graph_tokenizer.special_ids["[SEP]"]
-    segments = [graph_tokenizer.tokenize(texts_a)]
-    if texts_b is not None:
-        segments.append(graph_tokenizer.tokenize(texts_b))
-    # Row by row, a text_b with no tokens packs as a single sentence, as in `convert_examples`.
-    return packing.pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=True)
-
-
-def convert_examples_in_graph(examples, graph_tokenizer, max_seq_length, labels, batch_size=512):
-    """The same features as `convert_examples`, tokenized and packed by GraphTokenizer in batches."""
-    count = len(examples)
-    features = {
-        name: np.zeros((count, max_seq_length), np.int32) for name in packing.MODEL_INPUT_NAMES
-    }
-    # A missing text_b is an empty one: both pack as a single sentence.
-    has_pairs = any(e.text_b is not None for e in examples)
-    for start in range(0, count, batch_size):
-        rows = examples[start : start + batch_size]
-        texts_a = tf.constant([e.text_a for e in rows])
-        texts_b = tf.constant([e.text_b or "" for e in rows]) if has_pairs else None
-        packed = graph_inputs(graph_tokenizer, max_seq_length, texts_a, texts_b)
-        for name, model_name in packing.MODEL_INPUT_NAMES.items():
-            features[name][start : start + len(rows)] = packed[model_name].numpy()
-    features["label_ids"] = label_values(examples, labels)
-    features["is_real_example"] = np.ones(count, np.int32)
-    return features
-
-
 def feature_spec(input_shape, is_regression=False):
     """The tf.io.parse_example spec of classification records (the original run_classifier schema);
     `input_shape` is the shape of one record's inputs, [max_seq_length]."""
