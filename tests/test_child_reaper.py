@@ -24,7 +24,7 @@ def start_job(mark, ending):
     script = textwrap.dedent(
         f"""
         import os, signal, subprocess, sys, time
-        from bert_tf import child_reaper
+        from bert_tf.runtime import child_reaper
         with child_reaper.reaped_children():
             subprocess.Popen("sleep 60; true", shell=True)
             print("started", flush=True)

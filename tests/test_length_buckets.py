@@ -333,7 +333,9 @@ def test_the_training_loop_traces_once_for_every_length(demo, tmp_path, jit_comp
 MIRRORED_SCRIPT = textwrap.dedent("""
     import sys, json
     import numpy as np
-    from bert_tf import distribution, finetuning, tasks, training_flags
+    from bert_tf.runtime import distribution
+    from bert_tf.tasks import packing
+    from bert_tf.training import finetuning, training_flags
     strategy = distribution.get_strategy("mirrored", num_cpu_replicas=2)
     import test_length_buckets as t
     args = training_flags.FinetuneArgs(output_dir=sys.argv[2], init_checkpoint=sys.argv[1], do_train=True,

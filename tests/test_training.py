@@ -447,7 +447,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     import tensorflow as tf
-    from bert_tf import distribution
+    from bert_tf.runtime import distribution
     strategy = distribution.get_strategy(sys.argv[1], num_cpu_replicas=2)
     import test_training as t
     files = sys.argv[3].split(",")
