@@ -11,7 +11,7 @@ DEMO_FILL_MASK := the [MASK] of the module is returned .
 DEMO_PAIR := "return the value of the attribute ." "the default is none ."
 DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$(DEMO_FILL_MASK)"], "top_k": 3}}
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
-# The jobs are quiet by default (bert_tf/quiet.py); --verbosity=1 brings TensorFlow's notices back.
+# The jobs are quiet by default (bert_tf/runtime/quiet.py); --verbosity=1 brings TensorFlow's notices back.
 
 .PHONY: setup demo test browser lint format docs bench clean
 

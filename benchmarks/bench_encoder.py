@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from bert_tf import modeling  # noqa: E402
+from bert_tf.model import modeling  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("seq_length", 128, "Sequence length.")

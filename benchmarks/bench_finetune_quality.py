@@ -47,7 +47,8 @@ sys.path.insert(0, ROOT)
 
 from bench_finetuning import converted_minilm, minilm_dir, thread_env  # noqa: E402
 
-from bert_tf import corpus, demo_data  # noqa: E402
+from bert_tf import demo_data  # noqa: E402
+from bert_tf.pretraining_data import corpus  # noqa: E402
 
 MAX_WORDS = 30
 

@@ -47,7 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bert_tf import corpus  # noqa: E402  (no TensorFlow in this process)
+from bert_tf.pretraining_data import corpus  # noqa: E402  (no TensorFlow in this process)
 
 MAX_WORDS = 40  # short sentences
 

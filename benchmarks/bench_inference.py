@@ -25,7 +25,7 @@ span) or BertForMultipleChoice (softmax) on the same text with its fast tokenize
 
 fill_mask (rows ours and hf of `--rows`): the model is a Hugging Face `BertForMaskedLM` (MiniLM's
 encoder, or BERT-base's shape at random, with a randomly initialized MLM head) saved with
-save_pretrained, and the same directory converted with `bert_tf.checkpoints.convert`, so both
+save_pretrained, and the same directory converted with `bert_tf.checkpoints.conversion.convert`, so both
 sides hold the same weights; each sentence has its middle word replaced by [MASK]. Rows:
   - ours: the export's `fill_mask` signature called with raw strings and top_k=5 (tokens, ids,
     probabilities, positions and the filled texts, all fetched);
@@ -131,7 +131,7 @@ def minilm_dir():
 
 def real_sentences(count):
     """`count` real English sentences of 5 to 60 words from the embedded corpus."""
-    from bert_tf import corpus
+    from bert_tf.pretraining_data import corpus
 
     documents = corpus.iter_default_documents(roots=[sysconfig.get_paths()["stdlib"]])
     lines = (s for s in itertools.chain.from_iterable(documents) if 5 <= len(s.split()) <= 60)
@@ -144,8 +144,9 @@ KIND_LABELS = {"classifier": ["0", "1"], "ner": ["O", "B-X", "I-X"]}
 
 def task_model_dir(size, work, kind="classifier"):
     """A model directory of `kind` (random head) of `size`; returns (path, its BertConfig)."""
-    from bert_tf import checkpoints, modeling
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.checkpoints import conversion
+    from bert_tf.model import modeling
+    from bert_tf.model.model_dir import ModelDir
     from bert_tf.tasks import models
 
     path = os.path.join(work, f"{size}_{kind}")
@@ -155,7 +156,7 @@ def task_model_dir(size, work, kind="classifier"):
     vocab = os.path.join(minilm_dir(), "vocab.txt")
     if size == "minilm":
         pretrained = os.path.join(work, "minilm")
-        checkpoints.convert("huggingface", minilm_dir(), pretrained)
+        conversion.convert("huggingface", minilm_dir(), pretrained)
         config = ModelDir(pretrained).load_config()
         source_encoder = ModelDir(pretrained).load_encoder()
     else:
@@ -173,7 +174,7 @@ def task_model_dir(size, work, kind="classifier"):
 
 def export_signature(model_dir, seq_length, work, signature, **options):
     """Exports MODEL_DIR with export `options` and returns its loaded `signature`."""
-    from bert_tf import export
+    from bert_tf.saved_model import export
 
     # No brackets or quotes in the name: the checkpoint reader takes the path as a glob.
     tags = "_".join(f"{key}-{value}" for key, value in sorted(options.items()))
@@ -262,7 +263,7 @@ def fill_mask_model_dir(size, work, check_texts):
     random, with a random MLM head), written by hf_peer.py in FLAGS.torch_python, and the same
     weights converted into a model directory with the MLM head; returns (model_dir, hf_dir, the HF
     model's top-5 ids of each of `check_texts`)."""
-    from bert_tf import checkpoints
+    from bert_tf.checkpoints import conversion
 
     hf_dir = os.path.join(work, f"{size}_hf_masked_lm")
     request = dict(
@@ -280,7 +281,7 @@ def fill_mask_model_dir(size, work, check_texts):
         check=True,
     )
     model_dir = os.path.join(work, f"{size}_masked_lm")
-    checkpoints.convert("huggingface", hf_dir, model_dir)
+    conversion.convert("huggingface", hf_dir, model_dir)
     return model_dir, hf_dir, json.loads(prepared.stdout)
 
 

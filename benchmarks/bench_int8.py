@@ -34,7 +34,7 @@ flags.DEFINE_integer("calls", 10, "Timed calls per round.")
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.model.model_dir import ModelDir
     from bert_tf.tasks.export_graph import TextPacker
 
     sentences = bench_inference.real_sentences(256)

@@ -1,7 +1,7 @@
 """How long deleting a finished tf.data iterator takes, with tf.data's autotuner on (TF's default)
 and off (ours: `tf_data.without_autotune`), on the eval dataset of a fine-tuning job.
 
-Each round builds `tasks.features_dataset` over --rows eval rows (batches of 32 cut to their
+Each round builds `packing.features_dataset` over --rows eval rows (batches of 32 cut to their
 longest row, as fine-tuning's eval and predict batches are), runs a fixed matmul workload after
 every batch as a model step would, and times `del` of the exhausted iterator. Rows alternate
 between the two settings.
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bert_tf import tasks  # noqa: E402
+from bert_tf.tasks import packing  # noqa: E402
 
 
 def eval_features(rows, seq_length, seed=0):
@@ -38,7 +38,7 @@ def eval_features(rows, seq_length, seed=0):
 
 def deletion_seconds(features, autotune, step_matmuls, work):
     """Seconds that `del` of the exhausted iterator of one eval pass takes."""
-    dataset = tasks.features_dataset(features, 32, length_bucket=1)
+    dataset = packing.features_dataset(features, 32, length_bucket=1)
     if autotune:
         options = tf.data.Options()
         # What tf.data does unless told otherwise. A later with_options wins (tf.data logs a

@@ -1,7 +1,7 @@
 """How far an export should round a batch's length up: exact, or to a multiple of 8 or 16, paired calls.
 
 An export cuts each batch to its longest row; XLA compiles each distinct length, so XLA exports
-round it up to tasks.LENGTH_BUCKET (16), but TensorFlow's graph kernels take any length. This
+round it up to packing.LENGTH_BUCKET (16), but TensorFlow's graph kernels take any length. This
 measures what the rounding costs a graph export: the classifier bench_inference.py builds
 (`--sizes`: minilm = all-MiniLM-L6-v2's real weights; base = BERT-base's shape, random weights),
 called inside one tf.function (no XLA) on real sentences packed by the export's TextPacker with
@@ -35,8 +35,8 @@ flags.DEFINE_list("multiples", ["16", "8", "1"], "Length multiples compared; the
 
 def model_positions(batch, length_multiple):
     """How many positions the model runs for one packed batch, in call_by_length's groups."""
-    from bert_tf.tasks import bucketed_length, example_lengths
     from bert_tf.tasks.export_graph import LENGTH_GROUP_ROWS, length_groups
+    from bert_tf.tasks.packing import bucketed_length, example_lengths
 
     mask = batch["input_mask"]
     if mask.shape[0] <= LENGTH_GROUP_ROWS:  # one call on the packed batch
@@ -53,7 +53,7 @@ def model_positions(batch, length_multiple):
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.model.model_dir import ModelDir
     from bert_tf.tasks.export_graph import TextPacker, call_by_length
 
     multiples = [int(m) for m in FLAGS.multiples]

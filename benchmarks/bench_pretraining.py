@@ -33,8 +33,10 @@ import latency  # noqa: E402  (benchmarks/)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from bert_tf import input_pipeline, modeling, optimization, training  # noqa: E402
-from bert_tf.masked_lm import PretrainingObjective  # noqa: E402
+from bert_tf.model import modeling  # noqa: E402
+from bert_tf.pretraining import input_pipeline  # noqa: E402
+from bert_tf.pretraining.masked_lm import PretrainingObjective  # noqa: E402
+from bert_tf.training import optimization, training_loop  # noqa: E402
 
 VOCAB_SIZE = 30522
 PREDICTIONS = 20
@@ -121,14 +123,14 @@ def prepare_ours(
     finally:
         keras.mixed_precision.set_global_policy("float32")
     optimizer = optimization.create_optimizer("adamw", 1e-4, 10**6, 100)
-    loop = training.LoopConfig(
+    loop = training_loop.LoopConfig(
         num_train_steps=2,
         steps_per_loop=steps,
         save_checkpoints_steps=10**9,
         jit_compile=jit_compile,
         num_accumulation_steps=num_accumulation_steps,
     )
-    trainer = training.Trainer(
+    trainer = training_loop.Trainer(
         tf.distribute.get_strategy(),
         PretrainingObjective(model),
         optimizer,

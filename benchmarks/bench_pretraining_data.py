@@ -64,7 +64,7 @@ def vocab_file():
 
 def build_corpus(out_dir, megabytes):
     """The embedded corpus repeated to about `megabytes` MB (cached in out_dir)."""
-    from bert_tf import corpus
+    from bert_tf.pretraining_data import corpus
 
     base = os.path.join(out_dir, "corpus.txt")
     if not os.path.exists(base):

@@ -94,8 +94,9 @@ def export_classifier(base, layers, hidden, seq_length, precision):
     """Exports a random-weight classifier with bert_tf.export as BASE/1: text -> probabilities, label_id, label."""
     import keras
 
-    from bert_tf import export, modeling
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.model import modeling
+    from bert_tf.model.model_dir import ModelDir
+    from bert_tf.saved_model import export
     from bert_tf.tasks import models
 
     config = modeling.BertConfig(

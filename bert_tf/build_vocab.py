@@ -15,7 +15,7 @@ CLI:
       --vocab_size=8000 --do_lower_case=true
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -30,14 +30,10 @@ from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 from tqdm import tqdm
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
-from bert_tf.tokenization import (
-    MAX_INPUT_CHARS_PER_WORD,
-    SPECIAL_TOKENS,
-    BasicTokenizer,
-    decode_counting_invalid,
-)
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tokenization.python_tokenizer import BasicTokenizer, decode_counting_invalid
+from bert_tf.tokenization.tokenizer_rules import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS
 
 JOINER = "##"
 # The learner's own limits: longer words are not learned from, rarer characters are left out.

@@ -8,7 +8,7 @@ model directory out to Hugging Face or keras-hub.
 
 The pretraining heads the source has are kept, and only those: both from Google's bert_model.ckpt or a
 Hugging Face BertForPreTraining, the MLM head from a BertForMaskedLM, none from a BertModel. The run
-prints which; later, `bert_tf.model_dir.ModelDir(DIR).pretraining_heads()` says so from the directory.
+prints which; later, `bert_tf.model.model_dir.ModelDir(DIR).pretraining_heads()` says so from the directory.
 A Hugging Face directory that --to=huggingface wrote for a fine-tuned model comes back as that model.
 
 The other way, any model directory (pretrained or fine-tuned):
@@ -16,7 +16,7 @@ The other way, any model directory (pretrained or fine-tuned):
     python -m bert_tf.convert_checkpoint --to=huggingface --model_dir=models/mrpc --output_dir=hf/mrpc
     python -m bert_tf.convert_checkpoint --to=keras_hub --model_dir=models/sst2 --output_dir=presets/sst2
 
-bert_tf.hf_export and bert_tf.keras_hub_export say what each writes and what each refuses. Either
+bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export say what each writes and what each refuses. Either
 way the output directory appears only once complete, with bert_tf_output.json naming this job and
 the files it wrote. It must be new or empty; --overwrite replaces one that holds this job's earlier
 output and nothing else. A folder holding anything else is never replaced (a typo in --output_dir
@@ -24,7 +24,7 @@ must not cost its files): that is a usage error, exit 2. A gs:// --output_dir (i
 written in place and must be new or empty.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -33,13 +33,16 @@ import os
 
 from absl import flags
 
-from bert_tf import checkpoints, cli, hf_export, io_utils, keras_hub_export, tokenization
-from bert_tf.cli import arg
-from bert_tf.io_utils import UsageError
-from bert_tf.model_dir import ModelDir, describe_heads
+from bert_tf.checkpoints import conversion, google_checkpoint
+from bert_tf.interop import hf_export, keras_hub_export
+from bert_tf.model.model_dir import ModelDir, describe_heads
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import models
+from bert_tf.tokenization import python_tokenizer
 
-# --to's choices: bert_tf.hf_export and bert_tf.keras_hub_export write them.
+# --to's choices: bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export write them.
 EXPORT_TARGETS = ("huggingface", "keras_hub")
 # The resolved flags, written into the output (reusable with --flagfile).
 FLAGS_FILE = "convert_checkpoint.flags"
@@ -56,7 +59,7 @@ class ConvertArgs:
         None,
         "The source format: 'google' for the original TF1 bert_model.ckpt, 'huggingface' for a "
         "directory with config.json and model.safetensors or pytorch_model.bin.",
-        choices=checkpoints.FORMATS,
+        choices=conversion.FORMATS,
     )
     checkpoint: str = arg(
         None,
@@ -110,11 +113,11 @@ def run(args, flags_text=""):
     """
     if args.format == "google" and args.do_lower_case is not None:
         try:
-            prefix = checkpoints.resolve_google_checkpoint(args.checkpoint)
+            prefix = google_checkpoint.resolve_google_checkpoint(args.checkpoint)
         except FileNotFoundError:
             prefix = None  # convert() names what is missing
         if prefix:
-            tokenization.validate_case_matches_checkpoint(
+            python_tokenizer.validate_case_matches_checkpoint(
                 args.do_lower_case, prefix, flag="--checkpoint"
             )
     if io_utils.is_remote(args.output_dir):
@@ -140,9 +143,9 @@ def run(args, flags_text=""):
 
 
 def _convert(args, output_dir, flags_text):
-    """checkpoints.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
+    """conversion.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
     try:
-        path = checkpoints.convert(
+        path = conversion.convert(
             args.format,
             args.checkpoint,
             output_dir,

@@ -23,17 +23,17 @@ chance of a random B; 0 for the paper's No NSP ablations).
     first records are logged readably, as the original does. Bad flags or input exit with code 2.
 
 This module only reads the flags into a `job.PretrainingDataArgs` and calls
-`job.run`; bert_tf/pretraining/ does the work (see its docstring).
+`job.run`; bert_tf/pretraining_data/ does the work (see its docstring).
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
 from absl import flags
 
-from bert_tf import cli
-from bert_tf.pretraining import files, job
+from bert_tf.pretraining_data import files, job
+from bert_tf.runtime import cli
 
 JOB_NAME = "create_pretraining_data"
 FLAGS = flags.FLAGS

@@ -12,7 +12,7 @@ CLI:
       --conll_dir=build/demo/conll --corpus_file=build/demo/corpus.txt
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -26,8 +26,8 @@ import sys
 
 import numpy as np
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
 from bert_tf.tasks.multiple_choice import data as multiple_choice
 
 # ---------------------------------------------------------------------------------------------

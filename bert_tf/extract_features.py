@@ -14,7 +14,7 @@ layer, -2 the one before; `embeddings` (its "index" the string "embeddings") is 
 layer's output, what the first transformer layer reads (the encoder's embedding_output).
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -25,9 +25,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import cli, initial_weights, io_utils, modeling, tasks
-from bert_tf.cli import arg
-from bert_tf.training_flags import FinetuneArgs
+from bert_tf.checkpoints import initial_weights
+from bert_tf.model import modeling
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import data_files, packing
+from bert_tf.training.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
@@ -83,7 +86,7 @@ def pack(inputs, tokenizer, max_seq_length):
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
     count = len(inputs)
     features = {
-        name: np.zeros((count, max_seq_length), np.int32) for name in tasks.MODEL_INPUT_NAMES
+        name: np.zeros((count, max_seq_length), np.int32) for name in packing.MODEL_INPUT_NAMES
     }
     all_tokens = []
     for row, (text_a, text_b) in enumerate(inputs):
@@ -91,14 +94,14 @@ def pack(inputs, tokenizer, max_seq_length):
         tokens_b = tokenizer.tokenize(text_b) if text_b is not None else []
         if tokens_b:  # the original's rule: a b with no tokens makes a single-sentence input
             segments.append(tokens_b)
-        segments = tasks.truncate_segments(segments, max_seq_length - len(segments) - 1)
+        segments = packing.truncate_segments(segments, max_seq_length - len(segments) - 1)
         tokens = ["[CLS]"]
         for segment in segments:
             tokens += segment + ["[SEP]"]
         all_tokens.append(tokens)
         ids = [tokenizer.convert_tokens_to_ids(s) for s in segments]
-        packed = tasks.pack_segments(ids, max_seq_length, cls_id, sep_id)
-        for name, values in zip(tasks.MODEL_INPUT_NAMES, packed):
+        packed = packing.pack_segments(ids, max_seq_length, cls_id, sep_id)
+        for name, values in zip(packing.MODEL_INPUT_NAMES, packed):
             features[name][row] = values
     return features, all_tokens
 
@@ -128,7 +131,7 @@ def run(args):
         raise io_utils.UsageError(
             f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {args.max_seq_length}"
         )
-    inputs = tasks.read_text_pairs(args.input_file, "--input_file")
+    inputs = data_files.read_text_pairs(args.input_file, "--input_file")
     encoder, source = load_encoder(args)
     layers = parse_layers(args.layers, source.config.num_hidden_layers)
     features, tokens = pack(inputs, source.tokenizer(), args.max_seq_length)
@@ -145,7 +148,7 @@ def run(args):
         return tf.stack([tf.cast(x, tf.float32) for x in chosen], axis=1)
 
     with io_utils.atomic_path(args.output_file) as tmp, tf.io.gfile.GFile(tmp, "w") as out:
-        dataset = tasks.features_dataset(features, args.batch_size)
+        dataset = packing.features_dataset(features, args.batch_size)
         row = 0
         for batch in dataset:
             values = selected_layers(batch).numpy()  # [b, layers, s, h]

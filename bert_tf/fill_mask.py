@@ -11,14 +11,17 @@ directory needs its MLM head for fill-mask and its NSP head for --next_sentence:
 without it (a Hugging Face BertModel converted, a fine-tuned classifier) exits 2 naming the head.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
 import dataclasses
 
-from bert_tf import cli, io_utils, masked_lm, tasks, tokenization
-from bert_tf.cli import arg
+from bert_tf.pretraining import masked_lm
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import data_files
+from bert_tf.tokenization import tokenizer_rules
 
 
 @dataclasses.dataclass
@@ -43,7 +46,7 @@ def read_texts(args, texts):
     if args.input_file and texts:
         raise io_utils.UsageError("give texts on the command line or --input_file, not both")
     if args.input_file:
-        pairs = tasks.read_text_pairs(args.input_file, "--input_file")
+        pairs = data_files.read_text_pairs(args.input_file, "--input_file")
         if not args.next_sentence:
             return [a if b is None else f"{a} ||| {b}" for a, b in pairs]
         unpaired = [row for row, (_, b) in enumerate(pairs, start=1) if b is None]
@@ -89,7 +92,7 @@ def run(args, texts=()):
     inputs = read_texts(args, texts)
     try:
         model = masked_lm.MaskedLM(args.model_dir, args.max_seq_length or None)
-    except tokenization.VocabError as e:  # a vocabulary without [MASK], or a duplicated line
+    except tokenizer_rules.VocabError as e:  # a vocabulary without [MASK], or a duplicated line
         raise io_utils.UsageError(str(e)) from e
     except ValueError as e:  # the only other: max_seq_length outside the model's range
         raise io_utils.UsageError(f"--max_seq_length: {e}") from e

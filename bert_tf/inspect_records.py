@@ -7,10 +7,10 @@ ours or Google's: the NSP label, both segments as text, the input as the model s
 masked position as [MASK], random or kept beside its original token. Without --vocab_file the
 tokens are shown as their ids (#N), and a masked position that changed reads "replaced". A damaged
 file prints its good records, then one line naming the damage (file, record, byte), and exits 2.
-The playground's Records view shows the same decoding (bert_tf.pretraining.inspection).
+The playground's Records view shows the same decoding (bert_tf.pretraining_data.inspection).
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -18,9 +18,10 @@ import dataclasses
 import os
 import sys
 
-from bert_tf import cli, io_utils, tokenization
-from bert_tf.cli import arg
-from bert_tf.pretraining import inspection
+from bert_tf.pretraining_data import inspection
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tokenization import tokenizer_rules
 
 
 @dataclasses.dataclass
@@ -39,8 +40,8 @@ def vocab_tokens(vocab_file):
     if not vocab_file:
         return None
     try:
-        return tuple(tokenization.load_vocab(vocab_file))
-    except (OSError, tokenization.VocabError) as e:
+        return tuple(tokenizer_rules.load_vocab(vocab_file))
+    except (OSError, tokenizer_rules.VocabError) as e:
         raise io_utils.UsageError(f"--vocab_file: {e}") from e
 
 

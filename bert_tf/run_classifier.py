@@ -12,7 +12,7 @@ probabilities, train/ and eval/ TensorBoard logs, and the fine-tuned model direc
 Rerunning the same command resumes training from the newest checkpoint.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -22,11 +22,13 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import cli, finetuning, io_utils, tasks, training
-from bert_tf.cli import arg
-from bert_tf.tasks import models
+from bert_tf.checkpoints import saves
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import data_files, models
 from bert_tf.tasks.classification import data as classification
-from bert_tf.training_flags import FinetuneArgs
+from bert_tf.training import finetuning
+from bert_tf.training.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
@@ -102,7 +104,7 @@ def read_splits(args, task, splits):
         data = result[split]
         skipped = f", {data.skipped_rows} bad rows skipped" if data.skipped_rows else ""
         print(f"{split}: {len(data.examples)} examples from {data.path}{skipped}", flush=True)
-        tasks.require_examples(data.examples, data.path, split)
+        data_files.require_examples(data.examples, data.path, split)
     return result
 
 
@@ -219,7 +221,5 @@ def run(args):
 if __name__ == "__main__":
     cli.define_flags(ClassifierArgs)
     cli.run(
-        cli.job_main(
-            ClassifierArgs, run, "run_classifier", clean_output_dir=training.clean_output_dir
-        )
+        cli.job_main(ClassifierArgs, run, "run_classifier", clean_output_dir=saves.clean_output_dir)
     )

@@ -12,7 +12,7 @@ model directory that `python -m bert_tf.export` exports (context and endings in)
 same command resumes training from the newest checkpoint.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -20,11 +20,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from bert_tf import cli, finetuning, io_utils, tasks, training
-from bert_tf.cli import arg
-from bert_tf.tasks import models
+from bert_tf.checkpoints import saves
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import data_files, models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
-from bert_tf.training_flags import FinetuneArgs
+from bert_tf.training import finetuning
+from bert_tf.training.training_flags import FinetuneArgs
 
 TASK_NAMES = ("swag",)
 
@@ -62,9 +64,11 @@ def read_splits(args, splits):
         else:
             examples, source = multiple_choice.read_split(args.data_dir, split)
         print(f"{split}: {len(examples)} examples from {source}", flush=True)
-        result[split] = tasks.require_examples(examples, source, split)
+        result[split] = data_files.require_examples(examples, source, split)
         if split != "test" and any(example.label is None for example in examples):
-            raise tasks.DataFormatError(f"{source}: the {split} split needs a label in every row")
+            raise data_files.DataFormatError(
+                f"{source}: the {split} split needs a label in every row"
+            )
     return result
 
 
@@ -133,6 +137,6 @@ if __name__ == "__main__":
             MultipleChoiceArgs,
             run,
             "run_multiple_choice",
-            clean_output_dir=training.clean_output_dir,
+            clean_output_dir=saves.clean_output_dir,
         )
     )

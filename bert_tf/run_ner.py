@@ -15,19 +15,21 @@ encoder's activations instead (bert_tf.tasks.representations); the same files co
 encoder's weights in OUTPUT_DIR are those of --init_checkpoint, bit for bit.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
 import dataclasses
 import os
 
-from bert_tf import cli, finetuning, io_utils, tasks, training
-from bert_tf.cli import arg
-from bert_tf.tasks import models, representations
+from bert_tf.checkpoints import saves
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import data_files, models, representations
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
-from bert_tf.training_flags import FinetuneArgs
+from bert_tf.training import finetuning
+from bert_tf.training.training_flags import FinetuneArgs
 
 SPLIT_FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
 
@@ -93,10 +95,10 @@ def split_file(args, split):
     """--<split>_file, or DATA_DIR/<split>.txt; a missing one is a UsageError naming it."""
     explicit = getattr(args, f"{split}_file")
     if explicit:
-        return tasks.require_file(explicit, f"--{split}_file")
+        return io_utils.require_file(explicit, f"--{split}_file")
     if not args.data_dir:
         raise io_utils.UsageError(f"give --{split}_file or --data_dir (with {SPLIT_FILES[split]})")
-    return tasks.split_path(args.data_dir, SPLIT_FILES[split])
+    return data_files.split_path(args.data_dir, SPLIT_FILES[split])
 
 
 def resolve_labels(train, source, output_dir):
@@ -135,7 +137,7 @@ def run(args):
     for split, path in paths.items():
         sentences[split] = ner.read_conll(path)
         print(f"{split}: {len(sentences[split])} sentences from {path}", flush=True)
-        tasks.require_examples(sentences[split], path, split)
+        data_files.require_examples(sentences[split], path, split)
     labels = resolve_labels(sentences.get("train"), source, args.output_dir)
     if args.do_eval:
         ner.check_labels(sentences["dev"], labels)
@@ -206,4 +208,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(NerArgs)
-    cli.run(cli.job_main(NerArgs, run, "run_ner", clean_output_dir=training.clean_output_dir))
+    cli.run(cli.job_main(NerArgs, run, "run_ner", clean_output_dir=saves.clean_output_dir))

@@ -7,23 +7,23 @@
 
 Rerunning the same command resumes from the newest checkpoint in --output_dir. The output directory
 is a model directory (bert_config.json, vocab.txt, ckpt-N) that fine-tuning and export read. The
-loss is bert_tf.masked_lm's; the run goes through bert_tf.training_job, as fine-tuning does.
+loss is bert_tf.pretraining.masked_lm's; the run goes through bert_tf.training.training_job, as fine-tuning does.
 
 The paper's pretraining ablations (Table 5) read the same records:
     --nsp=false                       "No NSP": the masked LM alone; no NSP head is built or saved
     --objective=ltr --nsp=false       "LTR & No NSP": a left-to-right language model
-                                      (bert_tf.left_to_right_lm); the output's bert_config.json says
+                                      (bert_tf.pretraining.left_to_right_lm); the output's bert_config.json says
                                       attention_direction=left_to_right, so fine-tuning and export
                                       apply the same left-only attention mask
 
-The paper's two phases (bert_tf.pretraining_phases) in one run and one output directory:
+The paper's two phases (bert_tf.pretraining.phases) in one run and one output directory:
     --phase2_input_file=... --phase2_max_seq_length=512 --phase2_max_predictions_per_seq=80
     --phase2_train_steps=N2 [--phase2_recipe=continue|restart]
 and the paper's batch on small hardware: --num_accumulation_steps=N sums N micro-batches'
 gradients into each update (exactly one batch of --train_batch_size).
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -32,23 +32,16 @@ import os
 
 import keras
 
-from bert_tf import (
-    cli,
-    distribution,
-    initial_weights,
-    input_pipeline,
-    io_utils,
-    left_to_right_lm,
-    masked_lm,
-    model_dir,
-    modeling,
-    pretraining_phases,
-    training,
-)
-from bert_tf.cli import arg
-from bert_tf.model_dir import ModelDir
-from bert_tf.training_flags import LoopArgs
-from bert_tf.training_job import JobConfig, TrainingJob
+from bert_tf.checkpoints import initial_weights, saves
+from bert_tf.model import model_dir, modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.pretraining import input_pipeline, left_to_right_lm, masked_lm
+from bert_tf.pretraining import phases as pretraining_phases
+from bert_tf.runtime import cli, distribution, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.training import training_loop
+from bert_tf.training.training_flags import LoopArgs
+from bert_tf.training.training_job import JobConfig, TrainingJob
 
 MLM, LTR = "mlm", "ltr"
 OBJECTIVES = (MLM, LTR)
@@ -356,7 +349,7 @@ def run(args):
     settings = args.phase_settings()
     phases = settings.phases()
     for phase in phases:
-        training.check_accumulation(
+        training_loop.check_accumulation(
             args.train_batch_size,
             strategy.num_replicas_in_sync,
             phase.num_accumulation_steps,
@@ -395,7 +388,7 @@ def run(args):
         return objective, dict(models)
 
     # The phase to resume in follows from the step of the checkpoint resumed from.
-    resume_point = training.resume_point(args.output_dir, args.resume_from)
+    resume_point = saves.resume_point(args.output_dir, args.resume_from)
     phase = pretraining_phases.phase_at(
         phases, model_dir.checkpoint_step(resume_point) if resume_point else 0
     )
@@ -453,10 +446,10 @@ def run(args):
         metrics, steps = job.trainer.evaluate(eval_iterator, args.max_eval_steps)
         eval_results = dict(metrics, global_step=job.step)
         if job.is_chief:
-            training.write_eval_results(
+            training_loop.write_eval_results(
                 os.path.join(args.output_dir, "eval_results.txt"), eval_results
             )
-            training.write_summaries(os.path.join(args.output_dir, "eval"), job.step, metrics)
+            training_loop.write_summaries(os.path.join(args.output_dir, "eval"), job.step, metrics)
             print(
                 "eval (%d steps): %s"
                 % (steps, "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))),
@@ -497,6 +490,6 @@ if __name__ == "__main__":
             run,
             "run_pretraining",
             required=("input_file", "output_dir"),
-            clean_output_dir=training.clean_output_dir,
+            clean_output_dir=saves.clean_output_dir,
         )
     )

@@ -14,19 +14,21 @@ TensorBoard logs and the fine-tuned model directory with task.json (doc_stride a
 max_query_length included, for export).
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
 import dataclasses
 
-from bert_tf import cli, finetuning, io_utils, tasks, training
-from bert_tf.cli import arg
+from bert_tf.checkpoints import saves
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
 from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 from bert_tf.tasks.squad import postprocess as squad_postprocess
-from bert_tf.training_flags import FinetuneArgs
+from bert_tf.training import finetuning
+from bert_tf.training.training_flags import FinetuneArgs
 
 
 @dataclasses.dataclass
@@ -84,7 +86,7 @@ def validate(args):
     for name in ("train_file",) * bool(args.do_train) + ("predict_file",) * bool(
         args.do_predict or args.do_eval
     ):
-        tasks.require_file(getattr(args, name), f"--{name}")
+        io_utils.require_file(getattr(args, name), f"--{name}")
     for name in ("doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
         if getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -199,4 +201,4 @@ def run(args):
 
 if __name__ == "__main__":
     cli.define_flags(SquadArgs)
-    cli.run(cli.job_main(SquadArgs, run, "run_squad", clean_output_dir=training.clean_output_dir))
+    cli.run(cli.job_main(SquadArgs, run, "run_squad", clean_output_dir=saves.clean_output_dir))

@@ -10,7 +10,7 @@ TF Serving, which binds every interface, it binds 127.0.0.1 unless `--rest_api_h
 `--grpc_host` say otherwise.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -21,9 +21,9 @@ import threading
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import cli
-from bert_tf.cli import arg
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime import cli
+from bert_tf.runtime.cli import arg
+from bert_tf.runtime.io_utils import UsageError
 from bert_tf.serving import batching, config, core, grpc_api, methods, monitoring, protos, server
 
 DEFAULT_MAX_REQUEST_BYTES = server.DEFAULT_MAX_REQUEST_BYTES

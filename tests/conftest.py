@@ -26,7 +26,7 @@ def real_vocab():
 @pytest.fixture(scope="session")
 def english_lines():
     """About 4,000 sentences of real English: standard-library docstrings, via the embedded corpus."""
-    from bert_tf import corpus
+    from bert_tf.pretraining_data import corpus
 
     documents = corpus.iter_default_documents(roots=[sysconfig.get_paths()["stdlib"]])
     sentences = itertools.chain.from_iterable(documents)

@@ -19,9 +19,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import modeling, tokenization
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.tasks import models
+from bert_tf.tokenization import python_tokenizer
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # 1e-3 for 10 epochs learns the demo set from random weights with every seed we tried (1..6);
@@ -87,7 +88,7 @@ def run_python_script(script, timeout=120):
 
 def write_vocab(path, texts, extra_words=()):
     """A vocab.txt: the special tokens plus every word of `texts` as BasicTokenizer splits it (lower-cased)."""
-    basic = tokenization.BasicTokenizer(do_lower_case=True)
+    basic = python_tokenizer.BasicTokenizer(do_lower_case=True)
     words = {w for text in texts for w in basic.tokenize(text)} | set(extra_words)
     with open(path, "w") as f:
         f.write("\n".join(SPECIAL_TOKENS + sorted(words)) + "\n")
@@ -218,7 +219,7 @@ def demo_texts(glue_dir):
 
 
 # ----------------------------------------------------------------------------------------------
-# Model directories written by the code before bert_tf.model_dir (tests/fixtures/make_old_model_dirs.py,
+# Model directories written by the code before bert_tf.model.model_dir (tests/fixtures/make_old_model_dirs.py,
 # at commit fdc5913), packed in a tarball with the outputs those models gave.
 # ----------------------------------------------------------------------------------------------
 

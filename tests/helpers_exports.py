@@ -8,8 +8,9 @@ import os
 import keras
 from helpers import built_once, tiny_config
 
-from bert_tf import export, modeling
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.saved_model import export
 from bert_tf.tasks import models
 
 CONFIG = tiny_config(vocab_size=30522)  # the real vocabulary's size

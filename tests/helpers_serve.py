@@ -27,9 +27,9 @@ def _make_module(vocab_file):
     """A tf.Module like the export will write: strings in, GraphTokenizer, tiny BERT, named outputs."""
     import keras
 
-    from bert_tf import modeling
-    from bert_tf.graph_tokenizer import GraphTokenizer
+    from bert_tf.model import modeling
     from bert_tf.tasks import export_graph
+    from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
 
     keras.utils.set_random_seed(7)
     config = tiny_config(vocab_file)
@@ -157,7 +157,7 @@ def _signatures(module):
 
 def _save(module, path, signatures):
     """Saves a SavedModel, then marks the classify/regress signatures' methods."""
-    from bert_tf import export
+    from bert_tf.saved_model import export
 
     tf.saved_model.save(module, path, signatures=signatures)
     # tf.saved_model.save writes every signature as "predict"; the exporter's fix-up sets the rest.

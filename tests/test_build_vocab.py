@@ -8,8 +8,10 @@ import re
 import pytest
 from helpers import run_module_cli
 
-from bert_tf import build_vocab, corpus
-from bert_tf.tokenization import SPECIAL_TOKENS, BasicTokenizer, FullTokenizer, load_vocab
+from bert_tf import build_vocab
+from bert_tf.pretraining_data import corpus
+from bert_tf.tokenization.python_tokenizer import BasicTokenizer, FullTokenizer
+from bert_tf.tokenization.tokenizer_rules import SPECIAL_TOKENS, load_vocab
 
 VOCAB_SIZE = 400
 # A word of 60 characters: the learner ignores words over 50, yet its letter 'ж' must not be [UNK].

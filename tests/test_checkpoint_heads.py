@@ -23,8 +23,9 @@ from helpers_google import (
     write_hf_dir,
 )
 
-from bert_tf import checkpoints, initial_weights, model_dir, modeling
-from bert_tf.model_dir import ModelDir, ModelDirError
+from bert_tf.checkpoints import conversion, huggingface, initial_weights, name_map
+from bert_tf.model import model_dir, modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError
 
 BOTH = frozenset({"mlm", "nsp"})
 
@@ -60,7 +61,7 @@ def assert_heads_match(model, w, gelu, heads):
 def warnings(monkeypatch):
     """The warnings checkpoints, model_dir and initial_weights log, formatted."""
     logged = []
-    for module in (checkpoints, model_dir, initial_weights):
+    for module in (name_map, model_dir, initial_weights):
         monkeypatch.setattr(module.logging, "warning", lambda msg, *args: logged.append(msg % args))
     return logged
 
@@ -80,7 +81,7 @@ def test_bert_for_pretraining_keeps_both_heads(tmp_path, old_layer_norm_names, t
     state = hf_state_dict(w, GOOGLE_TINY, "BertForPreTraining", old_layer_norm_names, tied_copies)
     hf_dir = write_hf_dir(tmp_path / "hf", state, "BertForPreTraining")
     out = str(tmp_path / "model")
-    checkpoints.convert("huggingface", hf_dir, out)
+    conversion.convert("huggingface", hf_dir, out)
     directory = ModelDir(out)
     assert directory.pretraining_heads() == BOTH
     # Both heads are the whole pretraining model, as a pretraining run writes it.
@@ -103,7 +104,7 @@ def test_bert_for_masked_lm_keeps_the_mlm_head_and_writes_no_nsp_head(tmp_path, 
     # "gelu_new" is Hugging Face's name for the tanh form: Google's "gelu".
     hf_dir = write_hf_dir(tmp_path / "hf", state, "BertForMaskedLM", hidden_act="gelu_new")
     out = str(tmp_path / "model")
-    prefix = checkpoints.convert("huggingface", hf_dir, out)
+    prefix = conversion.convert("huggingface", hf_dir, out)
     assert any("has no pooler" in message for message in warnings)
     directory = ModelDir(out)
     assert directory.pretraining_heads() == {"mlm"}
@@ -135,7 +136,7 @@ def test_bert_for_masked_lm_keeps_the_mlm_head_and_writes_no_nsp_head(tmp_path, 
     assert np.abs(got - exact).max() > 1e-3
     # The pooler HF's BertForMaskedLM lacks is the original's initialization, seeded: reproducible.
     again = str(tmp_path / "again")
-    checkpoints.convert("huggingface", hf_dir, again)
+    conversion.convert("huggingface", hf_dir, again)
     np.testing.assert_array_equal(
         ModelDir(again).load_encoder().get_layer("pooled_dense").kernel.numpy(),
         ModelDir(out).load_encoder().get_layer("pooled_dense").kernel.numpy(),
@@ -146,7 +147,7 @@ def test_bert_model_converts_without_heads(tmp_path):
     w = hf_weights("BertModel", seed=2)
     hf_dir = write_hf_dir(tmp_path / "hf", hf_state_dict(w, GOOGLE_TINY, "BertModel"), "BertModel")
     out = str(tmp_path / "model")
-    checkpoints.convert("huggingface", hf_dir, out)
+    conversion.convert("huggingface", hf_dir, out)
     directory = ModelDir(out)
     assert directory.pretraining_heads() == frozenset()
     assert "pretraining_model" not in directory.checkpoint_objects()
@@ -165,7 +166,7 @@ def test_google_checkpoint_with_heads(tmp_path):
     w = random_weights(GOOGLE_TINY, seed=4)
     prefix = write_google_dir(str(tmp_path / "google"), w)
     out = str(tmp_path / "model")
-    checkpoints.convert("google", prefix, out, do_lower_case=True)
+    conversion.convert("google", prefix, out, do_lower_case=True)
     assert ModelDir(out).pretraining_heads() == BOTH
     model, _ = ModelDir(out).load_pretraining_model(require=BOTH)
     assert_heads_match(model, w, np_gelu, BOTH)
@@ -176,7 +177,7 @@ def test_google_checkpoint_with_the_mlm_head_only(tmp_path):
     for name in NSP_KEYS:
         del w[name]
     out = str(tmp_path / "model")
-    checkpoints.convert("google", write_google_dir(str(tmp_path / "g"), w), out, do_lower_case=True)
+    conversion.convert("google", write_google_dir(str(tmp_path / "g"), w), out, do_lower_case=True)
     assert ModelDir(out).pretraining_heads() == {"mlm"}
     model, _ = ModelDir(out).load_pretraining_model(require={"mlm"})
     assert_heads_match(model, w, np_gelu, {"mlm"})
@@ -199,12 +200,12 @@ def test_an_untied_decoder_is_refused(tmp_path, name, change, message):
     state[name] = state[name] + change
     hf_dir = write_hf_dir(tmp_path / "hf", state, "BertForPreTraining")
     with pytest.raises(ValueError, match=message):
-        checkpoints.convert("huggingface", hf_dir, str(tmp_path / "model"))
+        conversion.convert("huggingface", hf_dir, str(tmp_path / "model"))
     assert not os.path.exists(tmp_path / "model")
 
 
 def test_the_decoder_names_go_through_the_one_name_map():
-    to_original = checkpoints.huggingface_to_original_name
+    to_original = huggingface.huggingface_to_original_name
     assert to_original("cls.predictions.decoder.weight") == (
         "bert/embeddings/word_embeddings",
         False,
@@ -218,11 +219,9 @@ def test_the_decoder_names_go_through_the_one_name_map():
         "cls/predictions/transform/dense/kernel",
         True,
     )
-    assert checkpoints.heads_in(["cls/predictions/output_bias", "bert/pooler/dense/bias"]) == {
-        "mlm"
-    }
-    assert checkpoints.heads_in(["cls/seq_relationship/output_bias"]) == {"nsp"}
-    assert checkpoints.heads_in(["bert/pooler/dense/bias"]) == frozenset()
+    assert name_map.heads_in(["cls/predictions/output_bias", "bert/pooler/dense/bias"]) == {"mlm"}
+    assert name_map.heads_in(["cls/seq_relationship/output_bias"]) == {"nsp"}
+    assert name_map.heads_in(["bert/pooler/dense/bias"]) == frozenset()
 
 
 def test_cli_prints_the_heads_it_kept(tmp_path):
@@ -279,7 +278,7 @@ def test_an_mlm_only_directory_initializes_a_pretraining_run(tmp_path, warnings)
         tmp_path / "hf", hf_state_dict(w, GOOGLE_TINY, "BertForMaskedLM"), "BertForMaskedLM"
     )
     init = str(tmp_path / "mlm_only")
-    checkpoints.convert("huggingface", hf_dir, init)
+    conversion.convert("huggingface", hf_dir, init)
     source = initial_weights.resolve(init)
     model, encoder = modeling.build_pretraining_model(source.config)
     fresh_nsp = model.get_layer("nsp_head").kernel.numpy()
@@ -302,7 +301,7 @@ def test_a_model_without_its_nsp_head_takes_the_mlm_head_of_a_checkpoint_with_bo
     prefix = write_google_dir(str(tmp_path / "google"), w)
     config_file = os.path.join(os.path.dirname(prefix), "bert_config.json")
     both_dir = str(tmp_path / "both")
-    checkpoints.convert("google", prefix, both_dir, do_lower_case=True)
+    conversion.convert("google", prefix, both_dir, do_lower_case=True)
     for init, flags in ((prefix, dict(bert_config_file=config_file)), (both_dir, {})):
         source = initial_weights.resolve(
             init, vocab_file=os.path.join(os.path.dirname(prefix), "vocab.txt"), **flags

@@ -19,8 +19,10 @@ from helpers_google import (
 )
 from safetensors.numpy import save_file
 
-from bert_tf import checkpoints, io_utils, modeling
-from bert_tf.model_dir import ModelDir
+from bert_tf.checkpoints import conversion, huggingface, name_map, pytorch_bin
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
 
 TINY_HF_DIR = os.path.join(FIXTURES, "tiny_hf_pretraining")
 
@@ -48,7 +50,7 @@ def test_google_checkpoint_matches_numpy_bert(tmp_path):
     ] == [2, GOOGLE_TINY["hidden_size"]]
 
     out_dir = str(tmp_path / "model")
-    checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
+    conversion.convert("google", prefix, out_dir, do_lower_case=True)
     model, encoder = ModelDir(out_dir).load_pretraining_model()
     assert ModelDir(out_dir).load_config().do_lower_case is True
 
@@ -82,7 +84,7 @@ def test_google_encoder_only_checkpoint(tmp_path):
     weights = random_weights(GOOGLE_TINY, with_heads=False)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     out_dir = str(tmp_path / "model")
-    checkpoints.convert(
+    conversion.convert(
         "google", str(tmp_path / "google"), out_dir, do_lower_case=False
     )  # a directory works too
     encoder = ModelDir(out_dir).load_encoder()
@@ -104,8 +106,8 @@ def test_mismatch_lists_every_name_and_shape_and_writes_nothing(tmp_path):
     weights["bert/encoder/layer_9/unexpected"] = np.zeros((3,), np.float32)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
     out_dir = str(tmp_path / "model")
-    with pytest.raises(checkpoints.CheckpointMismatchError) as error:
-        checkpoints.convert("google", prefix, out_dir, do_lower_case=True)
+    with pytest.raises(name_map.CheckpointMismatchError) as error:
+        conversion.convert("google", prefix, out_dir, do_lower_case=True)
     message = str(error.value)
     assert (
         f"missing from checkpoint: bert/encoder/layer_1/output/dense/bias (expected shape [{h}])"
@@ -124,8 +126,8 @@ def test_config_from_another_size_lists_all_mismatches(tmp_path):
     bigger = dict(GOOGLE_TINY, num_hidden_layers=3, intermediate_size=12)
     config_file = tmp_path / "other_config.json"
     config_file.write_text(json.dumps(bigger))
-    with pytest.raises(checkpoints.CheckpointMismatchError) as error:
-        checkpoints.convert(
+    with pytest.raises(name_map.CheckpointMismatchError) as error:
+        conversion.convert(
             "google",
             prefix,
             str(tmp_path / "model"),
@@ -145,48 +147,48 @@ def test_config_from_another_size_lists_all_mismatches(tmp_path):
 def test_google_without_do_lower_case_is_an_error(tmp_path):
     prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
     with pytest.raises(ValueError, match="--do_lower_case"):
-        checkpoints.convert("google", prefix, str(tmp_path / "model"))
+        conversion.convert("google", prefix, str(tmp_path / "model"))
 
 
 def test_missing_or_malformed_config_is_named(tmp_path):
     prefix = write_google_dir(str(tmp_path / "google"), random_weights(GOOGLE_TINY))
     missing = str(tmp_path / "nowhere.json")
     with pytest.raises(FileNotFoundError, match="nowhere.json does not exist"):
-        checkpoints.convert("google", prefix, str(tmp_path / "model"), bert_config_file=missing)
+        conversion.convert("google", prefix, str(tmp_path / "model"), bert_config_file=missing)
     with pytest.raises(FileNotFoundError, match="nowhere.json does not exist"):
-        checkpoints.convert(
+        conversion.convert(
             "google", prefix, str(tmp_path / "model"), bert_config_file=missing, do_lower_case=True
         )
     broken = tmp_path / "broken.json"
     broken.write_text('{"vocab_size": 23,')
     with pytest.raises(ValueError, match="broken.json: not valid JSON"):
-        checkpoints.convert(
+        conversion.convert(
             "huggingface", TINY_HF_DIR, str(tmp_path / "model"), bert_config_file=str(broken)
         )
     assert not os.path.exists(tmp_path / "model")
 
 
 def test_huggingface_name_map():
-    assert checkpoints.huggingface_to_original_name(
+    assert huggingface.huggingface_to_original_name(
         "bert.encoder.layer.11.attention.self.query.weight"
     ) == ("bert/encoder/layer_11/attention/self/query/kernel", True)
-    assert checkpoints.huggingface_to_original_name("encoder.layer.0.output.LayerNorm.weight") == (
+    assert huggingface.huggingface_to_original_name("encoder.layer.0.output.LayerNorm.weight") == (
         "bert/encoder/layer_0/output/LayerNorm/gamma",
         False,
     )
-    assert checkpoints.huggingface_to_original_name("embeddings.LayerNorm.beta") == (
+    assert huggingface.huggingface_to_original_name("embeddings.LayerNorm.beta") == (
         "bert/embeddings/LayerNorm/beta",
         False,
     )
-    assert checkpoints.huggingface_to_original_name("cls.seq_relationship.weight") == (
+    assert huggingface.huggingface_to_original_name("cls.seq_relationship.weight") == (
         "cls/seq_relationship/output_weights",
         False,
     )
-    assert checkpoints.huggingface_to_original_name("cls.predictions.bias") == (
+    assert huggingface.huggingface_to_original_name("cls.predictions.bias") == (
         "cls/predictions/output_bias",
         False,
     )
-    assert checkpoints.huggingface_to_original_name("bert.embeddings.position_ids") == (None, False)
+    assert huggingface.huggingface_to_original_name("bert.embeddings.position_ids") == (None, False)
 
 
 def load_fixture(name):
@@ -213,14 +215,14 @@ def check_tiny_hf(model_dir):
 def test_huggingface_pytorch_bin_pretraining_model_without_torch(tmp_path):
     # pytorch_model.bin of a BertForPreTraining (`bert.` prefix, tied decoder), read without torch.
     assert "torch" not in sys.modules
-    checkpoints.convert("huggingface", TINY_HF_DIR, str(tmp_path / "model"), do_lower_case=True)
+    conversion.convert("huggingface", TINY_HF_DIR, str(tmp_path / "model"), do_lower_case=True)
     check_tiny_hf(str(tmp_path / "model"))
     # Hugging Face's "gelu" is the exact erf form: written under our name for it.
     assert json.load(open(tmp_path / "model" / "bert_config.json"))["hidden_act"] == "gelu_exact"
 
 
 def test_huggingface_safetensors_without_bert_prefix(tmp_path):
-    state = checkpoints.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
+    state = pytorch_bin.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
     unprefixed = {k[len("bert.") :] if k.startswith("bert.") else k: v for k, v in state.items()}
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
@@ -228,7 +230,7 @@ def test_huggingface_safetensors_without_bert_prefix(tmp_path):
     for name in ("config.json", "vocab.txt"):
         (hf_dir / name).write_bytes(open(os.path.join(TINY_HF_DIR, name), "rb").read())
     (hf_dir / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    checkpoints.convert("huggingface", str(hf_dir), str(tmp_path / "model"))
+    conversion.convert("huggingface", str(hf_dir), str(tmp_path / "model"))
     check_tiny_hf(str(tmp_path / "model"))
     assert ModelDir(str(tmp_path / "model")).load_config().do_lower_case is True
 
@@ -250,27 +252,27 @@ def test_huggingface_activation_names(hf_name, ours):
     hf_config.pop("hidden_act")
     if hf_name is not None:
         hf_config["hidden_act"] = hf_name
-    assert checkpoints.huggingface_config(hf_config, do_lower_case=True).hidden_act == ours
+    assert huggingface.huggingface_config(hf_config, do_lower_case=True).hidden_act == ours
 
 
 def test_huggingface_models_convert_bidirectional_and_a_decoder_is_refused():
     with open(os.path.join(TINY_HF_DIR, "config.json")) as f:
         hf_config = json.load(f)
-    config = checkpoints.huggingface_config(hf_config, do_lower_case=True)
+    config = huggingface.huggingface_config(hf_config, do_lower_case=True)
     assert config.attention_direction == modeling.BIDIRECTIONAL
     # transformers' is_decoder masks attention causally yet pools [CLS]: no model here does both.
     with pytest.raises(ValueError, match="config.json: unsupported: is_decoder is true"):
-        checkpoints.huggingface_config(dict(hf_config, is_decoder=True), do_lower_case=True)
+        huggingface.huggingface_config(dict(hf_config, is_decoder=True), do_lower_case=True)
 
 
 def test_huggingface_untied_decoder_is_an_error(tmp_path):
-    state = checkpoints.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
+    state = pytorch_bin.read_pytorch_bin(os.path.join(TINY_HF_DIR, "pytorch_model.bin"))
     state["cls.predictions.decoder.weight"] = state["cls.predictions.decoder.weight"] + 1
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
     save_file(state, str(hf_dir / "model.safetensors"))
     with pytest.raises(ValueError, match="not tied"):
-        checkpoints.read_huggingface_weights(str(hf_dir))
+        huggingface.read_huggingface_weights(str(hf_dir))
 
 
 def minilm_dir():
@@ -282,7 +284,7 @@ def minilm_dir():
 def test_real_minilm_weights_reproduce_transformers(tmp_path):
     # Reference made once with torch + transformers: see tests/fixtures/make_minilm_reference.py.
     out_dir = str(tmp_path / "minilm")
-    checkpoints.convert("huggingface", minilm_dir(), out_dir)
+    conversion.convert("huggingface", minilm_dir(), out_dir)
     config = ModelDir(out_dir).load_config()
     assert (config.num_hidden_layers, config.hidden_size, config.do_lower_case) == (6, 384, True)
     ref = load_fixture("minilm_reference.npz")
@@ -367,7 +369,7 @@ def test_cli_refuses_a_casing_that_contradicts_huggingface_tokenizer_config(tmp_
     )
     assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "model")
     # The same setting, given or not, agrees.
-    checkpoints.convert("huggingface", str(hf_dir), str(tmp_path / "same"), do_lower_case=True)
+    conversion.convert("huggingface", str(hf_dir), str(tmp_path / "same"), do_lower_case=True)
     assert ModelDir(str(tmp_path / "same")).load_config().do_lower_case is True
 
 
@@ -468,7 +470,7 @@ def test_released_shapes_load(layers, hidden, vocab):
     config = modeling.BertConfig.from_dict(c)
     model, _ = modeling.build_pretraining_model(config)
     shapes = original_shapes(c)
-    checkpoints.assign_original_weights(
+    name_map.assign_original_weights(
         "released",
         shapes,
         lambda name: np.zeros(shapes[name], np.float32),

@@ -11,7 +11,7 @@ import uuid
 
 from helpers import wait_for
 
-from bert_tf.child_reaper import processes_holding
+from bert_tf.runtime.child_reaper import processes_holding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -24,7 +24,7 @@ def start_job(mark, ending):
     script = textwrap.dedent(
         f"""
         import os, signal, subprocess, sys, time
-        from bert_tf import child_reaper
+        from bert_tf.runtime import child_reaper
         with child_reaper.reaped_children():
             subprocess.Popen("sleep 60; true", shell=True)
             print("started", flush=True)

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import demo_data, io_utils, tasks, tokenization
-from bert_tf.graph_tokenizer import GraphTokenizer
+from bert_tf import demo_data
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.ner import data as ner
+from bert_tf.tokenization import python_tokenizer
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
 
 
 def write(path, lines):
@@ -303,7 +306,7 @@ def test_malformed_row_names_file_and_line_or_is_skipped(tmp_path):
     write(str(tmp_path / "train.tsv"), train_lines)
     task = classification.get_task("qqp")
     with pytest.raises(
-        tasks.DataFormatError, match=r"train\.tsv:3: 4 columns, expected at least 6"
+        data_files.DataFormatError, match=r"train\.tsv:3: 4 columns, expected at least 6"
     ):
         classification.read_split(task, str(tmp_path), "train")
     split = classification.read_split(task, str(tmp_path), "train", skip_bad_rows=True)
@@ -319,7 +322,7 @@ def test_a_row_wider_than_the_first_is_refused_naming_file_and_line(tmp_path):
         [["sentence", "label"], ["fine", "1"], ["a tab\there", "0"]],
     )
     with pytest.raises(
-        tasks.DataFormatError, match=r"train\.tsv:3: 3 columns, but the file's first row has 2"
+        data_files.DataFormatError, match=r"train\.tsv:3: 3 columns, but the file's first row has 2"
     ):
         classification.read_split(classification.get_task("sst2"), str(tmp_path / "sst2"), "train")
     skipped = classification.read_split(
@@ -328,7 +331,7 @@ def test_a_row_wider_than_the_first_is_refused_naming_file_and_line(tmp_path):
     assert skipped.skipped_rows == 1 and [e.text_a for e in skipped.examples] == ["fine"]
     write(str(tmp_path / "user" / "train.tsv"), [["text", "label"], ["ok", "pos"], ["x\ty", "neg"]])
     named = classification.get_task("tsv", text_a_column="text", label_column="label")
-    with pytest.raises(tasks.DataFormatError, match=r"train\.tsv:3: 3 columns"):
+    with pytest.raises(data_files.DataFormatError, match=r"train\.tsv:3: 3 columns"):
         classification.read_split(named, str(tmp_path / "user"), "train")
     write(str(tmp_path / "ragged" / "train.tsv"), [["pos", "ok"], ["neg", "x", "extra"]])
     indexed = classification.get_task("tsv", text_a_column="1", label_column="0")
@@ -339,12 +342,14 @@ def test_a_row_wider_than_the_first_is_refused_naming_file_and_line(tmp_path):
 def test_bad_labels_are_errors(tmp_path):
     write(str(tmp_path / "train.tsv"), [["sentence", "label"], ["fine", "1"], ["odd", "positive"]])
     with pytest.raises(
-        tasks.DataFormatError, match=r"train\.tsv:3: label 'positive' is not one of 0, 1"
+        data_files.DataFormatError, match=r"train\.tsv:3: label 'positive' is not one of 0, 1"
     ):
         classification.read_split(classification.get_task("sst2"), str(tmp_path), "train")
     stsb_lines = [GLUE_FILES["stsb"][0][0], ["0", "g", "f", "y", "1", "n", "n", "a", "b", "high"]]
     write(str(tmp_path / "stsb" / "train.tsv"), stsb_lines)
-    with pytest.raises(tasks.DataFormatError, match=r"train\.tsv:2: score 'high' is not a number"):
+    with pytest.raises(
+        data_files.DataFormatError, match=r"train\.tsv:2: score 'high' is not a number"
+    ):
         classification.read_split(classification.get_task("stsb"), str(tmp_path / "stsb"), "train")
 
 
@@ -375,7 +380,7 @@ def test_user_csv_with_named_columns_and_unseen_dev_label(tmp_path):
     assert labels == ["neg", "pos"]
     dev = classification.read_split(task, str(tmp_path), "dev")
     with pytest.raises(
-        tasks.DataFormatError, match=r"dev\.csv:3: label 'mixed' was never seen in training"
+        data_files.DataFormatError, match=r"dev\.csv:3: label 'mixed' was never seen in training"
     ):
         classification.check_labels(dev, labels)
 
@@ -429,13 +434,13 @@ def test_truncation_equals_the_original_loop():
         budget = rng.randint(0, 50)
         expected_a, expected_b = list(a), list(b)
         original_truncate_seq_pair(expected_a, expected_b, budget)
-        assert tasks.truncate_segments([a, b], budget) == [expected_a, expected_b]
+        assert packing.truncate_segments([a, b], budget) == [expected_a, expected_b]
 
 
 def test_truncation_of_three_segments_trims_the_last_longest():
     # Lengths 3, 4, 2 into 5: trim #2 (4->3), tie 3/3 -> trim the last (#2, 3->2), #1 (3->2),
     # tie 2/2/2 -> trim the last (#3, 2->1): 2, 2, 1.
-    assert tasks.truncated_lengths([3, 4, 2], 5) == [2, 2, 1]
+    assert packing.truncated_lengths([3, 4, 2], 5) == [2, 2, 1]
 
 
 def reference_features(example, tokenizer, max_seq_length):
@@ -486,7 +491,7 @@ EXAMPLES = [
 
 @pytest.fixture(scope="module")
 def tokenizer(real_vocab):
-    return tokenization.FullTokenizer(real_vocab, do_lower_case=True)
+    return python_tokenizer.FullTokenizer(real_vocab, do_lower_case=True)
 
 
 def test_convert_examples_matches_the_original(tokenizer):
@@ -527,9 +532,9 @@ def test_pack_inputs_in_tf_equals_python_on_random_lengths():
             else tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), [0] * len(batch))
             for s in range(num_segments)
         ]
-        packed = tasks.pack_inputs(segments, seq_length, cls_id=2, sep_id=3)
+        packed = packing.pack_inputs(segments, seq_length, cls_id=2, sep_id=3)
         for i, row in enumerate(batch):
-            ids, mask, types = tasks.pack_segments(row, seq_length, cls_id=2, sep_id=3)
+            ids, mask, types = packing.pack_segments(row, seq_length, cls_id=2, sep_id=3)
             assert packed["input_word_ids"][i].numpy().tolist() == ids.tolist(), (num_segments, row)
             assert packed["input_mask"][i].numpy().tolist() == mask.tolist()
             assert packed["input_type_ids"][i].numpy().tolist() == types.tolist()
@@ -551,9 +556,9 @@ def test_pack_inputs_drops_an_empty_b_row_by_row_as_python_does():
         tf.ragged.constant([row[s] for row in batch], dtype=tf.int32, ragged_rank=1)
         for s in range(2)
     ]
-    packed = tasks.pack_inputs(segments, seq_length, cls_id=2, sep_id=3, drop_empty_b=True)
+    packed = packing.pack_inputs(segments, seq_length, cls_id=2, sep_id=3, drop_empty_b=True)
     for i, (a, b) in enumerate(batch):
-        ids, mask, types = tasks.pack_segments(
+        ids, mask, types = packing.pack_segments(
             [a, b], seq_length, cls_id=2, sep_id=3, drop_empty_b=True
         )
         if not b:
@@ -566,13 +571,44 @@ def test_pack_inputs_drops_an_empty_b_row_by_row_as_python_does():
         assert packed["input_type_ids"][i].numpy().tolist() == types.tolist()
 
 
+def graph_inputs(graph_tokenizer, seq_length, texts_a, texts_b=None):
+    """Model inputs for string tensors [batch], tokenized and packed in TensorFlow ops as an export
+    packs them (export_graph's packer)."""
+    cls_id = graph_tokenizer.special_ids["[CLS]"]
+    sep_id = graph_tokenizer.special_ids["[SEP]"]
+    segments = [graph_tokenizer.tokenize(texts_a)]
+    if texts_b is not None:
+        segments.append(graph_tokenizer.tokenize(texts_b))
+    # Row by row, a text_b with no tokens packs as a single sentence, as in `convert_examples`.
+    return packing.pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=True)
+
+
+def convert_examples_in_graph(examples, graph_tokenizer, max_seq_length, labels, batch_size=512):
+    """The features of `classification.convert_examples`, tokenized and packed in the graph
+    (graph_inputs), in batches."""
+    count = len(examples)
+    features = {
+        name: np.zeros((count, max_seq_length), np.int32) for name in packing.MODEL_INPUT_NAMES
+    }
+    # A missing text_b is an empty one: both pack as a single sentence.
+    has_pairs = any(e.text_b is not None for e in examples)
+    for start in range(0, count, batch_size):
+        rows = examples[start : start + batch_size]
+        texts_a = tf.constant([e.text_a for e in rows])
+        texts_b = tf.constant([e.text_b or "" for e in rows]) if has_pairs else None
+        packed = graph_inputs(graph_tokenizer, max_seq_length, texts_a, texts_b)
+        for name, model_name in packing.MODEL_INPUT_NAMES.items():
+            features[name][start : start + len(rows)] = packed[model_name].numpy()
+    features["label_ids"] = classification.label_values(examples, labels)
+    features["is_real_example"] = np.ones(count, np.int32)
+    return features
+
+
 @pytest.mark.slow
 def test_graph_conversion_equals_python_conversion(real_vocab, tokenizer):
     graph_tokenizer = GraphTokenizer(real_vocab, do_lower_case=True)
     expected = classification.convert_examples(EXAMPLES, tokenizer, 16, ["0", "1"])
-    actual = classification.convert_examples_in_graph(
-        EXAMPLES, graph_tokenizer, 16, ["0", "1"], batch_size=2
-    )
+    actual = convert_examples_in_graph(EXAMPLES, graph_tokenizer, 16, ["0", "1"], batch_size=2)
     for name in expected:
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 
@@ -582,7 +618,7 @@ def test_records_round_trip(tmp_path, tokenizer):
     path = str(tmp_path / "train.tf_record")
     assert classification.write_records(path, features) == len(EXAMPLES)
     batches = list(
-        tasks.records_dataset(
+        packing.records_dataset(
             path, classification.feature_spec([16]), batch_size=4, is_training=False
         )
     )
@@ -602,13 +638,13 @@ def test_records_round_trip(tmp_path, tokenizer):
     assert batches[0]["input_mask"].dtype == tf.int32
     train = next(
         iter(
-            tasks.records_dataset(
+            packing.records_dataset(
                 path, classification.feature_spec([16]), batch_size=4, is_training=True, seed=1
             )
         )
     )
     assert train["input_word_ids"].shape == (4, 16)
-    in_memory = list(tasks.features_dataset(features, batch_size=2))
+    in_memory = list(packing.features_dataset(features, batch_size=2))
     np.testing.assert_array_equal(
         np.concatenate([b["input_mask"] for b in in_memory]), features["input_mask"]
     )
@@ -626,7 +662,7 @@ def test_records_round_trip(tmp_path, tokenizer):
     classification.write_records(path, regression)
     batch = next(
         iter(
-            tasks.records_dataset(
+            packing.records_dataset(
                 path, classification.feature_spec([8], is_regression=True), 2, is_training=False
             )
         )
@@ -743,20 +779,20 @@ def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
 def test_text_readers_name_the_line_of_bad_utf8_and_read_gzip(tmp_path):
     bad = b"\xff\xfe broken\n"
     (tmp_path / "train.tsv").write_bytes(b"sentence\tlabel\ngood one\t1\n" + bad)
-    with pytest.raises(tasks.DataFormatError, match=r"train\.tsv:3: not UTF-8"):
+    with pytest.raises(data_files.DataFormatError, match=r"train\.tsv:3: not UTF-8"):
         classification.read_split(classification.get_task("sst2"), str(tmp_path), "train")
     (tmp_path / "train.txt").write_bytes(b"bob B-PER\n\n" + bad.replace(b"\n", b" O\n"))
-    with pytest.raises(tasks.DataFormatError, match=r"train\.txt:3: not UTF-8"):
+    with pytest.raises(data_files.DataFormatError, match=r"train\.txt:3: not UTF-8"):
         ner.read_conll(str(tmp_path / "train.txt"))
     (tmp_path / "input.txt").write_bytes(b"a ||| b\n" + bad)
-    with pytest.raises(tasks.DataFormatError, match=r"input\.txt:2: not UTF-8"):
-        tasks.read_text_pairs(str(tmp_path / "input.txt"))
+    with pytest.raises(data_files.DataFormatError, match=r"input\.txt:2: not UTF-8"):
+        data_files.read_text_pairs(str(tmp_path / "input.txt"))
 
     # Gzipped files read like plain ones; line endings (CRLF too) are dropped.
     path = str(tmp_path / "lines.tsv.gz")
     with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
         f.write("text\tlabel\r\ncafé au lait\t1\n")
-    assert list(tasks.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café au lait\t1")]
+    assert list(data_files.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café au lait\t1")]
     assert list(classification.read_rows(path)) == [
         (1, ["text", "label"]),
         (2, ["café au lait", "1"]),
@@ -768,4 +804,4 @@ def test_gz_on_a_tensorflow_file_system_is_decompressed():
     path = "ram://decoded_lines/train.tsv.gz"
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(gzip.compress("text\tlabel\r\ncafé\t1\n".encode("utf-8")))
-    assert list(tasks.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café\t1")]
+    assert list(data_files.decoded_lines(path)) == [(1, "text\tlabel"), (2, "café\t1")]

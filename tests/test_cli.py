@@ -11,13 +11,10 @@ from helpers import run_module_cli
 
 from bert_tf import (
     build_vocab,
-    cli,
     convert_checkpoint,
     corpus,
     export,
     extract_features,
-    io_utils,
-    pretraining,
     run_classifier,
     run_multiple_choice,
     run_ner,
@@ -25,6 +22,8 @@ from bert_tf import (
     run_squad,
     serve,
 )
+from bert_tf.pretraining_data import job
+from bert_tf.runtime import cli, io_utils
 from bert_tf.tokenization import __main__ as tokenization_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +34,7 @@ JOB_ARGS = [
     run_multiple_choice.MultipleChoiceArgs,
     run_pretraining.PretrainingArgs,
     extract_features.ExtractArgs,
-    pretraining.PretrainingDataArgs,
+    job.PretrainingDataArgs,
     build_vocab.BuildVocabArgs,
     convert_checkpoint.ConvertArgs,
     corpus.CorpusArgs,

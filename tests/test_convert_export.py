@@ -20,9 +20,13 @@ from helpers_google import NumpyBert, np_gelu, np_gelu_exact
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from bert_tf import checkpoints, hf_export, io_utils, keras_hub_export, modeling, tokenization
-from bert_tf.model_dir import ALL_HEADS, ModelDir, pretraining_checkpoint_object
+from bert_tf.checkpoints import conversion, huggingface, name_map
+from bert_tf.interop import hf_export, keras_hub_export
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ALL_HEADS, ModelDir, pretraining_checkpoint_object
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
+from bert_tf.tokenization import python_tokenizer
 
 PRETRAINED = {
     "pretraining": ALL_HEADS,
@@ -290,7 +294,7 @@ def test_huggingface_export_is_exact_and_comes_back_bit_for_bit(tmp_path, kind, 
 
     # Importing the export gives back the same model directory: every variable, every output.
     back = str(tmp_path / "back")
-    checkpoints.convert("huggingface", hf_dir, back, task_model=hf_export.task_model)
+    conversion.convert("huggingface", hf_dir, back, task_model=hf_export.task_model)
     config, loaded = load_back(back, kind)
     assert config == ModelDir(model_dir).load_config()
     want = {v.path: v.numpy() for v in model.weights}
@@ -327,7 +331,7 @@ TOKENIZER_TEXTS = [
 def test_huggingface_tokenizer_json_tokenizes_as_the_original(real_vocab, do_lower_case):
     vocab = hf_export.read_vocab(real_vocab)
     exported = Tokenizer.from_str(json.dumps(hf_export.wordpiece_tokenizer(vocab, do_lower_case)))
-    ours = tokenization.FullTokenizer(
+    ours = python_tokenizer.FullTokenizer(
         real_vocab, do_lower_case, special_tokens=tuple(hf_export.SPECIAL_TOKENS.values())
     )
     cls, sep = vocab["[CLS]"], vocab["[SEP]"]
@@ -345,22 +349,22 @@ def test_the_reverse_names_are_the_importers_names():
     # Every original name goes out and comes back through huggingface_to_original_name.
     config = tiny_config()
     model, _ = modeling.build_pretraining_model(config)
-    names = checkpoints.original_weights(model, config.num_hidden_layers, ALL_HEADS)
+    names = name_map.original_weights(model, config.num_hidden_layers, ALL_HEADS)
     for prefix in ("bert.", ""):
         for original in names:
-            hf_name, transpose = checkpoints.huggingface_name(original, prefix)
-            assert checkpoints.huggingface_to_original_name(hf_name) == (original, transpose)
-    assert checkpoints.huggingface_name("bert/encoder/layer_1/attention/self/query/kernel") == (
+            hf_name, transpose = huggingface.huggingface_name(original, prefix)
+            assert huggingface.huggingface_to_original_name(hf_name) == (original, transpose)
+    assert huggingface.huggingface_name("bert/encoder/layer_1/attention/self/query/kernel") == (
         "bert.encoder.layer.1.attention.self.query.weight",
         True,
     )
-    assert checkpoints.huggingface_name("cls/seq_relationship/output_weights") == (
+    assert huggingface.huggingface_name("cls/seq_relationship/output_weights") == (
         "cls.seq_relationship.weight",
         False,
     )
-    assert checkpoints.huggingface_activation("gelu") == "gelu_new"
-    assert checkpoints.huggingface_activation("gelu_exact") == "gelu"
-    assert checkpoints.huggingface_activation("relu") == "relu"
+    assert huggingface.huggingface_activation("gelu") == "gelu_new"
+    assert huggingface.huggingface_activation("gelu_exact") == "gelu"
+    assert huggingface.huggingface_activation("relu") == "relu"
 
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -631,7 +635,7 @@ def test_keras_hub_preset_of_a_pretrained_model_loads_in_keras_hub(tmp_path):
         np.testing.assert_allclose(got, np.asarray(ours[name]), rtol=0, atol=1e-5, err_msg=name)
     # keras-hub's tokenizer gives our tokenizer's ids.
     tokenizer = keras_hub.models.BertTokenizer.from_preset(preset)
-    ours_tokenizer = tokenization.FullTokenizer(os.path.join(model_dir, "vocab.txt"), True)
+    ours_tokenizer = python_tokenizer.FullTokenizer(os.path.join(model_dir, "vocab.txt"), True)
     for text in ("w0 w1 w17", "W3 w12, w4!", "w5w6 unknown w7"):
         assert np.asarray(tokenizer(text)).tolist() == ours_tokenizer.encode(text), text
 

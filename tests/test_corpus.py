@@ -6,7 +6,8 @@ import textwrap
 import pytest
 from helpers import run_module_cli
 
-from bert_tf import corpus, io_utils
+from bert_tf.pretraining_data import corpus
+from bert_tf.runtime import io_utils
 
 MODULE_SOURCE = textwrap.dedent('''
     """Tools for counting apples in baskets.

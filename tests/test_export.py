@@ -18,15 +18,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import export, io_utils, modeling, tasks
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import export_graph, models
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.saved_model import export
+from bert_tf.tasks import export_graph, models, packing
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import postprocess as squad_postprocess
-from bert_tf.tokenization import FullTokenizer
+from bert_tf.tokenization.python_tokenizer import FullTokenizer
 from tests.helpers import run_python_script, session_outputs, tiny_config
 
 CONFIG = tiny_config(vocab_size=30522)  # the real vocabulary's size
@@ -328,10 +330,10 @@ def tokenizer(real_vocab):
 
 
 def packed(real_vocab, segments_list, seq_length):
-    """The training-side packing of texts: FullTokenizer ids + tasks.pack_segments (an empty b dropped)."""
+    """The training-side packing of texts: FullTokenizer ids + packing.pack_segments (an empty b dropped)."""
     full = tokenizer(real_vocab)
     rows = [
-        tasks.pack_segments(
+        packing.pack_segments(
             [full.encode(t) for t in segments],
             seq_length,
             full.vocab["[CLS]"],
@@ -550,9 +552,9 @@ def squad_reference(model_dir, real_vocab):
     )
     arrays = squad.feature_arrays(features, is_training=False)
     x = {
-        tasks.MODEL_INPUT_NAMES[k]: np.asarray(v, np.int32)
+        packing.MODEL_INPUT_NAMES[k]: np.asarray(v, np.int32)
         for k, v in arrays.items()
-        if k in tasks.MODEL_INPUT_NAMES
+        if k in packing.MODEL_INPUT_NAMES
     }
     out = model(x, training=False)
     results = [
@@ -604,9 +606,9 @@ def ner_reference(model_dir, real_vocab, texts):
         sentences, tokenizer(real_vocab), spec.max_seq_length, spec.labels
     )
     x = {
-        tasks.MODEL_INPUT_NAMES[k]: v
+        packing.MODEL_INPUT_NAMES[k]: v
         for k, v in features.arrays.items()
-        if k in tasks.MODEL_INPUT_NAMES
+        if k in packing.MODEL_INPUT_NAMES
     }
     predicted = model(x, training=False)["logits"].numpy().argmax(-1)
     tags = ner.word_predictions(features, predicted, spec.labels)
@@ -914,13 +916,13 @@ def test_pair_with_a_b_without_tokens_serves_as_fine_tuning_packed_it(tmp_path, 
         examples, tokenizer(real_vocab), spec.max_seq_length, spec.labels
     )
     got = module.packer.pack([tf.constant(texts_a), tf.constant(texts_b)])
-    for name, model_name in tasks.MODEL_INPUT_NAMES.items():
+    for name, model_name in packing.MODEL_INPUT_NAMES.items():
         np.testing.assert_array_equal(got[model_name].numpy(), expected[name], err_msg=name)
     full = tokenizer(real_vocab)
     assert full.convert_ids_to_tokens(got["input_word_ids"][0].numpy()) == (
         ["[CLS]"] + "one two three four five six".split() + ["[SEP]"]
     )
-    inputs = {model_name: expected[name] for name, model_name in tasks.MODEL_INPUT_NAMES.items()}
+    inputs = {model_name: expected[name] for name, model_name in packing.MODEL_INPUT_NAMES.items()}
     probabilities = tf.nn.softmax(model(inputs, training=False)["logits"]).numpy()
     served = module.serve(tf.constant(texts_a), tf.constant(texts_b))
     np.testing.assert_allclose(served["probabilities"].numpy(), probabilities, atol=1e-5)
@@ -967,7 +969,7 @@ def test_max_seq_length_zero_is_refused_not_defaulted(tmp_path, real_vocab):
 
 def test_export_does_not_import_the_server():
     # Exporting must not pay for (or depend on) grpc and the serving package: they share only
-    # bert_tf.model_versions.
+    # bert_tf.saved_model.model_versions.
     script = (
         "import sys, bert_tf.export; "
         "loaded = [m for m in sys.modules if m.startswith(('bert_tf.serv', 'grpc'))]; "

@@ -16,12 +16,14 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from bert_tf import export, modeling, warmup
-from bert_tf.inference_encoder import InferenceEncoder
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.saved_model import export, warmup
+from bert_tf.saved_model.inference_encoder import InferenceEncoder
 from bert_tf.serving import servable as servable_module
-from bert_tf.tasks import LENGTH_BUCKET, models
+from bert_tf.tasks import models
 from bert_tf.tasks.export_graph import LENGTH_GROUP_ROWS, TextPacker, call_by_length, text_spec
+from bert_tf.tasks.packing import LENGTH_BUCKET
 from tests.helpers import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,11 @@ import pytest
 from helpers import run_module_cli
 from helpers_google import GOOGLE_TINY, NumpyBert, random_weights, write_google_dir
 
-from bert_tf import checkpoints, extract_features, io_utils, tasks, tokenization
+from bert_tf import extract_features
+from bert_tf.checkpoints import conversion
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files
+from bert_tf.tokenization import python_tokenizer
 
 SEQ = 10
 # Google's vocab in write_google_dir: [PAD] [UNK] [CLS] [SEP] [MASK] w0..w17 -> ids 0..4, 5..22.
@@ -103,7 +107,7 @@ def test_cli_from_an_original_checkpoint_matches_numpy_bert(google, tmp_path):
 
 def test_a_model_directory_gives_the_same_features(google, tmp_path):
     model_dir = str(tmp_path / "model")
-    checkpoints.convert("google", google["prefix"], model_dir, do_lower_case=True)
+    conversion.convert("google", google["prefix"], model_dir, do_lower_case=True)
     output_file = str(tmp_path / "features.jsonl")
     count = extract_features.run(
         extract_features.ExtractArgs(
@@ -149,7 +153,7 @@ def test_pairs_split_at_the_last_spaced_separator_as_the_original(tmp_path):
     # The original matches r"^(.*) \|\|\| (.*)$": spaces around "|||" required, greedy first part.
     path = tmp_path / "input.txt"
     path.write_text("a|||b\nx ||| y ||| z\n  p ||| q  \n\n||| r\n")
-    assert tasks.read_text_pairs(str(path)) == [
+    assert data_files.read_text_pairs(str(path)) == [
         ("a|||b", None),
         ("x ||| y", "z"),
         ("p", "q"),
@@ -160,7 +164,7 @@ def test_pairs_split_at_the_last_spaced_separator_as_the_original(tmp_path):
 
 def test_a_b_without_tokens_gives_a_single_sentence_input(google):
     """`a ||| \u200b`: b tokenizes to nothing, so the input is `[CLS] a [SEP]` (the original's `if tokens_b:`)."""
-    tokenizer = tokenization.FullTokenizer(
+    tokenizer = python_tokenizer.FullTokenizer(
         os.path.join(google["dir"], "vocab.txt"), do_lower_case=True
     )
     features, tokens = extract_features.pack(

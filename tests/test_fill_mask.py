@@ -33,16 +33,12 @@ from helpers_google import (
 from helpers_serve import model_server
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bert_tf import (
-    checkpoints,
-    export,
-    io_utils,
-    masked_lm,
-    masked_lm_serving,
-    modeling,
-    warmup,
-)
-from bert_tf.model_dir import ModelDir, ModelDirError
+from bert_tf.checkpoints import conversion, name_map
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError
+from bert_tf.pretraining import masked_lm
+from bert_tf.runtime import io_utils
+from bert_tf.saved_model import export, masked_lm_serving, warmup
 
 VOCAB = SPECIAL_TOKENS + [f"w{i}" for i in range(TINY_CONFIG.vocab_size - len(SPECIAL_TOKENS))]
 TEXTS = ["w3 w7 [MASK] w1", "w9 [MASK] w2 w2 [MASK]", "[MASK]"]
@@ -79,19 +75,19 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("fill_mask")
     google_w = random_weights(GOOGLE_TINY, seed=11)
     prefix = write_google_dir(str(root / "google"), google_w)
-    checkpoints.convert("google", prefix, str(root / "from_google"), do_lower_case=True)
+    conversion.convert("google", prefix, str(root / "from_google"), do_lower_case=True)
     hf_w = hf_weights("BertForPreTraining", seed=12)
     state = hf_state_dict(hf_w, GOOGLE_TINY, "BertForPreTraining")
     hf_dir = write_hf_dir(root / "hf", state, "BertForPreTraining")
-    checkpoints.convert("huggingface", hf_dir, str(root / "from_hf"))
+    conversion.convert("huggingface", hf_dir, str(root / "from_hf"))
     mlm_w = hf_weights("BertForMaskedLM", seed=13)
     state = hf_state_dict(mlm_w, GOOGLE_TINY, "BertForMaskedLM")
-    checkpoints.convert(
+    conversion.convert(
         "huggingface", write_hf_dir(root / "hf_mlm", state, "BertForMaskedLM"), str(root / "mlm")
     )
     encoder_w = hf_weights("BertModel", seed=14)
     state = hf_state_dict(encoder_w, GOOGLE_TINY, "BertModel")
-    checkpoints.convert(
+    conversion.convert(
         "huggingface", write_hf_dir(root / "hf_encoder", state, "BertModel"), str(root / "encoder")
     )
     return {
@@ -146,7 +142,7 @@ def test_a_model_pretrained_here_reads_back_as_the_original_computes_it(tmp_path
     model, encoder = modeling.build_pretraining_model(config)
     w = random_weights(GOOGLE_TINY, seed=15)
     shapes = {name: value.shape for name, value in w.items()}
-    checkpoints.assign_original_weights("w", shapes, w.get, model, config.num_hidden_layers, True)
+    name_map.assign_original_weights("w", shapes, w.get, model, config.num_hidden_layers, True)
     ModelDir(str(tmp_path / "model")).write(config, vocab, encoder, pretraining_model=model)
     (result,) = masked_lm.MaskedLM(str(tmp_path / "model")).fill_mask(TEXTS[:1], top_k=3)
     ref = reference(w, np_gelu, [(reference_ids(TEXTS[0]), [])])

@@ -10,19 +10,13 @@ import tensorflow as tf
 from helpers import DEMO_TRAINING, TINY_CONFIG, run_module_cli
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 
-from bert_tf import (
-    extract_features,
-    finetuning,
-    io_utils,
-    modeling,
-    run_classifier,
-    run_ner,
-    run_squad,
-    training_flags,
-)
-from bert_tf.model_dir import ModelDir
+from bert_tf import extract_features, run_classifier, run_ner, run_squad
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models, registry
 from bert_tf.tasks.ner import data as ner
+from bert_tf.training import finetuning, training_flags
 
 
 def np_xent(logits, labels):

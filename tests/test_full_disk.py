@@ -14,7 +14,7 @@ import tensorflow as tf
 from helpers import tiny_config
 from helpers_records import write_real_text_records
 
-from bert_tf import distribution, io_utils
+from bert_tf.runtime import distribution, io_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")

@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from bert_tf.graph_cond import _LOWERING_ATTR, cond_as_call
-from bert_tf.graph_tokenizer import GraphTokenizer
+from bert_tf.tokenization.graph_cond import _LOWERING_ATTR, cond_as_call
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
 
 
 def lowering_of_ifs(graph):

@@ -24,9 +24,10 @@ from helpers import hf_wordpiece_reference, run_python_script, saved_model_ops_s
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bert_tf import graph_tokenizer, tokenization
-from bert_tf.graph_tokenizer import GraphTokenizer
-from bert_tf.tokenization import CachedTokenizer, FullTokenizer, VocabError
+from bert_tf.tokenization import graph_tokenizer, python_tokenizer
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
+from bert_tf.tokenization.python_tokenizer import CachedTokenizer, FullTokenizer
+from bert_tf.tokenization.tokenizer_rules import VocabError
 
 EDGE_CASES = [
     "",
@@ -225,7 +226,7 @@ def test_invalid_utf8_is_replaced_and_counted(real_vocab):
     assert full.invalid_utf8_count == 0
     assert full.tokenize(b"bad\xff\xfebytes \xc3") == full.tokenize("badbytes")
     assert full.invalid_utf8_count == 3
-    assert tokenization.count_invalid_utf8(b"\xed\xa0\x80") == 3  # an encoded surrogate
+    assert python_tokenizer.count_invalid_utf8(b"\xed\xa0\x80") == 3  # an encoded surrogate
 
 
 def test_empty_input(uncased):
@@ -366,9 +367,9 @@ def test_saved_graph_uses_only_core_and_text_ops(tmp_path, real_vocab):
 
 def _normalized(text, do_lower_case):
     """What a source span reads as after cleaning (and lower-casing), spaces removed."""
-    cleaned = "".join(tokenization.clean_char(c) for c in text)
+    cleaned = "".join(python_tokenizer.clean_char(c) for c in text)
     if do_lower_case:
-        cleaned = tokenization.strip_accents(cleaned.lower())
+        cleaned = python_tokenizer.strip_accents(cleaned.lower())
     return "".join(cleaned.split())
 
 

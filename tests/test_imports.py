@@ -1,5 +1,9 @@
 """The package's imports form a house: no circles, no import that climbs back up, few floors.
 
+Its shape: the `python -m bert_tf.<job>` entry points directly in bert_tf/, and the library below
+them in packages by concern (runtime, tokenization, model, checkpoints, training, ...); no library
+module imports an entry point.
+
 Every `import` and `from ... import` in bert_tf is read with `ast` (those inside functions too, so a
 lazy import cannot hide a circle). A module imports another when it names it, or names a
 package and imports one of its modules.
@@ -12,13 +16,15 @@ import pathlib
 
 import pytest
 
-from bert_tf import job_process
+from bert_tf.runtime import job_process
 from bert_tf.tasks import registry
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "bert_tf"
 MAX_FLOORS = 9
 # What only export and the server load: training never imports them.
-SERVING_STACK = ("bert_tf.tasks.export_graph", "bert_tf.warmup", "bert_tf.serving")
+SERVING_STACK = ("bert_tf.tasks.export_graph", "bert_tf.saved_model", "bert_tf.serving")
+# The modules directly in bert_tf/ (entry points and __init__) at most.
+MAX_TOP_LEVEL_MODULES = 20
 TRAINING_JOBS = job_process.TRAINING_JOBS + ("bert_tf.extract_features",)
 
 
@@ -101,6 +107,11 @@ def reachable(module, graph):
     return seen
 
 
+def entry_points(modules):
+    """The modules directly in bert_tf/ other than its __init__: the `python -m bert_tf.<job>` CLIs."""
+    return {m for m, path in modules.items() if path.parent == PACKAGE and path.stem != "__init__"}
+
+
 def area(module):
     """bert_tf.<first name>: a subpackage, or a top-level module."""
     return ".".join(module.split(".")[:2])
@@ -108,9 +119,40 @@ def area(module):
 
 def test_the_graph_sees_the_imports_it_should():
     graph = import_graph()
-    assert "bert_tf.model_dir" in graph["bert_tf.training"]
-    assert "bert_tf.tasks.models" in graph["bert_tf.finetuning"]
+    assert "bert_tf.model.model_dir" in graph["bert_tf.training.training_loop"]
+    assert "bert_tf.tasks.models" in graph["bert_tf.training.finetuning"]
     assert "bert_tf.tasks.export_graph" in graph["bert_tf.tasks.squad.serving"]
+
+
+def test_the_top_level_holds_the_entry_points_only():
+    modules = module_files()
+    top = entry_points(modules)
+    assert len(top) + 1 <= MAX_TOP_LEVEL_MODULES, sorted(top)
+    assert "bert_tf.run_classifier" in top and "bert_tf.tasks" not in top
+    not_jobs = [m for m in top if 'if __name__ == "__main__":' not in modules[m].read_text()]
+    assert not not_jobs, f"library modules at the top of bert_tf/: {not_jobs}"
+
+
+def test_no_library_module_imports_an_entry_point():
+    graph = import_graph()
+    jobs = entry_points(module_files())
+    offenders = {
+        module: sorted(graph[module] & jobs)
+        for module in graph
+        if module not in jobs and module != "bert_tf" and graph[module] & jobs
+    }
+    assert not offenders
+
+
+def test_a_library_module_importing_an_entry_point_is_seen(tmp_path):
+    # What the test above reads: a library module that imports a job has that job among its imports.
+    modules = module_files()
+    path = tmp_path / "registry.py"
+    path.write_text(
+        modules["bert_tf.tasks.registry"].read_text() + "\nfrom bert_tf import run_ner\n"
+    )
+    imports = imported_names("bert_tf.tasks.registry", path, modules)
+    assert imports & entry_points(modules) == {"bert_tf.run_ner"}
 
 
 def test_no_module_imports_itself_back():
@@ -141,7 +183,7 @@ def test_training_never_imports_the_serving_stack(job):
 
 
 def test_the_model_directory_knows_files_and_checkpoints_only():
-    assert not [m for m in reachable("bert_tf.model_dir", import_graph()) if ".tasks" in m]
+    assert not [m for m in reachable("bert_tf.model.model_dir", import_graph()) if ".tasks" in m]
 
 
 @pytest.mark.parametrize("kind", sorted(registry.KINDS))

@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 from helpers import tiny_config, tiny_inputs
 
-from bert_tf import export, inference_encoder, modeling
-from bert_tf.inference_encoder import InferenceEncoder, with_inference_encoder
-from bert_tf.intra_op_limit import NO_LIMIT
+from bert_tf.model import modeling
+from bert_tf.saved_model import export, inference_encoder
+from bert_tf.saved_model.inference_encoder import InferenceEncoder, with_inference_encoder
+from bert_tf.saved_model.intra_op_limit import NO_LIMIT
 from bert_tf.tasks import models, registry
 
 # Uneven shapes (3 heads of 8, an intermediate size that is not a multiple of the hidden size) and

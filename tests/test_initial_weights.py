@@ -1,4 +1,4 @@
-"""The one resolver of config, vocab and initial weights (bert_tf.initial_weights) that every job uses."""
+"""The one resolver of config, vocab and initial weights (bert_tf.checkpoints.initial_weights) that every job uses."""
 
 import json
 import os
@@ -14,8 +14,10 @@ from helpers import (
 )
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 
-from bert_tf import initial_weights, io_utils, model_dir, modeling
-from bert_tf.model_dir import ModelDir, ModelDirError
+from bert_tf.checkpoints import initial_weights
+from bert_tf.model import model_dir, modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 
 

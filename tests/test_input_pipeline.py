@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 from helpers_records import write_numbered_records, write_real_text_records
 
-from bert_tf import input_pipeline, tasks, tokenization
+from bert_tf.pretraining import input_pipeline
+from bert_tf.tasks import packing
+from bert_tf.tokenization import tokenizer_rules
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def test_every_input_pipeline_runs_without_the_autotuner(numbered_files):
         input_pipeline.pretraining_dataset(numbered_files, 4, 8, 3, is_training=training, seed=1)
         for training in (True, False)
     ] + [
-        tasks.features_dataset(features, 4, is_training=training, seed=1, length_bucket=bucket)
+        packing.features_dataset(features, 4, is_training=training, seed=1, length_bucket=bucket)
         for training in (True, False)
         for bucket in (None, 1)
     ]
@@ -232,7 +234,7 @@ def test_dynamic_masking_remasks_real_records(tmp_path):
 
 def test_real_text_records_round_trip(tmp_path):
     files, vocab_file = write_real_text_records(str(tmp_path), num_files=2)
-    vocab = tokenization.load_vocab(vocab_file)
+    vocab = tokenizer_rules.load_vocab(vocab_file)
     inverse = {i: t for t, i in vocab.items()}
     batch = next(iter(input_pipeline.pretraining_dataset(files, 8, 32, 5, is_training=False)))
     for row in range(8):

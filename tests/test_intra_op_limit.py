@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 from helpers import run_python_script
 
-from bert_tf import intra_op_limit
+from bert_tf.saved_model import intra_op_limit
 
 
 def nested_function(inputs):
@@ -74,7 +74,7 @@ def test_the_limit_reaches_the_kernels():
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(2)
         tf.config.threading.set_inter_op_parallelism_threads(2)
-        from bert_tf import intra_op_limit
+        from bert_tf.saved_model import intra_op_limit
 
         def cpu_ticks():
             ticks = {}

@@ -1,6 +1,6 @@
 """Dynamic-length fine-tuning batches: trim_to_longest, length-grouped training, and the padded twin.
 
-Every batch is cut to its longest row rounded up to tasks.LENGTH_BUCKET, and training groups examples
+Every batch is cut to its longest row rounded up to packing.LENGTH_BUCKET, and training groups examples
 of similar length; the model must predict what it predicts on batches padded to max_seq_length.
 """
 
@@ -16,19 +16,12 @@ import pytest
 import tensorflow as tf
 from helpers import ROOT
 
-from bert_tf import (
-    cli,
-    finetuning,
-    run_classifier,
-    run_multiple_choice,
-    run_ner,
-    run_squad,
-    tasks,
-    training_flags,
-)
-from bert_tf.tasks import models
+from bert_tf import run_classifier, run_multiple_choice, run_ner, run_squad
+from bert_tf.runtime import cli
+from bert_tf.tasks import models, packing
 from bert_tf.tasks.classification import data as classification
-from bert_tf.tasks.ner import IGNORE_LABEL
+from bert_tf.tasks.ner.data import IGNORE_LABEL
+from bert_tf.training import finetuning, training_flags
 
 SEQ = 48
 
@@ -69,25 +62,27 @@ def test_trim_cuts_every_sequence_tensor_to_the_longest_row_rounded_up():
         "input_word_ids": tf.constant(np.arange(120).reshape(3, 40), tf.int32),
         "label_ids": tf.constant([1, 2, 3]),
     }
-    trimmed = tasks.trim_to_longest(inputs, 16)
+    trimmed = packing.trim_to_longest(inputs, 16)
     assert trimmed["input_mask"].shape == (3, 32) and trimmed["input_word_ids"].shape == (3, 32)
     np.testing.assert_array_equal(trimmed["input_word_ids"], inputs["input_word_ids"][:, :32])
     assert trimmed["label_ids"].numpy().tolist() == [1, 2, 3]  # not a sequence: unchanged
     # Never longer than the input, a hole in a mask does not hide the tokens after it, and an
     # all-padding batch keeps one position.
-    assert tasks.trim_to_longest(inputs, 64)["input_mask"].shape == (3, 40)
+    assert packing.trim_to_longest(inputs, 64)["input_mask"].shape == (3, 40)
     holey = np.zeros((1, 40), np.int32)
     holey[0, [0, 20]] = 1
-    assert tasks.trim_to_longest({"input_mask": tf.constant(holey)}, 8)["input_mask"].shape == (
+    assert packing.trim_to_longest({"input_mask": tf.constant(holey)}, 8)["input_mask"].shape == (
         1,
         24,
     )
     empty = {"input_mask": tf.zeros((2, 40), tf.int32)}
-    assert tasks.trim_to_longest(empty, 1)["input_mask"].shape == (2, 1)
+    assert packing.trim_to_longest(empty, 1)["input_mask"].shape == (2, 1)
     # [b, choices, s]: the longest choice of any row.
     choices = np.zeros((2, 3, 40), np.int64)
     choices[1, 2, :20] = 1
-    cut = tasks.trim_to_longest({"input_mask": tf.constant(choices), "y": tf.constant([0, 1])}, 16)
+    cut = packing.trim_to_longest(
+        {"input_mask": tf.constant(choices), "y": tf.constant([0, 1])}, 16
+    )
     assert cut["input_mask"].shape == (2, 3, 32) and cut["y"].shape == (2,)
 
 
@@ -98,10 +93,10 @@ def test_eval_batches_keep_file_order_and_are_trimmed(tmp_path):
     path = str(tmp_path / "dev.tf_record")
     classification.write_records(path, features)
     padded = list(
-        tasks.records_dataset(path, classification.feature_spec([SEQ]), 8, is_training=False)
+        packing.records_dataset(path, classification.feature_spec([SEQ]), 8, is_training=False)
     )
     trimmed = list(
-        tasks.records_dataset(
+        packing.records_dataset(
             path, classification.feature_spec([SEQ]), 8, is_training=False, length_bucket=16
         )
     )
@@ -120,10 +115,10 @@ def test_eval_batches_keep_file_order_and_are_trimmed(tmp_path):
 @pytest.mark.parametrize("choices", [None, 3])
 def test_training_batches_group_lengths_and_see_every_example_once_per_epoch(tmp_path, choices):
     batch_size, seq_length = 8, 128
-    count = batch_size * tasks.LENGTH_GROUP_BATCHES * 3  # three whole windows: one epoch
+    count = batch_size * packing.LENGTH_GROUP_BATCHES * 3  # three whole windows: one epoch
     features = random_features(count, seq_length, 30, seed=1, choices=choices, mean_length=25)
     features["label_ids"] = np.arange(count, dtype=np.int32)  # each example's id
-    grouped = tasks.features_dataset(
+    grouped = packing.features_dataset(
         features, batch_size, is_training=True, seed=4, length_bucket=16
     )
     # Dynamic lengths reach the training loop as one element spec: no retracing per length.
@@ -133,10 +128,10 @@ def test_training_batches_group_lengths_and_see_every_example_once_per_epoch(tmp
     ids = np.concatenate([b["label_ids"] for b in epoch])
     assert sorted(ids.tolist()) == list(range(count))
     # Far less padding than static batches, and than random batches that are only trimmed.
-    static = tasks.features_dataset(features, batch_size, is_training=True, seed=4)
+    static = packing.features_dataset(features, batch_size, is_training=True, seed=4)
     static_padding = padding_fraction(static.take(count // batch_size))
     trimmed_padding = padding_fraction(
-        static.map(lambda batch: tasks.trim_to_longest(batch)).take(count // batch_size)
+        static.map(lambda batch: packing.trim_to_longest(batch)).take(count // batch_size)
     )
     assert padding_fraction(epoch) < 0.5 * static_padding, (padding_fraction(epoch), static_padding)
     assert padding_fraction(epoch) < 0.7 * trimmed_padding, (
@@ -156,19 +151,19 @@ def test_training_batches_group_lengths_and_see_every_example_once_per_epoch(tmp
 
 def test_group_by_length_off_gives_plain_shuffled_batches_cut_to_their_longest(tmp_path):
     batch_size, seq_length = 8, 128
-    count = batch_size * tasks.LENGTH_GROUP_BATCHES * 2
+    count = batch_size * packing.LENGTH_GROUP_BATCHES * 2
     features = random_features(count, seq_length, 30, seed=1, mean_length=25)
     features["label_ids"] = np.arange(count, dtype=np.int32)
 
     def epoch(group_by_length):
-        dataset = tasks.features_dataset(
+        dataset = packing.features_dataset(
             features, batch_size, True, seed=4, length_bucket=1, group_by_length=group_by_length
         )
         return list(dataset.take(count // batch_size))
 
     plain, grouped = epoch(False), epoch(True)
     # The same shuffled order as static batches, each only trimmed: no sorting by length.
-    static = tasks.features_dataset(features, batch_size, is_training=True, seed=4)
+    static = packing.features_dataset(features, batch_size, is_training=True, seed=4)
     expected = [b["label_ids"].numpy().tolist() for b in static.take(count // batch_size)]
     assert [b["label_ids"].numpy().tolist() for b in plain] == expected
     for batch in plain:
@@ -203,7 +198,7 @@ def test_pad_to_max_seq_length_and_tpu_keep_static_shapes(tmp_path):
         return training_flags.FinetuneArgs(**flags).finetune_config().length_bucket
 
     assert bucket() == 1
-    assert bucket(jit_compile=True) == tasks.LENGTH_BUCKET
+    assert bucket(jit_compile=True) == packing.LENGTH_BUCKET
     assert bucket(pad_to_max_seq_length=True) is None
     assert bucket(strategy="tpu") is None
     features = random_features(64, SEQ, 30)
@@ -212,7 +207,7 @@ def test_pad_to_max_seq_length_and_tpu_keep_static_shapes(tmp_path):
     path = str(tmp_path / "train.tf_record")
     classification.write_records(path, features)
     for is_training in (True, False):
-        dataset = tasks.records_dataset(
+        dataset = packing.records_dataset(
             path,
             classification.feature_spec([SEQ]),
             8,
@@ -321,7 +316,7 @@ def test_the_training_loop_traces_once_for_every_length(demo, tmp_path, jit_comp
     features = labelled_features("ner", 128, tuner.source.config.vocab_size)
 
     def make_train_dataset(batch_size, seed, input_context):
-        return tasks.features_dataset(
+        return packing.features_dataset(
             features, batch_size, is_training=True, seed=seed, length_bucket=16
         )
 
@@ -338,7 +333,9 @@ def test_the_training_loop_traces_once_for_every_length(demo, tmp_path, jit_comp
 MIRRORED_SCRIPT = textwrap.dedent("""
     import sys, json
     import numpy as np
-    from bert_tf import distribution, finetuning, tasks, training_flags
+    from bert_tf.runtime import distribution
+    from bert_tf.tasks import packing
+    from bert_tf.training import finetuning, training_flags
     strategy = distribution.get_strategy("mirrored", num_cpu_replicas=2)
     import test_length_buckets as t
     args = training_flags.FinetuneArgs(output_dir=sys.argv[2], init_checkpoint=sys.argv[1], do_train=True,
@@ -346,7 +343,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     source = args.model_source()
     tuner = finetuning.Finetuner(args.finetune_config(), strategy, source, t.SPECS["classifier"], 6)
     features = t.labelled_features("classifier", 96, source.config.vocab_size)
-    tuner.start(lambda batch_size, seed, context: tasks.features_dataset(
+    tuner.start(lambda batch_size, seed, context: packing.features_dataset(
         features, batch_size, is_training=True, seed=seed, length_bucket=16))
     metrics = tuner.train(log_fn=lambda line: None)
     trimmed, padded = t.predict_both_ways(tuner, features, 8)

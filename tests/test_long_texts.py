@@ -14,12 +14,13 @@ import tensorflow as tf
 from helpers import tiny_config
 from helpers_serve import model_server
 
-from bert_tf import export, tokenizer_rules
-from bert_tf.model_dir import ModelDir
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.saved_model import export
 from bert_tf.serving import long_texts
 from bert_tf.serving import servable as servable_module
 from bert_tf.tasks import models
-from bert_tf.tokenization import FullTokenizer
+from bert_tf.tokenization import tokenizer_rules
+from bert_tf.tokenization.python_tokenizer import FullTokenizer
 
 # Letters with and without accents, lone combining marks (stripped when lower-casing), long
 # words with marks between the letters (accents, Thai, Devanagari, a mark past U+FFFF), controls

@@ -1,4 +1,4 @@
-"""The model directory (bert_tf.model_dir): what it holds, what it lacks, writing, restoring, and
+"""The model directory (bert_tf.model.model_dir): what it holds, what it lacks, writing, restoring, and
 directories written before ModelDir existed."""
 
 import dataclasses
@@ -22,8 +22,9 @@ from helpers import (
     write_tiny_vocab,
 )
 
-from bert_tf import io_utils, model_dir, modeling
-from bert_tf.model_dir import ModelDir, ModelDirError
+from bert_tf.model import model_dir, modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 
 CLASSIFIER = OLD_CLASSIFIER_SPEC
@@ -48,7 +49,7 @@ def rewrite_config(path, **changes):
 
 
 def record_warnings(monkeypatch):
-    """The warnings bert_tf.model_dir logs from now on, formatted."""
+    """The warnings bert_tf.model.model_dir logs from now on, formatted."""
     warnings = []
     monkeypatch.setattr(
         model_dir.logging, "warning", lambda msg, *args: warnings.append(msg % args)

@@ -17,7 +17,8 @@ from helpers import (
 )
 from helpers_google import GOOGLE_TINY, NumpyBert, random_weights
 
-from bert_tf import checkpoints, modeling
+from bert_tf.checkpoints import name_map
+from bert_tf.model import modeling
 
 
 @pytest.mark.parametrize(
@@ -238,7 +239,7 @@ def other_ids(ids):
 def test_left_to_right_encoder_matches_numpy_bert():
     weights = random_weights(GOOGLE_TINY, with_heads=False)
     encoder = modeling.build_encoder(LTR_CONFIG)
-    checkpoints.assign_original_weights(
+    name_map.assign_original_weights(
         "random weights",
         {name: value.shape for name, value in weights.items()},
         weights.__getitem__,

@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
-from bert_tf import io_utils, tasks, tokenization
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
+from bert_tf.tokenization import python_tokenizer
 
 # The start of CoNLL-2003's eng.train, in its original IOB1 tags (I- starts entities).
 CONLL_IOB1 = """-DOCSTART- -X- O O
@@ -68,11 +70,11 @@ def test_bio_input_is_unchanged():
 def test_bad_lines_name_file_and_line(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_text("EU B-ORG\nrejects\n")
-    with pytest.raises(tasks.DataFormatError, match=r"bad\.txt:2: expected a token and a tag"):
+    with pytest.raises(data_files.DataFormatError, match=r"bad\.txt:2: expected a token and a tag"):
         ner.read_conll(str(path))
     path.write_text("EU B-ORG\n\nPeter X-PER\n")
     with pytest.raises(
-        tasks.DataFormatError, match=r"bad\.txt:3: tag 'X-PER' is not O, B-TYPE or I-TYPE"
+        data_files.DataFormatError, match=r"bad\.txt:3: tag 'X-PER' is not O, B-TYPE or I-TYPE"
     ):
         ner.read_conll(str(path))
     with pytest.raises(io_utils.UsageError, match="eng.testa"):
@@ -89,14 +91,14 @@ def test_label_list_and_unseen_dev_tag(conll_file, tmp_path):
     # I-ORG continuing an ORG stays I-ORG, which training never had.
     dev.write_text("Paris B-LOC\n\nReal B-ORG\nMadrid I-ORG\n")
     with pytest.raises(
-        tasks.DataFormatError, match=r"eng\.testa:3: tag 'I-ORG' .* never seen in training"
+        data_files.DataFormatError, match=r"eng\.testa:3: tag 'I-ORG' .* never seen in training"
     ):
         ner.check_labels(ner.read_conll(str(dev)), labels)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(real_vocab):
-    return tokenization.FullTokenizer(real_vocab, do_lower_case=True)
+    return python_tokenizer.FullTokenizer(real_vocab, do_lower_case=True)
 
 
 def test_first_piece_carries_the_label(tokenizer):
@@ -147,7 +149,7 @@ def test_records_round_trip(tokenizer, tmp_path):
     path = str(tmp_path / "ner.tf_record")
     assert ner.write_records(path, features) == 2
     batch = next(
-        iter(tasks.records_dataset(path, ner.feature_spec([8]), batch_size=2, is_training=False))
+        iter(packing.records_dataset(path, ner.feature_spec([8]), batch_size=2, is_training=False))
     )
     np.testing.assert_array_equal(batch["label_ids"], features.arrays["label_ids"])
     np.testing.assert_array_equal(batch["input_word_ids"], features.arrays["input_ids"])

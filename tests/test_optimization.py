@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import optimization
+from bert_tf.training import optimization
 
 RNG = np.random.default_rng(0)
 # Names chosen so the exclusion rule has to tell them apart: only the kernel is decayed.
@@ -145,7 +145,8 @@ MIRRORED_ADAMW_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
     import tensorflow as tf
-    from bert_tf import distribution, optimization
+    from bert_tf.runtime import distribution
+    from bert_tf.training import optimization
     import test_optimization as t
     strategy = distribution.get_strategy("mirrored", num_cpu_replicas=2)
     with strategy.scope():

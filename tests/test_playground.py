@@ -2,7 +2,7 @@
 
 Each test types, moves the slider or toggles in the page, then compares what the page shows with the
 function it must agree with, computed here independently: the representation table with
-tasks.pack_segments on FullTokenizer ids, the masked table with create_masked_lm_predictions for the
+packing.pack_segments on FullTokenizer ids, the masked table with create_masked_lm_predictions for the
 page's seed, the top 5 with MaskedLM.fill_mask, a decoded record with TensorFlow's own parse of the
 file, the attention rows with their sums. A screenshot of every view goes to the test's tmp output
 (and to $PLAYGROUND_SCREENSHOTS_DIR when set, which is how docs/playground/ is made).
@@ -28,14 +28,17 @@ import tensorflow as tf
 from helpers import CLI_ENV, ROOT, run_module_cli, tiny_config, write_tiny_model_dir, write_vocab
 from helpers_records import make_example
 
-from bert_tf import modeling, tasks, tokenization
-from bert_tf.masked_lm import MaskedLM
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.playground import server as playground_server
 from bert_tf.playground import views
-from bert_tf.pretraining import PretrainingDataArgs, inspection, schema
-from bert_tf.pretraining import run as create_pretraining_data
-from bert_tf.pretraining.instances import InstanceBuilder, VocabInfo
+from bert_tf.pretraining.masked_lm import MaskedLM
+from bert_tf.pretraining_data import inspection, schema
+from bert_tf.pretraining_data.instances import InstanceBuilder, VocabInfo
+from bert_tf.pretraining_data.job import PretrainingDataArgs
+from bert_tf.pretraining_data.job import run as create_pretraining_data
+from bert_tf.tasks import packing
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL_HINT = (
@@ -303,9 +306,9 @@ def page(browser, with_model, files):
 
 def packed(vocab_file, text_a, text_b):
     """(tokens, ids, segment ids) of the pair as the fine-tuning jobs pack it (FullTokenizer)."""
-    tokenizer = tokenization.FullTokenizer(vocab_file, do_lower_case=True)
+    tokenizer = python_tokenizer.FullTokenizer(vocab_file, do_lower_case=True)
     vocab = tokenizer.vocab
-    ids, mask, segments = tasks.pack_segments(
+    ids, mask, segments = packing.pack_segments(
         [tokenizer.encode(text_a), tokenizer.encode(text_b)],
         MAX_SEQ_LENGTH,
         vocab["[CLS]"],
@@ -466,7 +469,7 @@ def test_fill_mask_top5_is_masked_lm_fill_mask(page, files):
 
 def read_records_with_tensorflow(path, vocab_file):
     """Each record of the file as TensorFlow's own parser reads it: tokens, segments, masks, label."""
-    tokens = list(tokenization.load_vocab(vocab_file))
+    tokens = list(tokenizer_rules.load_vocab(vocab_file))
     spec = schema.feature_spec(MAX_SEQ_LENGTH, MAX_PREDICTIONS)
     records = []
     for raw in tf.data.TFRecordDataset(path):
@@ -569,9 +572,9 @@ def test_bad_input_gets_a_message_never_a_server_error(page, files):
     assert page.act("represent", lambda: page.set_value("#text-a", "")) == "error"
     assert "Sentence A is empty" in page.message("represent")
     page.act("represent", lambda: page.set_value("#text-a", "walk " * 200_000))  # 1 MB
-    kept_a = tasks.truncated_lengths([200_000, len(packed(files["vocab"], TEXT_B, "")[1]) - 2], 29)[
-        0
-    ]
+    kept_a = packing.truncated_lengths(
+        [200_000, len(packed(files["vocab"], TEXT_B, "")[1]) - 2], 29
+    )[0]
     assert f"A keeps {kept_a} of its 200,000 tokens" in page.message("represent")
     assert len(page.table("#represent-table")) == MAX_SEQ_LENGTH
     # A lone surrogate: what invalid UTF-8 becomes in a page (made in the page: WebDriver's JSON
@@ -686,7 +689,7 @@ def test_records_written_as_google_writes_them_plain_or_gzip(tmp_path, files):
     example = make_example(
         [2, 10, 4, 3, 11, 12, 3], [0, 0, 0, 0, 1, 1, 1], [2, 5], [20, 21], 1, 8, 3
     )
-    tokens = tuple(tokenization.load_vocab(files["vocab"]))
+    tokens = tuple(tokenizer_rules.load_vocab(files["vocab"]))
     for name, options in (("plain.tfrecord", None), ("zipped.tfrecord.gz", "GZIP")):
         path = str(tmp_path / name)
         with tf.io.TFRecordWriter(path, options) as writer:

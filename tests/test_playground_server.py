@@ -20,7 +20,7 @@ from helpers import write_vocab
 from bert_tf.playground import __main__ as playground_cli
 from bert_tf.playground import server as playground_server
 from bert_tf.playground import views
-from bert_tf.pretraining import tfrecord
+from bert_tf.pretraining_data import tfrecord
 
 CONCURRENT_CLIENTS = 200
 STALLED_CLIENTS = 20

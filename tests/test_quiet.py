@@ -5,7 +5,7 @@ import subprocess
 import sys
 import threading
 
-from bert_tf import job_process, quiet
+from bert_tf.runtime import job_process, quiet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTICES = (

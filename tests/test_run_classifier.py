@@ -8,9 +8,11 @@ import pytest
 import tensorflow as tf
 from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import export, io_utils, run_classifier, tasks
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import models
+from bert_tf import run_classifier
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.saved_model import export
+from bert_tf.tasks import data_files, models
 
 
 def run_cli(*flags):
@@ -193,7 +195,7 @@ def test_a_dev_label_never_seen_in_training_is_a_clear_error(demo, tmp_path):
         max_seq_length=16,
     )
     with pytest.raises(
-        tasks.DataFormatError, match=r"dev\.csv:3: label 'neutral' was never seen in training"
+        data_files.DataFormatError, match=r"dev\.csv:3: label 'neutral' was never seen in training"
     ):
         run_classifier.run(args)
 

@@ -8,10 +8,13 @@ import pytest
 import tensorflow as tf
 from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import demo_data, export, io_utils, run_multiple_choice, tasks, tokenization
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import models
+from bert_tf import demo_data, run_multiple_choice
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.saved_model import export
+from bert_tf.tasks import data_files, models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
+from bert_tf.tokenization import python_tokenizer
 
 SWAG_HEADER = [
     "video-id",
@@ -95,7 +98,7 @@ def test_swag_csv_rows_pack_as_cls_sent1_sep_sent2_ending_sep(tmp_path, swag):
     )
     assert examples[1].endings[:2] == ["swims a length", ""]
 
-    tokenizer = tokenization.FullTokenizer(swag["vocab_file"])
+    tokenizer = python_tokenizer.FullTokenizer(swag["vocab_file"])
     features = multiple_choice.convert_examples(examples, tokenizer, max_seq_length=16)
     assert features["input_ids"].shape == (2, 4, 16) and features["label_ids"].tolist() == [0, 3]
     vocab = tokenizer.vocab
@@ -127,7 +130,7 @@ def test_swag_csv_rows_pack_as_cls_sent1_sep_sent2_ending_sep(tmp_path, swag):
 def test_bad_swag_files_name_the_file_and_line(tmp_path):
     path = write_csv(tmp_path / "train.csv", [["sent1", "ending0"], ["a", "b"]])
     with pytest.raises(
-        tasks.DataFormatError, match=r"train\.csv:1: a SWAG header needs sent1, sent2"
+        data_files.DataFormatError, match=r"train\.csv:1: a SWAG header needs sent1, sent2"
     ):
         multiple_choice.read_swag_csv(path)
     path = write_csv(
@@ -135,7 +138,7 @@ def test_bad_swag_files_name_the_file_and_line(tmp_path):
         [SWAG_HEADER, ["v", "1", "s", "a", "b", "g", "e0", "e1", "e2", "e3", "7"]],
     )
     with pytest.raises(
-        tasks.DataFormatError, match=r"val\.csv:2: label '7' is not an ending number below 4"
+        data_files.DataFormatError, match=r"val\.csv:2: label '7' is not an ending number below 4"
     ):
         multiple_choice.read_swag_csv(path)
     with pytest.raises(io_utils.UsageError, match="test.csv"):

@@ -8,9 +8,10 @@ import pytest
 import tensorflow as tf
 from helpers import run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import io_utils, run_ner, tasks
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import models
+from bert_tf import run_ner
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, models
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tasks.ner import metrics as ner_metrics
 
@@ -165,7 +166,7 @@ def test_missing_dev_file_and_unseen_dev_tag_are_clear_errors(conll, tmp_path):
         tmp_path / "dev.txt", [(["bob", "ran"], ["B-PER", "O"]), (["acme", "won"], ["B-ORG", "O"])]
     )
     with pytest.raises(
-        tasks.DataFormatError, match=r"dev\.txt:6: tag 'B-ORG' .* never seen in training"
+        data_files.DataFormatError, match=r"dev\.txt:6: tag 'B-ORG' .* never seen in training"
     ):
         run_ner.run(
             run_ner.NerArgs(

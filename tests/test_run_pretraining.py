@@ -21,19 +21,15 @@ from helpers import NO_DROPOUT, run_module_cli, tiny_config, tiny_inputs, write_
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 from helpers_records import write_numbered_records, write_real_text_records
 
-from bert_tf import (
-    distribution,
-    export,
-    input_pipeline,
-    io_utils,
-    left_to_right_lm,
-    modeling,
-    pretraining,
-    run_classifier,
-    run_pretraining,
-    training,
-)
-from bert_tf.model_dir import ModelDir, ModelDirError, describe_heads
+from bert_tf import run_classifier, run_pretraining
+from bert_tf.checkpoints import saves
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError, describe_heads
+from bert_tf.pretraining import input_pipeline, left_to_right_lm
+from bert_tf.pretraining_data import job
+from bert_tf.runtime import distribution, io_utils
+from bert_tf.saved_model import export
+from bert_tf.training import training_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PRED = 32, 5
@@ -196,14 +192,14 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(data, tmp_p
     )
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
-        if training.checkpoint_step(str(killed_dir)) >= 20:
+        if ModelDir(str(killed_dir)).latest_step() >= 20:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
     process.wait()
     assert straight.wait(timeout=300) == 0
     assert process.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    killed_at = training.checkpoint_step(str(killed_dir))
+    killed_at = ModelDir(str(killed_dir)).latest_step()
     assert 20 <= killed_at < 80
 
     resumed = subprocess.run(
@@ -258,7 +254,7 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
     # A rerun skips ckpt-3, marked suspect, resumes from ckpt-2 and diverges again at step 4.
     for _ in range(2):
         with pytest.raises(
-            training.NonFiniteLossError, match=r"at step 4 is over 100 times the mean loss"
+            training_loop.NonFiniteLossError, match=r"at step 4 is over 100 times the mean loss"
         ) as failure:
             run_pretraining.run(diverging)
         assert (
@@ -287,14 +283,14 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
     output_dir = tmp_path / "out"
     loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
     run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
-    with pytest.raises(training.NonFiniteLossError) as failure:
+    with pytest.raises(training_loop.NonFiniteLossError) as failure:
         run_pretraining.run(
             args_for(
                 data, output_dir, num_train_steps=10, learning_rate=1e6, num_warmup_steps=0, **loop
             )
         )
     assert "marked suspect in suspect_checkpoints.json" in str(failure.value)
-    assert training.suspect_checkpoints(str(output_dir)) == ["ckpt-3"]
+    assert saves.suspect_checkpoints(str(output_dir)) == ["ckpt-3"]
     # --resume_from picks a checkpoint, suspect or not; a missing one is refused naming what exists.
     with pytest.raises(
         io_utils.UsageError, match=r"--resume_from=ckpt-9: no such checkpoint .*ckpt-3"
@@ -308,8 +304,8 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
     assert result.step == 4
     assert f"resuming from {output_dir}/ckpt-2, the last healthy checkpoint" in caplog.text
     assert f"resumed from {output_dir}/ckpt-2 at step 2" in caplog.text
-    assert training.suspect_checkpoints(str(output_dir)) == []  # ckpt-3 was saved anew
-    assert not (output_dir / training.SUSPECT_FILE).exists()
+    assert saves.suspect_checkpoints(str(output_dir)) == []  # ckpt-3 was saved anew
+    assert not (output_dir / saves.SUSPECT_FILE).exists()
 
 
 def test_checkpoints_without_their_index_are_never_a_fresh_start(data, tmp_path):
@@ -773,8 +769,8 @@ def test_ltr_input_is_the_text_s_own_tokens_put_back_from_the_masks(tmp_path):
     )
     (tmp_path / "text.txt").write_text(text + "\n")
     records = str(tmp_path / "records")
-    pretraining.run(
-        pretraining.PretrainingDataArgs(
+    job.run(
+        job.PretrainingDataArgs(
             input_file=str(tmp_path / "text.txt"),
             vocab_file=vocab_file,
             output_dir=records,

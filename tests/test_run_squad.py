@@ -6,11 +6,13 @@ import os
 import pytest
 from helpers import run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import io_utils, run_squad, tokenization
-from bert_tf.model_dir import ModelDir
+from bert_tf import run_squad
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
+from bert_tf.tokenization import python_tokenizer
 
 # Hand-written paragraphs and questions: (context, [(id, question, answer or None)]). A None
 # answer is unanswerable (v2 only). The contexts are long enough to need several windows.
@@ -174,7 +176,7 @@ def test_squad_v1_trains_predicts_and_evaluates(squad_data, tmp_path, capsys):
 def test_squad_v2_handles_windows_without_the_answer_and_writes_null_odds(squad_data, tmp_path):
     # With 32-token windows every 8 tokens most windows of an answerable question miss its answer:
     # those train towards [CLS], like the unanswerable questions.
-    source_tokenizer = tokenization.FullTokenizer(
+    source_tokenizer = python_tokenizer.FullTokenizer(
         os.path.join(squad_data["model_dir"], "vocab.txt")
     )
     examples, _ = squad.read_squad_json(

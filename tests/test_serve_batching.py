@@ -25,8 +25,9 @@ import tensorflow as tf
 from absl import flags
 from helpers_serve import make_base
 
-from bert_tf import cli, serve
-from bert_tf.io_utils import UsageError
+from bert_tf import serve
+from bert_tf.runtime import cli
+from bert_tf.runtime.io_utils import UsageError
 from bert_tf.serving import batching, errors, protos
 from bert_tf.serving import servable as servable_module
 

@@ -25,7 +25,8 @@ from absl import flags
 from helpers_serve import make_base
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bert_tf import cli, serve
+from bert_tf import serve
+from bert_tf.runtime import cli
 from bert_tf.serving import json_codec
 from bert_tf.serving import servable as servable_module
 

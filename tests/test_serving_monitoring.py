@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime.io_utils import UsageError
 from bert_tf.serving import monitoring, protos
 
 # TF Serving's latency buckets (Exponential(10, 1.8, 33) in microseconds) as its exporter writes

@@ -18,14 +18,9 @@ from helpers import hf_wordpiece_reference, saved_model_ops_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bert_tf.graph_tokenizer import GraphTokenizer
-from bert_tf.tokenization import (
-    SPECIAL_TOKENS,
-    BasicTokenizer,
-    CachedTokenizer,
-    FullTokenizer,
-    VocabError,
-)
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
+from bert_tf.tokenization.python_tokenizer import BasicTokenizer, CachedTokenizer, FullTokenizer
+from bert_tf.tokenization.tokenizer_rules import SPECIAL_TOKENS, VocabError
 
 MASK_SEP = ("[MASK]", "[SEP]")
 

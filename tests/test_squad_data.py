@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import tasks, tokenization
+from bert_tf.tasks import data_files, packing
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 from bert_tf.tasks.squad import postprocess as squad_postprocess
+from bert_tf.tokenization import python_tokenizer
 
 CONTEXT = (
     "The Norman conquest of England began in 1066. William (1028-1087) led it, and "
@@ -57,7 +58,7 @@ def squad_json(version_2=True):
 
 @pytest.fixture(scope="module")
 def tokenizer(real_vocab):
-    return tokenization.FullTokenizer(real_vocab, do_lower_case=True)
+    return python_tokenizer.FullTokenizer(real_vocab, do_lower_case=True)
 
 
 @pytest.fixture()
@@ -101,18 +102,18 @@ def test_read_for_prediction_keeps_every_question(squad_file):
 
 
 def test_missing_file_and_broken_json(tmp_path):
-    from bert_tf import io_utils
+    from bert_tf.runtime import io_utils
 
     with pytest.raises(io_utils.UsageError, match="dev-v1.1.json"):
         squad.read_squad_json(str(tmp_path / "dev-v1.1.json"), is_training=False)
     path = tmp_path / "broken.json"
     path.write_text('{"data": [{"paragraphs": [{"qas": []}]}]}')
     with pytest.raises(
-        tasks.DataFormatError, match=r"data\[0\]\.paragraphs\[0\]: missing field 'context'"
+        data_files.DataFormatError, match=r"data\[0\]\.paragraphs\[0\]: missing field 'context'"
     ):
         squad.read_squad_json(str(path), is_training=True)
     path.write_bytes(b"\xff\xfe{}")
-    with pytest.raises(tasks.DataFormatError, match="not a SQuAD JSON file"):
+    with pytest.raises(data_files.DataFormatError, match="not a SQuAD JSON file"):
         squad.read_squad_json(str(path), is_training=True)
 
 
@@ -283,7 +284,7 @@ def test_features_round_trip_through_records(squad_file, tokenizer, tmp_path):
     assert squad.write_records(path, features, is_training=True) == len(features)
     batch = next(
         iter(
-            tasks.records_dataset(
+            packing.records_dataset(
                 path,
                 squad.feature_spec([32], has_labels=True),
                 batch_size=len(features),

@@ -11,8 +11,10 @@ import tensorflow as tf
 from helpers import TINY_CONFIG, round_trip, tiny_config, tiny_inputs, write_tiny_vocab
 from helpers_google import NumpyBert, google_config
 
-from bert_tf import checkpoints, io_utils, modeling
-from bert_tf.model_dir import ModelDir, ModelDirError
+from bert_tf.checkpoints import name_map
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir, ModelDirError
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models, representations
 
 SPECS = {
@@ -360,7 +362,7 @@ def test_feature_based_head_reads_exactly_the_layers_it_names(features):
         selection.set_weights([np.linspace(-1.0, 2.0, count, dtype=np.float32), np.float32(1.7)])
     x = tiny_inputs()
     got = keras.Model(model.inputs, selection.output)(x, training=True)  # inference mode inside
-    weights = checkpoints.original_weights(encoder, FEATURE_CONFIG.num_hidden_layers, ())
+    weights = name_map.original_weights(encoder, FEATURE_CONFIG.num_hidden_layers, ())
     reference = NumpyBert(
         weights, google_config(FEATURE_CONFIG), *(x[n] for n in modeling.ENCODER_INPUTS)
     )

@@ -13,19 +13,14 @@ import tensorflow as tf
 from helpers import NO_DROPOUT, tiny_config, write_tiny_vocab
 from helpers_records import write_real_text_records
 
-from bert_tf import (
-    finetuning,
-    input_pipeline,
-    io_utils,
-    modeling,
-    optimization,
-    training,
-    training_flags,
-)
-from bert_tf.masked_lm import PretrainingObjective
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.pretraining import input_pipeline
+from bert_tf.pretraining.masked_lm import PretrainingObjective
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 from bert_tf.tasks.classification.model import ClassificationObjective
+from bert_tf.training import finetuning, optimization, training_flags, training_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ, PRED, BATCH = 32, 5, 8
@@ -80,13 +75,13 @@ def make_trainer(
             if make_optimizer
             else optimization.create_optimizer("adamw", 1e-2, 100, 0)
         )
-    trainer = training.Trainer(
+    trainer = training_loop.Trainer(
         strategy,
         objective_class(model),
         optimizer,
         {"encoder": encoder, "pretraining_model": model},
         str(output_dir),
-        training.LoopConfig(num_train_steps=loop.pop("num_train_steps", 2), **loop),
+        training_loop.LoopConfig(num_train_steps=loop.pop("num_train_steps", 2), **loop),
         BATCH,
     )
     return trainer, model
@@ -208,13 +203,13 @@ def classifier_trainer(output_dir, strategy=None, **loop):
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         model, encoder = seeded_classifier()
-    trainer = training.Trainer(
+    trainer = training_loop.Trainer(
         strategy,
         ClassificationObjective(model),
         sgd(),
         {"encoder": encoder, "model": model},
         str(output_dir),
-        training.LoopConfig(
+        training_loop.LoopConfig(
             num_train_steps=1,
             steps_per_loop=1,
             save_checkpoints_steps=100,
@@ -319,7 +314,7 @@ def test_nan_loss_stops_without_updating_or_saving(records, tmp_path):
     trainer.restore_or_initialize()
     with pytest.raises(TypeError, match="tf.data or tf.distribute iterator"):
         trainer.train(iter([good]))
-    with pytest.raises(training.NonFiniteLossError, match="at step 2"):
+    with pytest.raises(training_loop.NonFiniteLossError, match="at step 2"):
         trainer.train(iterate([good, bad, good]), log_fn=lambda line: None)
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
     assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
@@ -357,7 +352,7 @@ def test_an_exploding_loss_stops_like_a_nan_and_names_the_last_healthy_checkpoin
         max_loss_ratio=100.0,
     )
     trainer.restore_or_initialize()
-    with pytest.raises(training.NonFiniteLossError) as failure:
+    with pytest.raises(training_loop.NonFiniteLossError) as failure:
         trainer.train(iterate(boosted_batches(files, [1, 1, 1, 1e6, 1])), log_fn=lambda line: None)
     message = str(failure.value)
     assert re.search(
@@ -452,7 +447,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
     import tensorflow as tf
-    from bert_tf import distribution
+    from bert_tf.runtime import distribution
     strategy = distribution.get_strategy(sys.argv[1], num_cpu_replicas=2)
     import test_training as t
     files = sys.argv[3].split(",")
@@ -532,12 +527,12 @@ def test_two_mirrored_cpu_replicas_train_exactly_like_one(records, tmp_path):
 
 
 def test_progress_helpers_and_eval_results_format(tmp_path):
-    assert training.format_duration(5) == "5s"
-    assert training.format_duration(185) == "3m05s"
-    assert training.format_duration(3725) == "1h02m"
-    assert training.format_duration(float("inf")) == "?"
+    assert training_loop.format_duration(5) == "5s"
+    assert training_loop.format_duration(185) == "3m05s"
+    assert training_loop.format_duration(3725) == "1h02m"
+    assert training_loop.format_duration(float("inf")) == "?"
     path = tmp_path / "eval_results.txt"
-    training.write_eval_results(
+    training_loop.write_eval_results(
         str(path), {"masked_lm_accuracy": 0.5, "global_step": 10, "loss": 1.25}
     )
     assert path.read_text() == "global_step = 10\nloss = 1.25\nmasked_lm_accuracy = 0.5\n"
@@ -548,13 +543,13 @@ def test_checkpoint_step_of_a_converted_model_dir_is_0(tmp_path):
     config = tiny_config()
     vocab = write_tiny_vocab(tmp_path / "vocab.txt")
     ModelDir(str(tmp_path / "model")).write(config, vocab, modeling.build_encoder(config))
-    assert training.checkpoint_step(str(tmp_path / "model")) == 0
-    assert training.checkpoint_step(str(tmp_path / "empty")) == 0
+    assert ModelDir(str(tmp_path / "model")).latest_step() == 0
+    assert ModelDir(str(tmp_path / "empty")).latest_step() == 0
     step = tf.Variable(42, dtype=tf.int64)
     tf.train.CheckpointManager(
         tf.train.Checkpoint(step=step), str(tmp_path / "run"), 1, checkpoint_name="ckpt"
     ).save()
-    assert training.checkpoint_step(str(tmp_path / "run")) == 42
+    assert ModelDir(str(tmp_path / "run")).latest_step() == 42
 
 
 def test_loop_flags_become_the_loop_config():

@@ -15,7 +15,7 @@ OUTPUT_DIR/<study>.png and the learning curves (report.py). Run the same command
 kill: finished steps are skipped and a cut-short one resumes from its checkpoints.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -23,9 +23,9 @@ import dataclasses
 import shlex
 import sys
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
 from bert_tf.experiments import plan, report, runner
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
 
 
 @dataclasses.dataclass

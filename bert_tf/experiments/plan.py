@@ -19,8 +19,9 @@ import functools
 import os
 import re
 
-from bert_tf import io_utils, modeling
-from bert_tf.model_dir import ModelDir
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import representations
 from bert_tf.tasks.classification import data as classification
 

@@ -17,8 +17,9 @@ matplotlib.use("Agg")  # files only: no display on a server
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import tensorflow as tf  # noqa: E402
 
-from bert_tf import finetuning, io_utils  # noqa: E402
 from bert_tf.experiments import plan  # noqa: E402
+from bert_tf.runtime import io_utils  # noqa: E402
+from bert_tf.training import finetuning
 
 # A pretraining run's language-model loss in its scalars: the masked LM's, or the left-to-right's.
 LM_LOSS_KEYS = ("masked_lm_loss", "ltr_loss")

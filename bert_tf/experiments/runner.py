@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 STEPS_FILE = "steps.json"
 

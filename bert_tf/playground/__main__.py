@@ -15,15 +15,15 @@ Host and Origin headers are checked, 0.0.0.0 included), so that no other web sit
 open it by another name (from another machine, say), list that origin in --allowed_origins.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
 import dataclasses
 
-from bert_tf import cli, io_utils
-from bert_tf.cli import arg
 from bert_tf.playground import server, views
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
 
 
 @dataclasses.dataclass

@@ -33,8 +33,8 @@ import urllib.parse
 
 from absl import logging
 
-from bert_tf import io_utils
 from bert_tf.playground import views
+from bert_tf.runtime import io_utils
 from bert_tf.serving import http_stack
 from bert_tf.serving.http_stack import HttpError
 

@@ -1,7 +1,7 @@
 """The playground's views: each answers one JSON request from the page by calling the project's code.
 
 Nothing here re-implements BERT. The views call:
-  representation  tokenization.CachedTokenizer and tasks.pack_segments, as the fine-tuning jobs
+  representation  python_tokenizer.CachedTokenizer and packing.pack_segments, as the fine-tuning jobs
                   tokenize, truncate and pack; with a model, the encoder's own embedding layers
   masking         pretraining.instances.InstanceBuilder.create_masked_lm_predictions (the 15%
                   selection, the 80/10/10 rule, the max_predictions_per_seq cap, whole-word
@@ -35,11 +35,15 @@ import threading
 
 import numpy as np
 
-from bert_tf import corpus as demo_corpus
-from bert_tf import io_utils, masked_lm, modeling, tasks, tokenization
-from bert_tf.model_dir import MLM_HEAD, NSP_HEAD, ModelDir
-from bert_tf.pretraining import documents, inspection, tokenized_corpus
-from bert_tf.pretraining.instances import BlockSegments, InstanceBuilder, VocabInfo
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD, ModelDir
+from bert_tf.pretraining import masked_lm
+from bert_tf.pretraining_data import corpus as demo_corpus
+from bert_tf.pretraining_data import documents, inspection, tokenized_corpus
+from bert_tf.pretraining_data.instances import BlockSegments, InstanceBuilder, VocabInfo
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import packing
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
 # How much of the corpus the next-sentence view reads: one block, the unit on which the data job
 # shuffles documents and draws its pairs (documents.BLOCK_BYTES).
@@ -391,10 +395,10 @@ class Playground:
             raise io_utils.UsageError(f"--corpus: no such file: {settings.corpus}")
         try:
             self.vocab = VocabInfo.from_file(vocab_file)
-        except (OSError, tokenization.VocabError) as e:
+        except (OSError, tokenizer_rules.VocabError) as e:
             raise io_utils.UsageError(str(e)) from e
         # What the fine-tuning jobs and create_pretraining_data tokenize with (FullTokenizer's ids).
-        self.tokenizer = tokenization.CachedTokenizer(vocab_file, do_lower_case)
+        self.tokenizer = python_tokenizer.CachedTokenizer(vocab_file, do_lower_case)
         self._encoder = self._pretraining_model = self._masked_lm = None
         self._corpus = None
         self._trace_cache = (None, None)
@@ -456,7 +460,7 @@ class Playground:
             raise ViewError("Sentence A has no tokens (only spaces, controls or U+FFFD).")
         if text_b.strip() and not b:
             notices.append("Sentence B has no tokens: the input is sentence A alone.")
-        ids, mask, segments = tasks.pack_segments(
+        ids, mask, segments = packing.pack_segments(
             [a, b],
             self.max_seq_length,
             self.vocab.cls_id,

@@ -8,7 +8,7 @@ It works against `tensorflow/serving` as against `bert_tf.serve`: the gRPC side 
 tensorflow-serving-api's stubs, the REST side only the standard library.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -21,9 +21,9 @@ import grpc
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bert_tf import cli
-from bert_tf.cli import arg
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime import cli
+from bert_tf.runtime.cli import arg
+from bert_tf.runtime.io_utils import UsageError
 from bert_tf.serving import json_codec
 
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime.io_utils import UsageError
 
 
 class ModelConfigError(UsageError):

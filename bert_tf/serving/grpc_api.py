@@ -31,7 +31,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from bert_tf import warmup
+from bert_tf.saved_model import warmup
 from bert_tf.serving import errors, methods
 from bert_tf.serving.methods import CLASSIFY_METHOD, DEFAULT_SIGNATURE
 

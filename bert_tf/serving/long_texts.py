@@ -12,8 +12,13 @@ import re
 import typing
 import unicodedata
 
-from bert_tf import graph_tokenizer
-from bert_tf.tokenizer_rules import CJK_RANGES, MAX_INPUT_CHARS_PER_WORD, WHITESPACE_CLASS, is_cjk
+from bert_tf.tokenization import graph_tokenizer
+from bert_tf.tokenization.tokenizer_rules import (
+    CJK_RANGES,
+    MAX_INPUT_CHARS_PER_WORD,
+    WHITESPACE_CLASS,
+    is_cjk,
+)
 
 _CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 # The pieces the tokenizer splits text into first: a CJK ideograph, or a run of anything else

@@ -18,7 +18,7 @@ from google.protobuf import (
     wrappers_pb2,
 )
 
-from bert_tf.io_utils import UsageError
+from bert_tf.runtime.io_utils import UsageError
 
 _PACKAGE = "tensorflow.serving"
 # A name of our own for the hand-written file: it holds messages of two TF Serving files.

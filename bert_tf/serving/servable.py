@@ -13,7 +13,7 @@ from absl import logging
 from google.protobuf import text_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from bert_tf import warmup
+from bert_tf.saved_model import warmup
 from bert_tf.serving import batching, errors, long_texts, methods
 from bert_tf.serving.methods import DEFAULT_SIGNATURE, PREDICT_METHOD
 

@@ -8,8 +8,8 @@ import threading
 import tensorflow as tf
 from absl import logging
 
-from bert_tf.io_utils import UsageError
-from bert_tf.model_versions import list_versions
+from bert_tf.runtime.io_utils import UsageError
+from bert_tf.saved_model.model_versions import list_versions
 from bert_tf.serving import config, core, errors, grpc_api, http_api
 
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20

@@ -26,7 +26,7 @@ from tensorflow.core.protobuf import error_codes_pb2
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from bert_tf.model_versions import list_versions
+from bert_tf.saved_model.model_versions import list_versions
 from bert_tf.serving import errors
 from bert_tf.serving.servable import Servable
 

@@ -11,10 +11,9 @@ import inspect
 
 import tensorflow as tf
 
-from bert_tf import io_utils
-from bert_tf.graph_tokenizer import GraphTokenizer
-from bert_tf.model_dir import ModelDir
-from bert_tf.tasks import (
+from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import io_utils
+from bert_tf.tasks.packing import (
     LENGTH_BUCKET,
     assert_same_sizes,
     bucketed_length,
@@ -22,6 +21,7 @@ from bert_tf.tasks import (
     pack_inputs,
     trim_to_longest,
 )
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
 
 
 class Assets(tf.Module):

@@ -1,15 +1,15 @@
 """What every task head shares: the output layers and the loss plug-in base.
 
 A task's model is the encoder plus a head, built by the task's `model.py`; its loss is a
-`HeadObjective` subclass (an `objective.Objective`, what training.Trainer optimizes). Every loss is
+`HeadObjective` subclass (an `objective.Objective`, what training_loop.Trainer optimizes). Every loss is
 averaged over the GLOBAL batch, however many replicas share it.
 """
 
 import keras
 import tensorflow as tf
 
-from bert_tf import modeling
-from bert_tf.objective import Objective
+from bert_tf.model import modeling
+from bert_tf.model.objective import Objective
 
 EXAMPLE_INDEX = (
     "example_index"  # Added to eval/predict batches so outputs can be put back in order.
@@ -31,7 +31,7 @@ def float32_output(x, name):
 
 
 class HeadObjective(Objective):
-    """A task head's loss for training.Trainer, and its per-example outputs for prediction.
+    """A task head's loss for training_loop.Trainer, and its per-example outputs for prediction.
 
     Subclasses give `per_position`: the loss and correctness of every scored position ([b] for
     sentence heads, [b, s] for token heads), weighted by `weights`. The loss is sum(weight * loss)
@@ -41,7 +41,7 @@ class HeadObjective(Objective):
     stat_names = ("loss", "weight", "correct")
     reports_accuracy = True
     # Prediction outputs with a position axis ([b, s, ...]) -> the value of positions that a
-    # batch cut to its longest row (tasks.trim_to_longest) did not compute.
+    # batch cut to its longest row (packing.trim_to_longest) did not compute.
     token_outputs = {}
 
     def __init__(self, model):

@@ -1,6 +1,6 @@
 """The task spec (task.json) and task models on the BERT encoder.
 
-A fine-tuned model directory is a model directory (bert_tf.model_dir: bert_config.json, vocab.txt,
+A fine-tuned model directory is a model directory (bert_tf.model.model_dir: bert_config.json, vocab.txt,
 ckpt-N) plus `task.json`, which says which head sits on the encoder:
 
     {"kind": "classifier" | "regressor" | "squad" | "ner" | "multiple_choice",
@@ -21,7 +21,7 @@ Its checkpoint root holds `encoder` (as every model directory) and `model`, the 
 wraps the same encoder. Fine-tuning writes `tf.train.Checkpoint(encoder=, model=, optimizer=,
 step=)` into the same CheckpointManager layout; loading ignores the optimizer and step.
 `read_task_spec(directory)` reads task.json and `load_task_model(directory)` rebuilds the
-fine-tuned model; `bert_tf.model_dir.ModelDir.write` writes both.
+fine-tuned model; `bert_tf.model.model_dir.ModelDir.write` writes both.
 
 Each kind's head is in its task folder (`bert_tf/tasks/<task>/model.py`, found through
 `bert_tf.tasks.registry`). Every output is float32, also under a mixed-precision policy, so losses
@@ -33,8 +33,9 @@ import json
 
 import tensorflow as tf
 
-from bert_tf import io_utils, modeling
-from bert_tf.model_dir import TASK_FILE, ModelDirError, checkpoint_root_children
+from bert_tf.model import modeling
+from bert_tf.model.model_dir import TASK_FILE, ModelDirError, checkpoint_root_children
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import registry, representations
 
 

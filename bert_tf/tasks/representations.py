@@ -18,7 +18,7 @@ runs (cuDNN's op has no CPU kernel).
 
 import keras
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 
 HEADS = ("dense", "bilstm")
 DEFAULT_LSTM_UNITS = 768  # the BERT paper's BiLSTM (Tables 5 and 7)

@@ -8,7 +8,7 @@ which they differ ends the run with exit code 1. The CLI lives apart from the to
 importing them loads neither TensorFlow nor GraphTokenizer.
 """
 
-from bert_tf import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
+from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
 
 # isort: split
 
@@ -16,9 +16,10 @@ import dataclasses
 
 import tensorflow as tf
 
-from bert_tf import cli, io_utils, tokenization
-from bert_tf.cli import arg
-from bert_tf.graph_tokenizer import GraphTokenizer
+from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tokenization import python_tokenizer, tokenizer_rules
+from bert_tf.tokenization.graph_tokenizer import GraphTokenizer
 
 
 @dataclasses.dataclass
@@ -54,22 +55,22 @@ def compare(args):
     A line on which GraphTokenizer's ids differ from FullTokenizer's is a JobFailure (exit code 1).
     """
     try:
-        full = tokenization.FullTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
+        full = python_tokenizer.FullTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
         graph = GraphTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-    except tokenization.VocabError as e:
+    except tokenizer_rules.VocabError as e:
         raise io_utils.UsageError(str(e)) from e
     lines = read_sample_lines(args.input_file, args.num_lines)
     graph_ids = graph.tokenize(tf.constant(lines)).to_list()
     for raw, ids in zip(lines, graph_ids):
         tokens = full.tokenize(raw)
-        print(f"text:   {tokenization.to_text(raw)}")
+        print(f"text:   {python_tokenizer.to_text(raw)}")
         print(f"tokens: {' '.join(tokens)}")
         print(f"ids:    {' '.join(map(str, ids))}")
         same = ids == full.convert_tokens_to_ids(tokens)
         print(f"GraphTokenizer agrees with FullTokenizer: {'yes' if same else 'NO'}\n", flush=True)
         if not same:
             raise io_utils.JobFailure(
-                f"GraphTokenizer and FullTokenizer disagree on: {tokenization.to_text(raw)}"
+                f"GraphTokenizer and FullTokenizer disagree on: {python_tokenizer.to_text(raw)}"
             )
 
 

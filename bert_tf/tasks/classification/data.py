@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, tasks
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
 from bert_tf.tasks.classification import metrics
 
 
@@ -240,7 +241,7 @@ def split_file(task, data_dir, split):
             raise io_utils.UsageError(
                 f"task {task.name} has no split {split!r}; it has {', '.join(files)}"
             )
-        return tasks.split_path(data_dir, files[split])
+        return data_files.split_path(data_dir, files[split])
     candidates = [os.path.join(data_dir, f"{split}{ext}") for ext in (".tsv", ".csv")]
     for path in candidates:
         if tf.io.gfile.exists(path):
@@ -264,9 +265,9 @@ def read_rows(path):
                         yield first_line, fields
                     first_line = reader.line_num + 1
             except (csv.Error, UnicodeDecodeError) as e:
-                raise tasks.DataFormatError(f"{path}:{reader.line_num}: {e}") from None
+                raise data_files.DataFormatError(f"{path}:{reader.line_num}: {e}") from None
         return
-    for line_number, line in tasks.decoded_lines(path):
+    for line_number, line in data_files.decoded_lines(path):
         if line.strip():
             yield line_number, line.split("\t")
 
@@ -288,14 +289,14 @@ def _parse_label(task, raw, where):
     """The label of one row: a name from the task's labels, or a float score for regression."""
     raw = raw.strip()
     if not raw:
-        raise tasks.DataFormatError(f"{where}: empty label")
+        raise data_files.DataFormatError(f"{where}: empty label")
     if task.is_regression:
         try:
             return float(raw)
         except ValueError:
-            raise tasks.DataFormatError(f"{where}: score {raw!r} is not a number") from None
+            raise data_files.DataFormatError(f"{where}: score {raw!r} is not a number") from None
     if task.labels is not None and raw not in task.labels:
-        raise tasks.DataFormatError(
+        raise data_files.DataFormatError(
             f"{where}: label {raw!r} is not one of {', '.join(task.labels)}"
         )
     return raw
@@ -330,12 +331,12 @@ def read_split(task, data_dir, split, skip_bad_rows=False, limit=None):
         where = f"{path}:{line_number}"
         try:
             if len(fields) < needed:
-                raise tasks.DataFormatError(
+                raise data_files.DataFormatError(
                     f"{where}: {len(fields)} columns, expected at least {needed}"
                     + ("" if skip_bad_rows else " (--skip_bad_rows skips and counts such rows)")
                 )
             if width is not None and len(fields) > width:
-                raise tasks.DataFormatError(
+                raise data_files.DataFormatError(
                     f"{where}: {len(fields)} columns, but the file's first row has {width} "
                     "(a tab or separator inside a text?)"
                     + ("" if skip_bad_rows else " (--skip_bad_rows skips and counts such rows)")
@@ -353,7 +354,7 @@ def read_split(task, data_dir, split, skip_bad_rows=False, limit=None):
                     source=where,
                 )
             )
-        except tasks.DataFormatError as e:
+        except data_files.DataFormatError as e:
             if not skip_bad_rows:
                 raise
             skipped += 1
@@ -433,7 +434,7 @@ def check_labels(split_data, labels):
     examples = split_data.examples if isinstance(split_data, SplitData) else split_data
     for example in examples:
         if example.label is not None and example.label not in known:
-            raise tasks.DataFormatError(
+            raise data_files.DataFormatError(
                 f"{example.source}: label {example.label!r} was never seen in training "
                 f"(training labels: {', '.join(labels)})"
             )
@@ -448,7 +449,7 @@ def label_values(examples, labels):
     for i, example in enumerate(examples):
         if example.label is not None:
             if example.label not in index:
-                raise tasks.DataFormatError(
+                raise data_files.DataFormatError(
                     f"{example.source}: label {example.label!r} not in {labels}"
                 )
             ids[i] = index[example.label]
@@ -472,7 +473,7 @@ def convert_examples(examples, tokenizer, max_seq_length, labels):
             segments.append(tokenizer.encode(example.text_b))
         # A text_b with no tokens ("", "\u200b") makes a single-sentence example: the original tests
         # `if tokens_b:`, the tokens, not the text.
-        input_ids[i], input_mask[i], segment_ids[i] = tasks.pack_segments(
+        input_ids[i], input_mask[i], segment_ids[i] = packing.pack_segments(
             segments, max_seq_length, cls_id, sep_id, drop_empty_b=True
         )
     return {
@@ -484,42 +485,12 @@ def convert_examples(examples, tokenizer, max_seq_length, labels):
     }
 
 
-def graph_inputs(graph_tokenizer, seq_length, texts_a, texts_b=None):
-    """Model inputs for string tensors [batch], tokenized and packed in TensorFlow ops (for export)."""
-    cls_id = graph_tokenizer.special_ids["[CLS]"]
-    sep_id = graph_tokenizer.special_ids["[SEP]"]
-    segments = [graph_tokenizer.tokenize(texts_a)]
-    if texts_b is not None:
-        segments.append(graph_tokenizer.tokenize(texts_b))
-    # Row by row, a text_b with no tokens packs as a single sentence, as in `convert_examples`.
-    return tasks.pack_inputs(segments, seq_length, cls_id, sep_id, drop_empty_b=True)
-
-
-def convert_examples_in_graph(examples, graph_tokenizer, max_seq_length, labels, batch_size=512):
-    """The same features as `convert_examples`, tokenized and packed by GraphTokenizer in batches."""
-    count = len(examples)
-    features = {
-        name: np.zeros((count, max_seq_length), np.int32) for name in tasks.MODEL_INPUT_NAMES
-    }
-    # A missing text_b is an empty one: both pack as a single sentence.
-    has_pairs = any(e.text_b is not None for e in examples)
-    for start in range(0, count, batch_size):
-        rows = examples[start : start + batch_size]
-        texts_a = tf.constant([e.text_a for e in rows])
-        texts_b = tf.constant([e.text_b or "" for e in rows]) if has_pairs else None
-        packed = graph_inputs(graph_tokenizer, max_seq_length, texts_a, texts_b)
-        for name, model_name in tasks.MODEL_INPUT_NAMES.items():
-            features[name][start : start + len(rows)] = packed[model_name].numpy()
-    features["label_ids"] = label_values(examples, labels)
-    features["is_real_example"] = np.ones(count, np.int32)
-    return features
-
-
 def feature_spec(input_shape, is_regression=False):
     """The tf.io.parse_example spec of classification records (the original run_classifier schema);
     `input_shape` is the shape of one record's inputs, [max_seq_length]."""
     spec = {
-        name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in tasks.MODEL_INPUT_NAMES
+        name: tf.io.FixedLenFeature(list(input_shape), tf.int64)
+        for name in packing.MODEL_INPUT_NAMES
     }
     spec["label_ids"] = tf.io.FixedLenFeature([], tf.float32 if is_regression else tf.int64)
     spec["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
@@ -528,7 +499,7 @@ def feature_spec(input_shape, is_regression=False):
 
 def write_records(path, features):
     """Writes classification features to a TFRecord file atomically; returns the number of records."""
-    return tasks.write_records(path, features)
+    return packing.write_records(path, features)
 
 
 def compute_metrics(task, gold, predictions):

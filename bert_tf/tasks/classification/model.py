@@ -13,7 +13,7 @@ config's hidden_dropout_prob and initializer_range, which are those values in ev
 import keras
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf.model import modeling
 from bert_tf.tasks import heads, representations
 
 

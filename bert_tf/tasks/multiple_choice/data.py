@@ -19,7 +19,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import io_utils, tasks
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
 from bert_tf.tasks.classification import metrics
 
 # The split files of SWAG's release, by our split names.
@@ -41,7 +42,7 @@ class ChoiceExample:
 
 def split_file(data_dir, split):
     """DATA_DIR's file of `split` (train.csv, val.csv or test.csv); a missing one is a UsageError."""
-    return tasks.split_path(data_dir, SPLIT_FILES[split])
+    return data_files.split_path(data_dir, SPLIT_FILES[split])
 
 
 def read_swag_csv(path):
@@ -54,7 +55,7 @@ def read_swag_csv(path):
         )
         missing = [name for name in ("sent1", "sent2") if name not in header]
         if missing or len(endings) < 2:
-            raise tasks.DataFormatError(
+            raise data_files.DataFormatError(
                 f"{path}:1: a SWAG header needs sent1, sent2 and ending0, ending1, ... columns; "
                 f"got {', '.join(header) or 'nothing'}"
             )
@@ -65,7 +66,7 @@ def read_swag_csv(path):
                 label = row.get("label")
                 if label not in (None, ""):
                     if not label.strip().isdigit() or int(label) >= len(endings):
-                        raise tasks.DataFormatError(
+                        raise data_files.DataFormatError(
                             f"{path}:{line}: label {label!r} is not an ending number below {len(endings)}"
                         )
                     label = int(label)
@@ -87,7 +88,7 @@ def read_swag_csv(path):
                     )
                 )
         except (csv.Error, UnicodeDecodeError) as e:
-            raise tasks.DataFormatError(f"{path}:{reader.line_num}: {e}") from None
+            raise data_files.DataFormatError(f"{path}:{reader.line_num}: {e}") from None
     return examples
 
 
@@ -125,7 +126,9 @@ def num_choices(examples):
     """The number of choices every example has; examples that differ are a DataFormatError."""
     counts = {len(example.endings) for example in examples}
     if len(counts) > 1:
-        raise tasks.DataFormatError(f"examples have different numbers of choices: {sorted(counts)}")
+        raise data_files.DataFormatError(
+            f"examples have different numbers of choices: {sorted(counts)}"
+        )
     return counts.pop() if counts else 0
 
 
@@ -138,7 +141,7 @@ def convert_examples(examples, tokenizer, max_seq_length):
     for i, example in enumerate(examples):
         context = tokenizer.encode(example.context)
         for j, ending in enumerate(example.endings):
-            packed[:, i, j] = tasks.pack_segments(
+            packed[:, i, j] = packing.pack_segments(
                 [context, tokenizer.encode(ending)],
                 max_seq_length,
                 cls_id,
@@ -158,7 +161,8 @@ def feature_spec(input_shape):
     """The tf.io.parse_example spec of multiple choice records; `input_shape` is the shape of one
     record's inputs, [choices, max_seq_length]."""
     spec = {
-        name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in tasks.MODEL_INPUT_NAMES
+        name: tf.io.FixedLenFeature(list(input_shape), tf.int64)
+        for name in packing.MODEL_INPUT_NAMES
     }
     spec["label_ids"] = tf.io.FixedLenFeature([], tf.int64)
     spec["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)

@@ -10,7 +10,7 @@ choices works.
 
 import keras
 
-from bert_tf import modeling
+from bert_tf.model import modeling
 from bert_tf.tasks import heads, representations
 
 

@@ -4,7 +4,3 @@ data.py reads the files into sentences and features and writes predictions; metr
 conlleval's entity scores; model.py the token head and its loss; serving.py the exported graph
 (text in, entities with their character spans out).
 """
-
-# The label of the tokens no tag is predicted for ([CLS], [SEP], padding, a word's later pieces):
-# the loss and the metrics skip them.
-IGNORE_LABEL = -100

@@ -18,9 +18,13 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, tasks, tokenization
-from bert_tf.tasks.ner import IGNORE_LABEL
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
+from bert_tf.tokenization import tokenizer_rules
 
+# The label of the tokens no tag is predicted for ([CLS], [SEP], padding, a word's later pieces):
+# the loss and the metrics skip them.
+IGNORE_LABEL = -100
 OUTSIDE = "O"
 
 
@@ -39,7 +43,7 @@ def _check_tag(tag, where):
         return
     prefix, _, entity_type = tag.partition("-")
     if prefix not in ("B", "I") or not entity_type:
-        raise tasks.DataFormatError(f"{where}: tag {tag!r} is not O, B-TYPE or I-TYPE")
+        raise data_files.DataFormatError(f"{where}: tag {tag!r} is not O, B-TYPE or I-TYPE")
 
 
 def to_bio(tags):
@@ -55,7 +59,7 @@ def to_bio(tags):
 
 def read_conll(path):
     """Reads a CoNLL file into Sentences with BIO tags; a malformed line is an error naming file and line."""
-    tasks.require_file(path, "CoNLL")
+    io_utils.require_file(path, "CoNLL")
     sentences, words, tags, start = [], [], [], None
     converted = 0
 
@@ -67,7 +71,7 @@ def read_conll(path):
             sentences.append(Sentence(words, bio, start))
         words, tags = [], []
 
-    for line_number, line in tasks.decoded_lines(path):
+    for line_number, line in data_files.decoded_lines(path):
         where = f"{path}:{line_number}"
         line = line.strip()
         if not line or line.startswith("-DOCSTART-"):
@@ -75,7 +79,7 @@ def read_conll(path):
             continue
         columns = line.split()
         if len(columns) < 2:
-            raise tasks.DataFormatError(f"{where}: expected a token and a tag, got {line!r}")
+            raise data_files.DataFormatError(f"{where}: expected a token and a tag, got {line!r}")
         _check_tag(columns[-1], where)
         if not words:
             start = where
@@ -99,7 +103,7 @@ def check_labels(sentences, labels):
     for sentence in sentences:
         for tag in sentence.tags:
             if tag not in known:
-                raise tasks.DataFormatError(
+                raise data_files.DataFormatError(
                     f"{sentence.source}: tag {tag!r} (in the sentence starting here) was never seen in "
                     f"training (training tags: {', '.join(labels)})"
                 )
@@ -121,7 +125,7 @@ def convert_sentences(sentences, tokenizer, max_seq_length, labels):
     be anything when `labels` is None: all IGNORE_LABEL).
     """
     cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
-    unk_id = tokenizer.vocab[tokenization.UNK_TOKEN]
+    unk_id = tokenizer.vocab[tokenizer_rules.UNK_TOKEN]
     label_index = {label: i for i, label in enumerate(labels)} if labels is not None else None
     count = len(sentences)
     arrays = {
@@ -144,7 +148,7 @@ def convert_sentences(sentences, tokenizer, max_seq_length, labels):
             piece_labels.extend([tag_id] + [IGNORE_LABEL] * (len(ids) - 1))
         truncated += len(sentence.words) - len(positions)
         arrays["input_ids"][row], arrays["input_mask"][row], arrays["segment_ids"][row] = (
-            tasks.pack_segments([piece_ids], max_seq_length, cls_id, sep_id)
+            packing.pack_segments([piece_ids], max_seq_length, cls_id, sep_id)
         )
         arrays["label_ids"][row, 1 : 1 + len(piece_labels)] = piece_labels
         word_positions.append(positions)
@@ -159,13 +163,13 @@ def convert_sentences(sentences, tokenizer, max_seq_length, labels):
 
 def feature_spec(input_shape):
     """The tf.io.parse_example spec of NER records; `input_shape` is [max_seq_length]."""
-    names = tuple(tasks.MODEL_INPUT_NAMES) + ("label_ids",)
+    names = tuple(packing.MODEL_INPUT_NAMES) + ("label_ids",)
     return {name: tf.io.FixedLenFeature(list(input_shape), tf.int64) for name in names}
 
 
 def write_records(path, features):
     """Writes NerFeatures to a TFRecord file atomically; returns the number of records."""
-    return tasks.write_records(path, features.arrays)
+    return packing.write_records(path, features.arrays)
 
 
 def word_predictions(features, predicted_ids, labels):

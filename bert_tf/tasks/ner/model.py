@@ -9,9 +9,9 @@ cross-entropy over the tokens whose label is not IGNORE_LABEL, averaged over the
 import keras
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf.model import modeling
 from bert_tf.tasks import heads, representations
-from bert_tf.tasks.ner import IGNORE_LABEL
+from bert_tf.tasks.ner.data import IGNORE_LABEL
 
 
 def build_model(config, spec, encoder):

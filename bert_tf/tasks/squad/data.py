@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_tf import io_utils, tasks
+from bert_tf.runtime import io_utils
+from bert_tf.tasks import data_files, packing
 
 FIRST_UNIQUE_ID = 1000000000
 # null_odds.json's value for a v2 question without any valid span (the original's sentinel size).
@@ -125,7 +126,7 @@ def make_example(
     if not is_training or is_impossible:
         return example
     if not answers:
-        raise tasks.DataFormatError(
+        raise data_files.DataFormatError(
             f"{where}: question {qas_id} has no answer and is not marked is_impossible"
         )
     # Training uses the first answer (SQuAD training questions have exactly one).
@@ -157,12 +158,12 @@ def make_example(
 
 def read_squad_json(path, is_training, version_2_with_negative=False):
     """Reads a SQuAD JSON file into (examples, ReadStats); a broken structure names the field."""
-    tasks.require_file(path, "SQuAD")
+    io_utils.require_file(path, "SQuAD")
     with io_utils.open_text(path) as f:
         try:
             data = json.load(f)["data"]
         except (ValueError, KeyError, TypeError) as e:  # bad JSON, or bytes that are not UTF-8
-            raise tasks.DataFormatError(f"{path}: not a SQuAD JSON file ({e!r})") from None
+            raise data_files.DataFormatError(f"{path}: not a SQuAD JSON file ({e!r})") from None
     examples, stats = [], ReadStats()
     for a, article in enumerate(data):
         for p, paragraph in enumerate(article.get("paragraphs", [])):
@@ -171,13 +172,15 @@ def read_squad_json(path, is_training, version_2_with_negative=False):
                 context = paragraph["context"]
                 qas = paragraph["qas"]
             except KeyError as e:
-                raise tasks.DataFormatError(f"{where}: missing field {e}") from None
+                raise data_files.DataFormatError(f"{where}: missing field {e}") from None
             doc_tokens, char_to_word_offset = split_doc_tokens(context)
             for q, qa in enumerate(qas):
                 try:
                     qas_id, question, answers = qa["id"], qa["question"], qa.get("answers", [])
                 except KeyError as e:
-                    raise tasks.DataFormatError(f"{where}.qas[{q}]: missing field {e}") from None
+                    raise data_files.DataFormatError(
+                        f"{where}.qas[{q}]: missing field {e}"
+                    ) from None
                 is_impossible = (
                     bool(qa.get("is_impossible", False)) if version_2_with_negative else False
                 )
@@ -328,7 +331,7 @@ def convert_examples(
                 token_is_max_context[doc_offset + i] = _is_max_context(
                     spans, span_index, span_start + i
                 )
-            input_ids, input_mask, segment_ids = tasks.pack_segments(
+            input_ids, input_mask, segment_ids = packing.pack_segments(
                 [query_ids, tokenizer.convert_tokens_to_ids(window)], max_seq_length, cls_id, sep_id
             )
 
@@ -387,7 +390,7 @@ def feature_spec(input_shape, has_labels):
     spec.update(
         {
             name: tf.io.FixedLenFeature(list(input_shape), tf.int64)
-            for name in tasks.MODEL_INPUT_NAMES
+            for name in packing.MODEL_INPUT_NAMES
         }
     )
     if has_labels:
@@ -398,4 +401,4 @@ def feature_spec(input_shape, has_labels):
 
 def write_records(path, features, is_training):
     """Writes SquadFeatures to a TFRecord file atomically; returns the number of records."""
-    return tasks.write_records(path, feature_arrays(features, is_training))
+    return packing.write_records(path, feature_arrays(features, is_training))

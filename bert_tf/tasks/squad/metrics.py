@@ -14,7 +14,7 @@ import string
 
 from absl import logging
 
-from bert_tf import io_utils, tasks
+from bert_tf.runtime import io_utils
 
 # ---------------------------------------------------------------------------------------------
 # The official evaluation.
@@ -52,7 +52,7 @@ def gold_answers_from_json(path_or_data):
     """Question id -> gold answer texts from a SQuAD JSON file (or its parsed dict)."""
     data = path_or_data
     if isinstance(path_or_data, str):
-        with io_utils.open_text(tasks.require_file(path_or_data, "SQuAD")) as f:
+        with io_utils.open_text(io_utils.require_file(path_or_data, "SQuAD")) as f:
             data = json.load(f)
     return {
         qa["id"]: [a["text"] for a in qa.get("answers", [])]

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_tf import modeling
+from bert_tf.model import modeling
 from bert_tf.tasks import heads, representations
 
 

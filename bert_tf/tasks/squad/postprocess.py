@@ -11,8 +11,9 @@ import os
 
 import numpy as np
 
-from bert_tf import io_utils, tokenization
+from bert_tf.runtime import io_utils
 from bert_tf.tasks.squad.data import NO_SPAN_NULL_ODDS
+from bert_tf.tokenization import python_tokenizer
 
 # ---------------------------------------------------------------------------------------------
 # Post-processing: logits -> answer texts.
@@ -45,7 +46,7 @@ def get_final_text(pred_text, orig_text, do_lower_case):
     spaces removed; when the alignment fails, the whole `orig_text` is returned, as the original.
     """
     tokenized = " ".join(
-        tokenization.BasicTokenizer(do_lower_case=do_lower_case).tokenize(orig_text)
+        python_tokenizer.BasicTokenizer(do_lower_case=do_lower_case).tokenize(orig_text)
     )
     start = tokenized.find(pred_text)
     if start == -1:

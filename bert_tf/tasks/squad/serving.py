@@ -16,7 +16,7 @@ span; an empty context has no answer. Windows go through the model a bounded num
 
 import tensorflow as tf
 
-from bert_tf import io_utils
+from bert_tf.runtime import io_utils
 from bert_tf.tasks import export_graph
 
 MAX_ANSWER_LENGTH = 30  # run_squad.py's --max_answer_length default

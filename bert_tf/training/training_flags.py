@@ -1,0 +1,316 @@
+"""The flags every training job shares, and the plain settings the library takes from them.
+
+Only the CLI modules import this (run_pretraining, the run_<task> CLIs, extract_features): a job's
+args dataclass extends `LoopArgs` (the training loop's flags) or `FinetuneArgs` (LoopArgs plus the
+fine-tuning flags), and turns into the library's settings with `loop_config`, `finetune_config`,
+`make_strategy` and `model_source`.
+"""
+
+import dataclasses
+
+from bert_tf.checkpoints import initial_weights
+from bert_tf.runtime import distribution, io_utils
+from bert_tf.runtime.cli import arg
+from bert_tf.tasks import packing, representations
+from bert_tf.training import finetuning, optimization, training_loop
+
+
+@dataclasses.dataclass
+class LoopArgs:
+    """The training-loop settings every training CLI takes (their flags come from these fields)."""
+
+    optimizer: str = arg(
+        "adamw",
+        "adamw: the original AdamWeightDecay; lamb: LAMB, for large batches.",
+        choices=optimization.OPTIMIZERS,
+    )
+    # None: the original's; set, it applies to adamw only (validate refuses it with LAMB).
+    adam_bias_correction: bool = arg(
+        None,
+        "AdamW with bias correction (standard AdamW, as torch.optim.AdamW has it) instead of the "
+        "original BERT's AdamWeightDecay, which omits it. Default: false, the original's (across "
+        "seeds it did not fine-tune better: benchmarks/RESULTS.md).",
+    )
+    adam_epsilon: float = arg(
+        None, f"Adam's epsilon. Default: {optimization.DEFAULT_EPSILON:g}, the original's."
+    )
+    weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
+    clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
+    num_accumulation_steps: int = arg(
+        1,
+        "Gradient accumulation: each replica's share of --train_batch_size is split into this many "
+        "micro-batches, run one after another, whose gradients are summed into one update (the "
+        "batch stays --train_batch_size; memory is that of a micro-batch). It must divide the "
+        "batch per replica.",
+    )
+    steps_per_loop: int = arg(
+        100, "Training steps inside one tf.function call (one progress line and summary per loop)."
+    )
+    save_checkpoints_steps: int = arg(1000, "How often to save a checkpoint.")
+    keep_checkpoint_max: int = arg(5, "How many checkpoints to keep.")
+    strategy: str = arg("default", "The tf.distribute strategy.", choices=distribution.STRATEGIES)
+    tpu: str = arg("", "A TPU name or grpc:// address; empty means the TPU attached to this VM.")
+    num_cpu_replicas: int = arg(
+        0, "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices."
+    )
+    mixed_precision: str = arg(
+        "none",
+        "Compute dtype; float16 adds dynamic loss scaling.",
+        choices=training_loop.MIXED_PRECISION_POLICIES,
+    )
+    jit_compile: bool = arg(False, "XLA-compile the forward and backward pass.")
+    seed: int = arg(12345, "Seeds the weights, dropout and the input order.")
+    max_loss_ratio: float = arg(
+        training_loop.DEFAULT_MAX_LOSS_RATIO,
+        "Stop, as for a NaN loss, when a step's loss exceeds this many times the mean loss of the run's earlier "
+        "steps (a diverging run, e.g. from too high a learning rate): that step and the rest of its loop are "
+        "not applied, nothing is saved after it, and the error names the last healthy checkpoint. The mean is "
+        "kept in the checkpoints, so it spans resumed runs. 0 turns the check off.",
+    )
+
+    resume_from: str = arg(
+        "",
+        "Resume from this checkpoint of --output_dir (ckpt-N) instead of the newest healthy one "
+        "(a diverged run marks the checkpoints that gave its loss as suspect, and a rerun skips "
+        "them).",
+    )
+
+    def adam_bias_correction_value(self):
+        """--adam_bias_correction; unset, the original's optimizer in every job (across seeds,
+        bias correction did not fine-tune better: benchmarks/RESULTS.md, "Fine-tuning: quality
+        across seeds against HF")."""
+        return bool(self.adam_bias_correction)
+
+    def adam_epsilon_value(self):
+        """--adam_epsilon, or the original's."""
+        return optimization.DEFAULT_EPSILON if self.adam_epsilon is None else self.adam_epsilon
+
+    def validate(self):
+        """Usage errors in these flags, each naming its flag."""
+        if self.optimizer not in optimization.OPTIMIZERS:
+            raise io_utils.UsageError(
+                f"--optimizer={self.optimizer} is not one of {', '.join(optimization.OPTIMIZERS)}"
+            )
+        if self.optimizer != "adamw" and self.adam_bias_correction is not None:
+            raise io_utils.UsageError(
+                f"--adam_bias_correction applies to --optimizer=adamw, not --optimizer={self.optimizer}"
+            )
+        if self.adam_epsilon is not None and not self.adam_epsilon > 0:
+            raise io_utils.UsageError(f"--adam_epsilon must be positive, got {self.adam_epsilon}")
+        if self.mixed_precision not in training_loop.MIXED_PRECISION_POLICIES:
+            raise io_utils.UsageError(
+                f"--mixed_precision={self.mixed_precision} is not one of "
+                f"{', '.join(training_loop.MIXED_PRECISION_POLICIES)}"
+            )
+        if self.max_loss_ratio != 0 and not self.max_loss_ratio > 1:
+            raise io_utils.UsageError(
+                f"--max_loss_ratio must be 0 (off) or above 1, got {self.max_loss_ratio}"
+            )
+        for name in ("steps_per_loop", "save_checkpoints_steps", "num_accumulation_steps"):
+            if getattr(self, name) <= 0:
+                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+
+    def loop_config(self, num_train_steps, **overrides):
+        """The LoopConfig these flags ask for (float16 turns on loss scaling); `overrides` replace fields."""
+        fields = dict(
+            num_train_steps=num_train_steps,
+            steps_per_loop=self.steps_per_loop,
+            save_checkpoints_steps=self.save_checkpoints_steps,
+            clip_norm=self.clip_norm,
+            loss_scaling=self.mixed_precision == "float16",
+            jit_compile=self.jit_compile,
+            max_checkpoints_to_keep=self.keep_checkpoint_max,
+            max_loss_ratio=self.max_loss_ratio,
+            resume_from=self.resume_from,
+            num_accumulation_steps=self.num_accumulation_steps,
+        )
+        fields.update(overrides)
+        return training_loop.LoopConfig(**fields)
+
+
+@dataclasses.dataclass
+class FinetuneArgs(LoopArgs):
+    """What every fine-tuning run needs; each CLI's own args dataclass extends it (fields -> flags)."""
+
+    output_dir: str = arg(
+        "",
+        "The output directory: the fine-tuned model directory (checkpoints, "
+        "bert_config.json, vocab.txt, task.json), eval results, predictions and "
+        "TensorBoard logs. Rerunning resumes from it.",
+    )
+    init_checkpoint: str = arg(
+        "",
+        "The weights: a model directory (pretrained or fine-tuned) or an original BERT checkpoint.",
+    )
+    bert_config_file: str = arg(
+        "", "The bert_config.json of an original checkpoint (a model directory carries its own)."
+    )
+    vocab_file: str = arg(
+        "", "The vocab.txt of an original checkpoint (a model directory carries its own)."
+    )
+    # None: the model directory's config decides (True for an original checkpoint).
+    do_lower_case: bool = arg(
+        None,
+        "Whether to lower-case the input; with an original checkpoint only (a model "
+        "directory's config records it). Default: true.",
+    )
+    do_train: bool = arg(False, "Whether to run training.")
+    do_eval: bool = arg(False, "Whether to run evaluation on the dev set.")
+    do_predict: bool = arg(False, "Whether to run prediction on the test set.")
+    eval_every_epoch: bool = arg(
+        False,
+        "With --do_train and --do_eval: evaluate on the dev set after every epoch too, one JSON line "
+        "each in OUTPUT_DIR/eval_history.jsonl (the learning curve).",
+    )
+    max_seq_length: int = arg(
+        128,
+        "The maximum total input sequence length after WordPiece tokenization; longer "
+        "sequences are truncated, shorter ones padded.",
+    )
+    train_batch_size: int = arg(32, "Global batch size for training.")
+    eval_batch_size: int = arg(8, "Global batch size for evaluation.")
+    predict_batch_size: int = arg(8, "Global batch size for prediction.")
+    learning_rate: float = arg(5e-5, "The initial learning rate for Adam.")
+    num_train_epochs: float = arg(3.0, "Total number of training epochs to perform.")
+    warmup_proportion: float = arg(
+        0.1,
+        "Proportion of training to perform linear learning rate warmup for. E.g., "
+        "0.1 = 10% of training.",
+    )
+    pad_to_max_seq_length: bool = arg(
+        False,
+        "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
+        "--strategy=tpu). Otherwise each batch is cut to its longest example (with "
+        f"--jit_compile, rounded up to a multiple of {packing.LENGTH_BUCKET} tokens), and training "
+        "batches group examples of similar length.",
+    )
+    group_by_length: bool = arg(
+        True,
+        "Training batches group examples of similar length (with dynamic lengths: not with "
+        "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
+        "example.",
+    )
+    # None: dense, or bilstm with a feature-based run_ner (which refuses an explicit dense).
+    head: str = arg(
+        None,
+        "What the task's output layer reads: dense, the encoder's output as the paper fine-tunes "
+        "(sequence_output per token, pooled_output per sequence); bilstm, a randomly initialised "
+        'two-layer bidirectional LSTM over sequence_output (the paper\'s Table 5, "+ BiLSTM"): '
+        "token tasks read its outputs, sequence tasks its last forward and first backward states. "
+        "Recorded in task.json. Default: dense.",
+        choices=representations.HEADS,
+    )
+    # None: the paper's 768, where a BiLSTM is built (set without one, it is a usage error).
+    lstm_units: int = arg(
+        None,
+        "Units per direction of each layer of the bilstm head. Default: "
+        f"{representations.DEFAULT_LSTM_UNITS}, the paper's.",
+    )
+
+    def validate(self):
+        """Usage errors common to every fine-tuning run (no TensorFlow needed), naming the flags."""
+        if not (self.do_train or self.do_eval or self.do_predict):
+            raise io_utils.UsageError(
+                "at least one of --do_train, --do_eval and --do_predict must be set"
+            )
+        if not self.output_dir:
+            raise io_utils.UsageError("--output_dir is required")
+        super().validate()
+        for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
+            if getattr(self, name) <= 0:
+                raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.do_train and self.num_train_epochs <= 0:
+            raise io_utils.UsageError(
+                f"--num_train_epochs must be positive, got {self.num_train_epochs}"
+            )
+        if self.eval_every_epoch and not (self.do_train and self.do_eval):
+            raise io_utils.UsageError("--eval_every_epoch needs --do_train and --do_eval")
+        if not 0.0 <= self.warmup_proportion < 1.0:
+            raise io_utils.UsageError(
+                f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}"
+            )
+        if self.max_seq_length < 3:
+            raise io_utils.UsageError(
+                f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {self.max_seq_length}"
+            )
+        if self.head is not None and self.head not in representations.HEADS:
+            raise io_utils.UsageError(
+                f"--head={self.head} is not one of {', '.join(representations.HEADS)}"
+            )
+        if self.lstm_units is not None:
+            if self.lstm_units <= 0:
+                raise io_utils.UsageError(f"--lstm_units must be positive, got {self.lstm_units}")
+            if not self.builds_lstm():
+                raise io_utils.UsageError(
+                    f"--lstm_units sizes a BiLSTM: it needs {self.LSTM_FLAGS}"
+                )
+
+    LSTM_FLAGS = "--head=bilstm"  # the flags that build a BiLSTM (builds_lstm), for messages
+
+    def builds_lstm(self):
+        """Whether these flags put a BiLSTM between the encoder and the output layer."""
+        return self.head == "bilstm"
+
+    def head_fields(self):
+        """The TaskSpec fields of --head and --lstm_units."""
+        units = self.lstm_units or representations.DEFAULT_LSTM_UNITS
+        return dict(head=self.head or "dense", lstm_units=units)
+
+    def batch_sizes(self):
+        """{flag name: global batch size} of the batches this run makes."""
+        return {
+            name: getattr(self, name)
+            for name in ("train_batch_size", "eval_batch_size", "predict_batch_size")
+        }
+
+    def make_strategy(self):
+        """The --strategy, checked against the batch sizes; call it before any other TensorFlow op."""
+        strategy = distribution.make_strategy(
+            self.strategy, self.tpu, self.num_cpu_replicas, self.batch_sizes()
+        )
+        training_loop.check_accumulation(
+            self.train_batch_size, strategy.num_replicas_in_sync, self.num_accumulation_steps
+        )
+        return strategy
+
+    def model_source(self):
+        """The config, vocab and initial weights (initial_weights.resolve of these flags).
+
+        --init_checkpoint is a model directory (pretrained or fine-tuned) or an original
+        checkpoint; a resumed --output_dir must hold the same config.
+        """
+        return initial_weights.resolve(
+            self.init_checkpoint,
+            self.bert_config_file,
+            self.vocab_file,
+            self.do_lower_case,
+            output_dir=self.output_dir,
+            max_seq_length=self.max_seq_length,
+        )
+
+    def finetune_config(self):
+        """The driver's FinetuneConfig of these flags."""
+        return finetuning.FinetuneConfig(
+            output_dir=self.output_dir,
+            do_train=self.do_train,
+            do_eval=self.do_eval,
+            do_predict=self.do_predict,
+            train_batch_size=self.train_batch_size,
+            eval_batch_size=self.eval_batch_size,
+            predict_batch_size=self.predict_batch_size,
+            learning_rate=self.learning_rate,
+            num_train_epochs=self.num_train_epochs,
+            warmup_proportion=self.warmup_proportion,
+            weight_decay=self.weight_decay,
+            optimizer=self.optimizer,
+            adam_epsilon=self.adam_epsilon_value(),
+            adam_bias_correction=self.adam_bias_correction_value(),
+            mixed_precision=self.mixed_precision,
+            seed=self.seed,
+            length_bucket=finetuning.length_bucket(
+                self.pad_to_max_seq_length, self.strategy, self.jit_compile
+            ),
+            group_by_length=self.group_by_length,
+            eval_every_epoch=self.eval_every_epoch,
+            loop=self.loop_config(0),
+        )
