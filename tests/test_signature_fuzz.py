@@ -175,6 +175,15 @@ def _grpc(stub, model, call):
     return "OK", {name: tf.make_ndarray(proto) for name, proto in reply.outputs.items()}
 
 
+def _as_text(value):
+    """Strings as REST writes them: text, invalid UTF-8 replaced; {"b64"} (`_bytes` outputs) decoded."""
+    if isinstance(value, list):
+        return [_as_text(v) for v in value]
+    if isinstance(value, dict):
+        value = base64.b64decode(value["b64"])
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def _served_failure(call, rest, grpc_reply):
     """What is wrong with the two protocols' answers to `call`, or None."""
     (status, body), (code, outputs) = rest, grpc_reply
@@ -199,14 +208,14 @@ def _served_failure(call, rest, grpc_reply):
         return None
     rows = next(len(v) for v in call.inputs.values() if v.ndim)
     for name, value in outputs.items():
-        got = np.asarray(body["outputs"][name] if len(outputs) > 1 else body["outputs"])
+        raw = body["outputs"][name] if len(outputs) > 1 else body["outputs"]
         if value.ndim and len(value) != rows:
             return f"output {name} has {len(value)} rows for {rows}"
         if value.dtype == object:
-            value = np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(value)
-            same = value.size == 0 or np.array_equal(value, got)
+            same = value.size == 0 or _as_text(value.tolist()) == _as_text(raw)
         else:
-            same = value.size == 0 or np.allclose(value, got.astype(value.dtype), atol=1e-5)
+            got = np.asarray(raw, dtype=value.dtype)
+            same = value.size == 0 or np.allclose(value, got, atol=1e-5)
         if not same:
             return f"output {name}: REST and gRPC differ"
     return None
