@@ -11,8 +11,8 @@ tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS, packing.ONE_SIDED_PACKER_OPTIONS):
 
 - BertConfig: both forward passes are built and called with a config that records every field
   read from it (properties and methods run on the recording config, so their reads count), at the
-  base config and at a changed value of each field; a field neither pass may skip must be read by
-  both.
+  base config and at a changed value of each field; every field not declared must be read by both
+  (a weight-shape field, by the Keras encoder).
 - Tokenizers and packers: their options are parameters, whose reads cannot be recorded without
   changing the code under test, so every option must be in every side's signature, with one default.
 
