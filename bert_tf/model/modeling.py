@@ -232,6 +232,25 @@ class BertConfig:
         io_utils.atomic_write_json(path, self.to_dict())
 
 
+# The two forward passes of one config, build_encoder's Keras encoder and the export's
+# InferenceEncoder (bert_tf.saved_model.inference_encoder), must each read every BertConfig field,
+# except those listed here; tests/test_pairs_in_step.py holds both passes to this and checks each
+# entry's claim, so a field that one pass learns and the other does not fails a test.
+# Fields that change nothing a forward pass at inference computes from given weights:
+INFERENCE_INERT_FIELDS = frozenset(
+    {
+        "hidden_dropout_prob",  # dropout is off at inference, and InferenceEncoder is inference only
+        "attention_probs_dropout_prob",  # likewise
+        "initializer_range",  # draws initial weights; a forward pass is given its weights
+        "do_lower_case",  # the tokenizer's casing, carried with the model; the network sees ids
+        "config_version",  # the file's version; what it versions, attention_direction, is read
+    }
+)
+# Fields that reach InferenceEncoder as the shapes of the weights it copies from the Keras encoder,
+# so it needs no value of its own: the sizes of the three embedding tables.
+WEIGHT_SHAPE_FIELDS = frozenset({"vocab_size", "max_position_embeddings", "type_vocab_size"})
+
+
 # ----------------------------------------------------------------------------------------------
 # Layers and models
 # ----------------------------------------------------------------------------------------------

@@ -13,6 +13,16 @@ import unicodedata
 
 from bert_tf.runtime import io_utils
 
+# FullTokenizer, CachedTokenizer and GraphTokenizer each take every constructor option (with the
+# same default) and honour it alike, except the options listed here, which one class alone has and
+# which change no token; tests/test_pairs_in_step.py holds the three classes to this.
+ONE_SIDED_TOKENIZER_OPTIONS = frozenset(
+    {
+        "max_cached_words",  # CachedTokenizer's memory bound: when its caches empty, not their ids
+        "name",  # GraphTokenizer's tf.Module name, for its variables and graph scopes
+    }
+)
+
 UNK_TOKEN = "[UNK]"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # google-research/bert's WordpieceTokenizer since 332a687 (2018-11-23; 100 before it, and in HF's).
