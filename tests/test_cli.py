@@ -18,10 +18,10 @@ from bert_tf import (
     run_classifier,
     run_multiple_choice,
     run_ner,
-    run_pretraining,
     run_squad,
     serve,
 )
+from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining_data import job
 from bert_tf.runtime import cli, io_utils
 from bert_tf.tokenization import __main__ as tokenization_cli
@@ -32,7 +32,7 @@ JOB_ARGS = [
     run_squad.SquadArgs,
     run_ner.NerArgs,
     run_multiple_choice.MultipleChoiceArgs,
-    run_pretraining.PretrainingArgs,
+    pretraining_job.PretrainingArgs,
     extract_features.ExtractArgs,
     job.PretrainingDataArgs,
     build_vocab.BuildVocabArgs,
