@@ -5,7 +5,8 @@ The package, read downward:
     classification/ squad/ ner/ multiple_choice/
                     one folder per task: data.py (files -> examples -> features, and the record
                     schema), model.py (the head and its loss), metrics / postprocess, serving.py
-                    (the exported graph and its signatures)
+                    (the exported graph and its signatures), job.py (the task's side of a
+                    fine-tuning run, which bert_tf.training.finetuning drives)
     registry.py     one entry per task kind (task.json's `kind`): model, loss, record schema, and
                     the name of its serving module
     models.py       task.json (TaskSpec), building and loading task models from a model directory
