@@ -15,6 +15,12 @@ The package, read downward:
                     calls by length groups
     packing.py      segments -> features (`pack_segments`, `pack_inputs`), their records and datasets
     data_files.py   reading a task's files: required files and examples, lines, text pairs, errors
+    feature_extraction.py
+                    the frozen encoder's chosen layers per token, as JSON lines (the feature-based
+                    approach outside a task: python -m bert_tf.extract_features)
+    demo_datasets.py
+                    the demo's toy tasks in GLUE SST-2's, SWAG's and CoNLL-2003's file layouts
+                    (python -m bert_tf.demo_data)
 
 A task's data.py turns its files into examples, its examples into features with `pack_segments`
 (Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for GraphTokenizer ids inside a
