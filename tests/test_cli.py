@@ -19,11 +19,11 @@ from bert_tf import (
     run_multiple_choice,
     run_ner,
     run_squad,
-    serve,
 )
 from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining_data import job
 from bert_tf.runtime import cli, io_utils
+from bert_tf.serving import server_flags
 from bert_tf.tokenization import __main__ as tokenization_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,7 @@ JOB_ARGS = [
     corpus.CorpusArgs,
     tokenization_cli.CompareArgs,
     export.ExportArgs,
-    serve.ServeArgs,
+    server_flags.ServeArgs,
 ]
 
 
