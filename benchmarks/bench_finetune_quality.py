@@ -47,8 +47,8 @@ sys.path.insert(0, ROOT)
 
 from bench_finetuning import converted_minilm, minilm_dir, thread_env  # noqa: E402
 
-from bert_tf import demo_data  # noqa: E402
 from bert_tf.pretraining_data import corpus  # noqa: E402
+from bert_tf.tasks import demo_datasets  # noqa: E402
 
 MAX_WORDS = 30
 
@@ -107,7 +107,7 @@ def write_mc(path, rows, rng):
     """SWAG's CSV layout; the true next sentence is ending `label`."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(demo_data.SWAG_FIELDS)
+        writer.writerow(demo_datasets.SWAG_FIELDS)
         for i, (first, second, distractors) in enumerate(rows):
             label = rng.randrange(4)
             endings = list(distractors)
@@ -149,7 +149,7 @@ def write_peer_tasks(data_dir, num_train, num_dev, seed):
     sentences_file = os.path.join(data_dir, "sentences.txt")
     with open(sentences_file, "w") as f:
         f.writelines(f"{s}\n" for d in documents for s in d)
-    demo_data.write_demo_conll_dir(
+    demo_datasets.write_demo_conll_dir(
         os.path.join(data_dir, "ner"), sentences_file, num_train, num_dev, num_test=0, seed=seed
     )
 
@@ -249,7 +249,7 @@ def run_hf(args, task, data_dir, output_dir, seed):
         epochs=epochs,
         threads=args.threads,
         seed=seed,
-        labels=list(demo_data.CONLL_TAGS),
+        labels=list(demo_datasets.CONLL_TAGS),
     )
     script = os.path.join(ROOT, "benchmarks", "hf_finetune_peer.py")
     log = output_dir + ".log"

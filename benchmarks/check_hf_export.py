@@ -207,13 +207,13 @@ def write_tsv(path, rows):
 
 def fine_tune(kind, work, encoder_dir, sentences):
     """Fine-tunes `encoder_dir` briefly into a model directory of `kind`; returns its path."""
-    from bert_tf import demo_data
+    from bert_tf.tasks import demo_datasets
 
     data, out = os.path.join(work, f"{kind}_data"), os.path.join(work, kind)
     os.makedirs(data, exist_ok=True)
     init = f"--init_checkpoint={encoder_dir}"
     if kind == "classifier":
-        demo_data.write_demo_glue_dir(data, num_train=32, num_dev=8, num_test=8)
+        demo_datasets.write_demo_glue_dir(data, num_train=32, num_dev=8, num_test=8)
         run_job(
             "run_classifier",
             "--task_name=sst2",
@@ -274,7 +274,7 @@ def fine_tune(kind, work, encoder_dir, sentences):
             f"--output_dir={out}",
         )
     elif kind == "multiple_choice":
-        demo_data.write_demo_swag_dir(data, num_train=16, num_dev=8, num_test=8)
+        demo_datasets.write_demo_swag_dir(data, num_train=16, num_dev=8, num_test=8)
         run_job("run_multiple_choice", f"--data_dir={data}", init, *TRAINING, f"--output_dir={out}")
     elif kind == "pretraining":
         text = os.path.join(data, "corpus.txt")

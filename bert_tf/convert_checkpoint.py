@@ -29,18 +29,16 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 # isort: split
 
 import dataclasses
-import os
 
 from absl import flags
 
-from bert_tf.checkpoints import conversion, google_checkpoint
+from bert_tf.checkpoints import conversion
 from bert_tf.interop import hf_export, keras_hub_export
 from bert_tf.model.model_dir import ModelDir, describe_heads
-from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime import cli
 from bert_tf.runtime.cli import arg
 from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import models
-from bert_tf.tokenization import python_tokenizer
 
 # --to's choices: bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export write them.
 EXPORT_TARGETS = ("huggingface", "keras_hub")
@@ -111,23 +109,18 @@ def run(args, flags_text=""):
     `flags_text` (the resolved flags) is written into it as convert_checkpoint.flags. A local
     --output_dir appears whole (io_utils.atomic_directory); a gs:// one is written in place.
     """
-    if args.format == "google" and args.do_lower_case is not None:
-        try:
-            prefix = google_checkpoint.resolve_google_checkpoint(args.checkpoint)
-        except FileNotFoundError:
-            prefix = None  # convert() names what is missing
-        if prefix:
-            python_tokenizer.validate_case_matches_checkpoint(
-                args.do_lower_case, prefix, flag="--checkpoint"
-            )
-    if io_utils.is_remote(args.output_dir):
-        path = _convert_in_place(args, flags_text)
-    else:
-        with io_utils.atomic_directory(
-            args.output_dir, hf_export.OUTPUT_JOB, overwrite=args.overwrite
-        ) as tmp:
-            path = _convert(args, tmp, flags_text)
-        path = os.path.join(args.output_dir, os.path.basename(path))
+    path = conversion.convert_to_model_dir(
+        args.format,
+        args.checkpoint,
+        args.output_dir,
+        output_job=hf_export.OUTPUT_JOB,
+        overwrite=args.overwrite,
+        extra_files={FLAGS_FILE: flags_text} if flags_text else None,
+        bert_config_file=args.bert_config_file,
+        vocab_file=args.vocab_file,
+        do_lower_case=args.do_lower_case,
+        task_model=hf_export.task_model,
+    )
     spec = models.read_task_spec(ModelDir(args.output_dir))
     if spec is not None:
         print(
@@ -140,46 +133,6 @@ def run(args, flags_text=""):
         f"{describe_heads(heads)}"
     )
     return path
-
-
-def _convert(args, output_dir, flags_text):
-    """conversion.convert into `output_dir`, with the flags beside; returns the checkpoint path."""
-    try:
-        path = conversion.convert(
-            args.format,
-            args.checkpoint,
-            output_dir,
-            bert_config_file=args.bert_config_file,
-            vocab_file=args.vocab_file,
-            do_lower_case=args.do_lower_case,
-            task_model=hf_export.task_model,
-        )
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(str(e)) from e
-    if flags_text:
-        io_utils.atomic_write_text(os.path.join(output_dir, FLAGS_FILE), flags_text)
-    return path
-
-
-def _convert_in_place(args, flags_text):
-    """_convert into a remote --output_dir, which cannot be renamed into place: it must be new or
-    empty, and is removed again when the conversion is refused before writing anything else."""
-    import tensorflow as tf
-
-    if args.overwrite:
-        raise UsageError(f"--overwrite: only for a local --output_dir, not {args.output_dir}")
-    created = not tf.io.gfile.exists(args.output_dir)
-    if not created and tf.io.gfile.listdir(args.output_dir):
-        raise UsageError(
-            f"{args.output_dir} is not empty: a gs:// --output_dir must be new or empty"
-        )
-    tf.io.gfile.makedirs(args.output_dir)
-    try:
-        return _convert(args, args.output_dir, flags_text)
-    except UsageError:
-        if created and set(tf.io.gfile.listdir(args.output_dir)) <= {FLAGS_FILE}:
-            tf.io.gfile.rmtree(args.output_dir)
-        raise
 
 
 def run_export(args, flags_text=""):

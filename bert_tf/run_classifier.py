@@ -17,16 +17,12 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 # isort: split
 
 import dataclasses
-import os
-
-import numpy as np
-import tensorflow as tf
 
 from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
-from bert_tf.tasks import data_files, models
 from bert_tf.tasks.classification import data as classification
+from bert_tf.tasks.classification import job as classification_job
 from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
@@ -89,129 +85,22 @@ def resolve_task(args):
     )
 
 
-def read_splits(args, task, splits):
-    """{split: SplitData} read from --data_dir or --tfds; a missing split file is a UsageError naming it."""
-    result = {}
-    for split in splits:
-        if args.tfds:
-            result[split] = classification.read_tfds_split(
-                task, split, data_dir=args.tfds_data_dir or None
-            )
-        else:
-            result[split] = classification.read_split(
-                task, args.data_dir, split, skip_bad_rows=args.skip_bad_rows
-            )
-        data = result[split]
-        skipped = f", {data.skipped_rows} bad rows skipped" if data.skipped_rows else ""
-        print(f"{split}: {len(data.examples)} examples from {data.path}{skipped}", flush=True)
-        data_files.require_examples(data.examples, data.path, split)
-    return result
-
-
-def resolve_labels(task, train, source, output_dir):
-    """The label list: the task's own, the training data's, or (without training) the fine-tuned model's."""
-    if task.is_regression:
-        return None
-    if task.labels is not None:
-        return list(task.labels)
-    if train is not None:
-        return classification.label_list(task, train.examples)
-    labels = finetuning.finetuned_labels("classifier", source, output_dir)
-    if labels is not None:
-        return labels
-    raise io_utils.UsageError(
-        "the labels are unknown without --do_train: give --labels, or an --init_checkpoint "
-        "or --output_dir fine-tuned for this task"
-    )
-
-
-def predictions_of(outputs, labels):
-    """Label ids (argmax of the logits) or regression scores."""
-    return outputs["score"] if labels is None else np.argmax(outputs["logits"], axis=-1)
-
-
-def write_probabilities(path, logits):
-    """<split>_results.tsv in test_results.tsv's layout: tab-separated class probabilities (6 decimals, not str())."""
-    probabilities = tf.nn.softmax(tf.constant(logits, tf.float32), axis=-1).numpy()
-    io_utils.atomic_write_text(
-        path, "".join("\t".join(f"{p:.6f}" for p in row) + "\n" for row in probabilities)
-    )
-
-
 def run(args):
     """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
     args.validate()
     task = resolve_task(args)
     strategy = args.make_strategy()
     source = args.model_source()
-    tokenizer = source.tokenizer()
-
-    # Every split is read (and every dev label checked) before training, so a missing file or a bad
-    # row fails in seconds rather than after hours of training.
-    splits = read_splits(
-        args,
+    job = classification_job.ClassificationJob(
         task,
-        (["train"] if args.do_train else [])
-        + (list(task.eval_splits) if args.do_eval else [])
-        + (list(task.test_splits) if args.do_predict else []),
+        args.max_seq_length,
+        args.head_fields(),
+        data_dir=args.data_dir,
+        tfds=args.tfds,
+        tfds_data_dir=args.tfds_data_dir,
+        skip_bad_rows=args.skip_bad_rows,
     )
-    train = splits.get("train")
-    labels = resolve_labels(task, train, source, args.output_dir)
-    for split in task.eval_splits if args.do_eval else ():
-        classification.check_labels(splits[split], labels)
-    spec = models.TaskSpec(
-        kind="regressor" if labels is None else "classifier",
-        labels=labels or [],
-        max_seq_length=args.max_seq_length,
-        is_pair=task.is_pair,
-        task_name=task.name,
-        **args.head_fields(),
-    )
-
-    def features_of(split):
-        return classification.convert_examples(
-            splits[split].examples, tokenizer, args.max_seq_length, labels
-        )
-
-    def evaluate_and_predict(tuner, final=True):
-        eval_results, submission_files = {}, []
-        for split in task.eval_splits if args.do_eval else ():
-            features = features_of(split)
-            outputs = tuner.predict(features, args.eval_batch_size, has_labels=True)
-            metrics = classification.compute_metrics(
-                task, features["label_ids"], predictions_of(outputs, labels)
-            )
-            metrics["loss"] = finetuning.mean_loss(outputs)
-            prefix = classification.eval_prefix(split)
-            eval_results.update({f"{prefix}_{name}": value for name, value in metrics.items()})
-            eval_results[f"{prefix}_examples"] = len(splits[split].examples)
-        for split in task.test_splits if args.do_predict and final else ():
-            outputs = tuner.predict(features_of(split), args.predict_batch_size)
-            if tuner.is_chief:
-                submission_files.append(
-                    classification.write_submission(
-                        args.output_dir,
-                        task,
-                        split,
-                        splits[split].examples,
-                        predictions_of(outputs, labels),
-                        labels,
-                    )
-                )
-                if labels is not None:
-                    write_probabilities(
-                        os.path.join(args.output_dir, f"{split}_results.tsv"), outputs["logits"]
-                    )
-        if args.do_predict:
-            print("predictions written to " + ", ".join(submission_files), flush=True)
-        return eval_results, submission_files
-
-    train_data = None
-    if args.do_train:
-        train_data = finetuning.TrainData(features_of("train"), len(train.examples))
-    return finetuning.run(
-        args.finetune_config(), strategy, source, spec, train_data, evaluate_and_predict
-    )
+    return finetuning.run(args.finetune_config(), strategy, source, job)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,14 +20,12 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 # isort: split
 
 import dataclasses
-import os
 
 from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
-from bert_tf.tasks import data_files, models, representations
-from bert_tf.tasks.ner import data as ner
-from bert_tf.tasks.ner import metrics as ner_metrics
+from bert_tf.tasks import data_files, representations
+from bert_tf.tasks.ner import job as ner_job
 from bert_tf.training import finetuning
 from bert_tf.training.training_flags import FinetuneArgs
 
@@ -101,105 +99,15 @@ def split_file(args, split):
     return data_files.split_path(args.data_dir, SPLIT_FILES[split])
 
 
-def resolve_labels(train, source, output_dir):
-    """The tags of the training data, or (without training) those of the fine-tuned model."""
-    if train is not None:
-        return ner.label_list(train)
-    labels = finetuning.finetuned_labels("ner", source, output_dir)
-    if labels is not None:
-        return labels
-    raise io_utils.UsageError(
-        "the tags are unknown without --do_train: give an --init_checkpoint or "
-        "--output_dir fine-tuned for NER"
-    )
-
-
-def predict_tags(tuner, sentences, features, batch_size, labels, has_labels):
-    """(per-sentence word tags, model outputs); words cut by max_seq_length are tagged O."""
-    outputs = tuner.predict(features.arrays, batch_size, has_labels=has_labels)
-    tags = ner.word_predictions(features, outputs["predicted_ids"], labels)
-    return ner.pad_predictions(sentences, tags), outputs
-
-
 def run(args):
     """Trains, evaluates and predicts as `args` say; returns a finetuning.RunResult."""
     args.validate()
-    wanted = (
-        (["train"] if args.do_train else [])
-        + (["dev"] if args.do_eval else [])
-        + (["test"] if args.do_predict else [])
-    )
+    wanted = data_files.run_splits(args.do_train, args.do_eval, args.do_predict)
     paths = {split: split_file(args, split) for split in wanted}  # every missing file fails first
     strategy = args.make_strategy()
     source = args.model_source()
-    tokenizer = source.tokenizer()
-    sentences = {}
-    for split, path in paths.items():
-        sentences[split] = ner.read_conll(path)
-        print(f"{split}: {len(sentences[split])} sentences from {path}", flush=True)
-        data_files.require_examples(sentences[split], path, split)
-    labels = resolve_labels(sentences.get("train"), source, args.output_dir)
-    if args.do_eval:
-        ner.check_labels(sentences["dev"], labels)
-    spec = models.TaskSpec(
-        kind="ner",
-        labels=labels,
-        max_seq_length=args.max_seq_length,
-        task_name="ner",
-        **args.head_fields(),
-    )
-
-    def evaluate_and_predict(tuner, final=True):
-        eval_results, prediction_files = {}, []
-        if args.do_eval:
-            dev = sentences["dev"]
-            features = ner.convert_sentences(dev, tokenizer, args.max_seq_length, labels)
-            predicted, outputs = predict_tags(
-                tuner, dev, features, args.eval_batch_size, labels, has_labels=True
-            )
-            scores = ner_metrics.entity_scores([s.tags for s in dev], predicted)
-            eval_results = {
-                f"eval_{name}": scores[name] for name in ("precision", "recall", "f1", "accuracy")
-            }
-            eval_results.update(
-                eval_loss=finetuning.mean_loss(outputs),
-                eval_gold_entities=scores["gold_entities"],
-                eval_predicted_entities=scores["predicted_entities"],
-                eval_correct_entities=scores["correct_entities"],
-            )
-            if tuner.is_chief and final:
-                prediction_files.append(
-                    ner.write_conll_predictions(
-                        os.path.join(args.output_dir, "eval_predictions.txt"), dev, predicted
-                    )
-                )
-            print("\n".join(ner_metrics.eval_result_lines(scores)), flush=True)
-        if args.do_predict and final:
-            test = sentences["test"]
-            # Test tags may be anything (or placeholders): they are written back, never mapped to ids.
-            features = ner.convert_sentences(test, tokenizer, args.max_seq_length, None)
-            predicted, _ = predict_tags(
-                tuner, test, features, args.predict_batch_size, labels, has_labels=False
-            )
-            if tuner.is_chief:
-                prediction_files.append(
-                    ner.write_conll_predictions(
-                        os.path.join(args.output_dir, "test_predictions.txt"), test, predicted
-                    )
-                )
-            print(
-                f"predictions written to {prediction_files[-1] if prediction_files else '(chief only)'}",
-                flush=True,
-            )
-        return eval_results, prediction_files
-
-    train_data = None
-    if args.do_train:
-        features = ner.convert_sentences(sentences["train"], tokenizer, args.max_seq_length, labels)
-        train_data = finetuning.TrainData(features.arrays, len(sentences["train"]))
-    return finetuning.run(
-        args.finetune_config(), strategy, source, spec, train_data, evaluate_and_predict
-    )
+    job = ner_job.NerJob(paths, args.max_seq_length, args.head_fields())
+    return finetuning.run(args.finetune_config(), strategy, source, job)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import OLD_MODEL_DIRS_REFERENCE, demo_texts, write_tiny_model_dir, write_vocab
 
-from bert_tf import demo_data
+from bert_tf.tasks import demo_datasets
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def english_lines():
 def demo(tmp_path_factory):
     """The demo GLUE (SST-2 layout) dir and a tiny random-weight model dir whose vocab covers it."""
     root = tmp_path_factory.mktemp("demo")
-    glue_dir = demo_data.write_demo_glue_dir(str(root / "glue"))
+    glue_dir = demo_datasets.write_demo_glue_dir(str(root / "glue"))
     vocab_file = write_vocab(str(root / "vocab.txt"), demo_texts(glue_dir))
     return {
         "glue_dir": glue_dir,

@@ -14,6 +14,7 @@ import tensorflow as tf
 from helpers import built_once, tiny_config
 
 from bert_tf.serving import batching, core, methods, server
+from bert_tf.serving.config import DEFAULT_MAX_REQUEST_BYTES
 
 LABELS = ["negative", "positive", "neutral"]
 V2_LABELS = ["NEGATIVE", "POSITIVE", "NEUTRAL"]
@@ -209,7 +210,7 @@ def model_server(
     batch_timeout_micros=2000,
     max_instances_per_request=0,
     max_response_elements=methods.DEFAULT_MAX_RESPONSE_ELEMENTS,
-    max_request_bytes=server.DEFAULT_MAX_REQUEST_BYTES,
+    max_request_bytes=DEFAULT_MAX_REQUEST_BYTES,
     idle_timeout_s=60.0,
     deadline_s=None,
     metrics=None,

@@ -1,4 +1,4 @@
-"""Tests for vocabulary learning (bert_tf.build_vocab)."""
+"""Tests for vocabulary learning (bert_tf.tokenization.vocab_learner) and its CLI (bert_tf.build_vocab)."""
 
 import collections
 import gzip
@@ -8,8 +8,8 @@ import re
 import pytest
 from helpers import run_module_cli
 
-from bert_tf import build_vocab
 from bert_tf.pretraining_data import corpus
+from bert_tf.tokenization import vocab_learner
 from bert_tf.tokenization.python_tokenizer import BasicTokenizer, FullTokenizer
 from bert_tf.tokenization.tokenizer_rules import SPECIAL_TOKENS, load_vocab
 
@@ -36,8 +36,10 @@ def corpus_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def learned(corpus_file):
     """The counted words and the vocabulary learned from them."""
-    counts, stats = build_vocab.count_words([corpus_file], do_lower_case=True, show_progress=False)
-    tokens, info = build_vocab.learn_vocab(counts, VOCAB_SIZE)
+    counts, stats = vocab_learner.count_words(
+        [corpus_file], do_lower_case=True, show_progress=False
+    )
+    tokens, info = vocab_learner.learn_vocab(counts, VOCAB_SIZE)
     return counts, stats, tokens, info
 
 
@@ -72,7 +74,7 @@ def test_every_character_of_the_counted_words_is_in_the_vocab(learned):
 def test_vocab_tokenizes_the_corpus_without_unknowns(corpus_file, learned, tmp_path):
     _, _, tokens, _ = learned
     vocab_file = str(tmp_path / "vocab.txt")
-    build_vocab.write_vocab(tokens, vocab_file)
+    vocab_learner.write_vocab(tokens, vocab_file)
     vocab = load_vocab(vocab_file)
     assert list(vocab) == tokens and vocab["[PAD]"] == 0
     tokenizer = FullTokenizer(vocab_file, do_lower_case=True)
@@ -105,7 +107,7 @@ def test_word_counts_match_an_independent_splitter_on_ascii(tmp_path, do_lower_c
     ]
     path = tmp_path / "ascii.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    counts, stats = build_vocab.count_words([str(path)], do_lower_case, show_progress=False)
+    counts, stats = vocab_learner.count_words([str(path)], do_lower_case, show_progress=False)
     expected = collections.Counter(
         w for line in lines for w in ascii_reference_words(line, do_lower_case)
     )
@@ -121,7 +123,7 @@ def test_invalid_utf8_is_replaced_and_counted_and_gz_is_read(tmp_path):
     with gzip.open(tmp_path / "bad.txt.gz", "wb") as f:
         f.write(raw)
     for path in (plain, tmp_path / "bad.txt.gz"):
-        counts, stats = build_vocab.count_words([str(path)], True, show_progress=False)
+        counts, stats = vocab_learner.count_words([str(path)], True, show_progress=False)
         assert stats.invalid_utf8 == 3
         expected = collections.Counter(
             BasicTokenizer(True).tokenize(raw.decode("utf-8", "replace").replace("\n", " "))
@@ -132,18 +134,18 @@ def test_invalid_utf8_is_replaced_and_counted_and_gz_is_read(tmp_path):
 
 def test_counting_and_learning_are_deterministic(corpus_file, learned, tmp_path):
     counts, _, tokens, _ = learned
-    parallel_counts, _ = build_vocab.count_words(
+    parallel_counts, _ = vocab_learner.count_words(
         [corpus_file], True, num_workers=2, show_progress=False
     )
     assert parallel_counts == counts
     # A different insertion order of the same counts gives the same vocabulary.
     shuffled = collections.Counter(dict(sorted(counts.items(), key=lambda wc: wc[0][::-1])))
-    assert build_vocab.learn_vocab(shuffled, VOCAB_SIZE)[0] == tokens
+    assert vocab_learner.learn_vocab(shuffled, VOCAB_SIZE)[0] == tokens
 
 
 def test_rare_characters_beyond_the_alphabet_limit_are_reported():
     counts = collections.Counter({"abc": 50, "abd": 40, "xyz": 30, "q": 1})
-    tokens, info = build_vocab.learn_vocab(counts, 60, max_unique_chars=6)
+    tokens, info = vocab_learner.learn_vocab(counts, 60, max_unique_chars=6)
     assert info["chars_left_out"] == 2  # 'q' and one of x/y/z, the rarest characters
     assert "q" not in tokens and all(c in tokens for c in "abcd")
 
@@ -153,7 +155,7 @@ def test_alphabet_limit_holds_when_long_words_rank_characters_differently():
     # a, b, c as the top 3; the vocabulary must still keep d, leave out c, and not exceed the size.
     counts = collections.Counter({"ab": 10, "abab": 8, "c": 5, "cc": 5, "d" * 60: 1})
     for vocab_size in (11, 12, 14):
-        tokens, info = build_vocab.learn_vocab(counts, vocab_size, max_unique_chars=3)
+        tokens, info = vocab_learner.learn_vocab(counts, vocab_size, max_unique_chars=3)
         assert len(tokens) <= vocab_size and len(set(tokens)) == len(tokens)
         assert {"a", "##a", "b", "##b", "d", "##d"} <= set(tokens)
         assert info["chars_left_out"] == 1 and not [t for t in tokens if "c" in t]
@@ -164,15 +166,15 @@ def test_vocab_file_gets_the_usual_file_mode(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
     path = tmp_path / "vocab.txt"
-    build_vocab.write_vocab(["[PAD]", "a"], str(path))
+    vocab_learner.write_vocab(["[PAD]", "a"], str(path))
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_too_small_vocab_and_empty_input_are_value_errors():
     with pytest.raises(ValueError, match="too small"):
-        build_vocab.learn_vocab(collections.Counter({"abcdef": 3}), 10)
+        vocab_learner.learn_vocab(collections.Counter({"abcdef": 3}), 10)
     with pytest.raises(ValueError, match="no words"):
-        build_vocab.learn_vocab(collections.Counter(), 100)
+        vocab_learner.learn_vocab(collections.Counter(), 100)
 
 
 def run_cli(*args):

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_tf import demo_data
 from bert_tf.runtime import io_utils
-from bert_tf.tasks import data_files, packing
+from bert_tf.tasks import data_files, demo_datasets, packing
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.ner import data as ner
 from bert_tf.tokenization import python_tokenizer
@@ -753,8 +752,8 @@ def test_glue_submission_files(tmp_path):
 
 
 def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
-    first = demo_data.write_demo_glue_dir(str(tmp_path / "a"))
-    second = demo_data.write_demo_glue_dir(str(tmp_path / "b"))
+    first = demo_datasets.write_demo_glue_dir(str(tmp_path / "a"))
+    second = demo_datasets.write_demo_glue_dir(str(tmp_path / "b"))
     for split in ("train", "dev", "test"):
         assert (
             open(os.path.join(first, f"{split}.tsv")).read()
@@ -769,8 +768,8 @@ def test_demo_glue_dir_is_deterministic_balanced_and_keyword_labelled(tmp_path):
     # The label is a function of the keyword: exactly one keyword, of the label's polarity.
     for example in train + dev:
         words = set(example.text_a.split())
-        positive = words & set(demo_data._SENTIMENT_POSITIVE)
-        negative = words & set(demo_data._SENTIMENT_NEGATIVE)
+        positive = words & set(demo_datasets._SENTIMENT_POSITIVE)
+        negative = words & set(demo_datasets._SENTIMENT_NEGATIVE)
         assert len(positive | negative) == 1
         assert bool(positive) == (example.label == "1")
     assert len({e.text_a for e in train}) > 300  # varied, not a handful of repeated sentences

@@ -18,12 +18,12 @@ from bert_tf import (
     run_classifier,
     run_multiple_choice,
     run_ner,
-    run_pretraining,
     run_squad,
-    serve,
 )
+from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining_data import job
 from bert_tf.runtime import cli, io_utils
+from bert_tf.serving import server_flags
 from bert_tf.tokenization import __main__ as tokenization_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +32,7 @@ JOB_ARGS = [
     run_squad.SquadArgs,
     run_ner.NerArgs,
     run_multiple_choice.MultipleChoiceArgs,
-    run_pretraining.PretrainingArgs,
+    pretraining_job.PretrainingArgs,
     extract_features.ExtractArgs,
     job.PretrainingDataArgs,
     build_vocab.BuildVocabArgs,
@@ -40,7 +40,7 @@ JOB_ARGS = [
     corpus.CorpusArgs,
     tokenization_cli.CompareArgs,
     export.ExportArgs,
-    serve.ServeArgs,
+    server_flags.ServeArgs,
 ]
 
 

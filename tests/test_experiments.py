@@ -12,10 +12,10 @@ import pytest
 from helpers import CLI_ENV, ROOT, run_module_cli, write_tiny_model_dir, write_vocab
 from PIL import Image
 
-from bert_tf import demo_data
 from bert_tf.experiments import plan, report
 from bert_tf.experiments.__main__ import ExperimentArgs
 from bert_tf.runtime.io_utils import UsageError
+from bert_tf.tasks import demo_datasets
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_the_sizes_study_pretrains_fine_tunes_and_reports_perplexity(corpus, dem
 
 @pytest.mark.slow
 def test_the_features_study_resumes_after_a_kill_and_fills_table_7(corpus, tmp_path):
-    conll_dir = demo_data.write_demo_conll_dir(
+    conll_dir = demo_datasets.write_demo_conll_dir(
         str(tmp_path / "conll"), corpus["corpus_file"], num_train=60, num_dev=30, num_test=0
     )
     model_dir = write_tiny_model_dir(tmp_path / "bert", corpus["vocab_file"])

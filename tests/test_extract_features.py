@@ -11,7 +11,7 @@ from helpers_google import GOOGLE_TINY, NumpyBert, random_weights, write_google_
 from bert_tf import extract_features
 from bert_tf.checkpoints import conversion
 from bert_tf.runtime import io_utils
-from bert_tf.tasks import data_files
+from bert_tf.tasks import data_files, feature_extraction
 from bert_tf.tokenization import python_tokenizer
 
 SEQ = 10
@@ -167,7 +167,7 @@ def test_a_b_without_tokens_gives_a_single_sentence_input(google):
     tokenizer = python_tokenizer.FullTokenizer(
         os.path.join(google["dir"], "vocab.txt"), do_lower_case=True
     )
-    features, tokens = extract_features.pack(
+    features, tokens = feature_extraction.pack(
         [("w1 w2 w3 w4 w5 w6 w7 w8", "\u200b"), ("w1", "w2")], tokenizer, SEQ
     )
     # The single sentence keeps SEQ - 2 = 8 tokens; as a pair it would have kept 7, then two [SEP]s.

@@ -14,7 +14,7 @@ from bert_tf import extract_features, run_classifier, run_ner, run_squad
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
-from bert_tf.tasks import models, registry
+from bert_tf.tasks import heads, models, registry
 from bert_tf.tasks.ner import data as ner
 from bert_tf.training import finetuning, training_flags
 
@@ -171,7 +171,7 @@ def test_predict_puts_padded_batches_back_in_row_order(demo, tmp_path):
         training=False,
     )["logits"].numpy()
     np.testing.assert_allclose(outputs["logits"], direct, rtol=1e-5, atol=1e-6)
-    assert finetuning.mean_loss(outputs) == pytest.approx(
+    assert heads.mean_loss(outputs) == pytest.approx(
         np_xent(direct, features["label_ids"]).mean(), rel=1e-5
     )
     # Without --do_train nothing is written: the output dir is not a half model directory.

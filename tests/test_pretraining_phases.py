@@ -14,8 +14,8 @@ from helpers import NO_DROPOUT, tiny_config
 from helpers_records import write_real_text_records
 from test_run_pretraining import ENV, ROOT, args_for, cli_flags, read_scalars
 
-from bert_tf import run_pretraining
 from bert_tf.model.model_dir import ModelDir
+from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining import phases
 from bert_tf.runtime import io_utils
 from bert_tf.training import optimization
@@ -80,7 +80,7 @@ def learning_rates(output_dir):
 def straight(data, tmp_path_factory):
     """A two-phase run under the continue recipe, uninterrupted."""
     output_dir = tmp_path_factory.mktemp("straight")
-    result = run_pretraining.run(two_phase_args(data, output_dir))
+    result = pretraining_job.run(two_phase_args(data, output_dir))
     return str(output_dir), result
 
 
@@ -113,16 +113,16 @@ def test_phase_2_reads_its_own_records(data, tmp_path):
         match=r"--phase2_input_file: .*len64/records-\d+.tfrecord: feature 'input_ids' has length "
         r"64 but --phase2_max_seq_length=32",
     ):
-        run_pretraining.run(two_phase_args(data, tmp_path / "a", phase2_max_seq_length=32))
+        pretraining_job.run(two_phase_args(data, tmp_path / "a", phase2_max_seq_length=32))
     with pytest.raises(io_utils.UsageError, match="but --phase2_max_predictions_per_seq=5"):
-        run_pretraining.run(two_phase_args(data, tmp_path / "b", phase2_max_predictions_per_seq=5))
+        pretraining_job.run(two_phase_args(data, tmp_path / "b", phase2_max_predictions_per_seq=5))
     short = str(tmp_path / "short_config.json")
     tiny_config(data["vocab_file"], max_position_embeddings=48).to_json_file(short)
     with pytest.raises(
         io_utils.UsageError,
         match="--phase2_max_seq_length=64 exceeds the model's max_position_embeddings=48",
     ):
-        run_pretraining.run(two_phase_args(data, tmp_path / "c", bert_config_file=short))
+        pretraining_job.run(two_phase_args(data, tmp_path / "c", bert_config_file=short))
 
 
 @pytest.mark.parametrize("resume_step", [PHASE1_STEPS, 25, 10])
@@ -136,7 +136,7 @@ def test_a_run_stopped_in_either_phase_resumes_there_to_the_same_weights(
     shutil.copytree(output_dir, stopped)
     kept = [f"{stopped}/ckpt-{step}" for step in range(5, resume_step + 1, 5)]
     tf.compat.v1.train.update_checkpoint_state(stopped, kept[-1], all_model_checkpoint_paths=kept)
-    run_pretraining.run(two_phase_args(data, stopped))
+    pretraining_job.run(two_phase_args(data, stopped))
     want = model_values(f"{output_dir}/ckpt-{TOTAL}")
     got = model_values(f"{stopped}/ckpt-{TOTAL}")
     assert got.keys() == want.keys() and len(want) > 60
@@ -146,7 +146,7 @@ def test_a_run_stopped_in_either_phase_resumes_there_to_the_same_weights(
 
 def test_the_restart_recipe_warms_phase_2_up_afresh(data, tmp_path):
     output_dir = str(tmp_path / "restart")
-    run_pretraining.run(
+    pretraining_job.run(
         two_phase_args(
             data,
             output_dir,
@@ -185,9 +185,9 @@ def test_changed_phase_flags_are_refused_unless_overwrite(data, straight, tmp_pa
         if not overrides.get("phase2_input_file", True):
             overrides = dict(overrides, phase2_train_steps=0)
         with pytest.raises(io_utils.UsageError, match=f"other phase flags: .*{named}"):
-            run_pretraining.run(two_phase_args(data, resumed, **overrides))
+            pretraining_job.run(two_phase_args(data, resumed, **overrides))
     # --overwrite goes on with the new flags: 10 more phase-2 steps.
-    result = run_pretraining.run(
+    result = pretraining_job.run(
         two_phase_args(data, resumed, phase2_train_steps=20, overwrite=True)
     )
     assert result.step == 40
@@ -198,13 +198,13 @@ def test_changed_phase_flags_are_refused_unless_overwrite(data, straight, tmp_pa
 def test_a_phase_1_run_may_gain_a_phase_2(data, tmp_path):
     output_dir = str(tmp_path / "run")
     phase1 = dict(phase2_input_file="", phase2_train_steps=0)  # a plain run
-    run_pretraining.run(two_phase_args(data, output_dir, num_train_steps=5, **phase1))
+    pretraining_job.run(two_phase_args(data, output_dir, num_train_steps=5, **phase1))
     # ...which may also train longer, as the original's may, before a phase 2 joins it.
-    run_pretraining.run(two_phase_args(data, output_dir, num_train_steps=10, **phase1))
-    result = run_pretraining.run(two_phase_args(data, output_dir, num_train_steps=10))
+    pretraining_job.run(two_phase_args(data, output_dir, num_train_steps=10, **phase1))
+    result = pretraining_job.run(two_phase_args(data, output_dir, num_train_steps=10))
     assert result.step == 10 + PHASE2_STEPS
     with pytest.raises(io_utils.UsageError, match=r"--num_train_steps=15 \(the run has 10\)"):
-        run_pretraining.run(two_phase_args(data, output_dir, num_train_steps=15))
+        pretraining_job.run(two_phase_args(data, output_dir, num_train_steps=15))
 
 
 def test_phase_flag_usage_errors_exit_2_naming_the_flag(data, tmp_path):
@@ -223,7 +223,7 @@ def test_phase_flag_usage_errors_exit_2_naming_the_flag(data, tmp_path):
         ),
     ):
         with pytest.raises(io_utils.UsageError, match=message):
-            run_pretraining.run(two_phase_args(data, tmp_path / "out", **overrides))
+            pretraining_job.run(two_phase_args(data, tmp_path / "out", **overrides))
     cli = subprocess.run(
         [sys.executable, "-m", "bert_tf.run_pretraining"]
         + cli_flags(data, tmp_path / "cli", train_batch_size=12, num_accumulation_steps=5),
@@ -242,8 +242,8 @@ def test_phase_flag_usage_errors_exit_2_naming_the_flag(data, tmp_path):
 
 def test_accumulated_pretraining_trains_the_weights_of_one_large_batch(data, tmp_path):
     # Phase 2 in 4 micro-batches of 2: the same run, within float32 summation order.
-    whole = run_pretraining.run(two_phase_args(data, tmp_path / "whole", num_train_steps=5))
-    split = run_pretraining.run(
+    whole = pretraining_job.run(two_phase_args(data, tmp_path / "whole", num_train_steps=5))
+    split = pretraining_job.run(
         two_phase_args(
             data,
             tmp_path / "split",

@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
 
-from bert_tf import demo_data, run_multiple_choice
+from bert_tf import run_multiple_choice
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
 from bert_tf.saved_model import export
-from bert_tf.tasks import data_files, models
+from bert_tf.tasks import data_files, demo_datasets, models
 from bert_tf.tasks.multiple_choice import data as multiple_choice
 from bert_tf.tokenization import python_tokenizer
 
@@ -42,7 +42,7 @@ def write_csv(path, rows):
 def swag(tmp_path_factory):
     """The demo SWAG dir and a tiny random-weight model dir whose vocab covers it."""
     root = tmp_path_factory.mktemp("swag")
-    data_dir = demo_data.write_demo_swag_dir(str(root / "swag"))
+    data_dir = demo_datasets.write_demo_swag_dir(str(root / "swag"))
     texts = []
     for split in ("train", "dev", "test"):
         for example in multiple_choice.read_swag_csv(

@@ -21,11 +21,12 @@ from helpers import NO_DROPOUT, run_module_cli, tiny_config, tiny_inputs, write_
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 from helpers_records import write_numbered_records, write_real_text_records
 
-from bert_tf import run_classifier, run_pretraining
+from bert_tf import run_classifier
 from bert_tf.checkpoints import saves
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir, ModelDirError, describe_heads
 from bert_tf.pretraining import input_pipeline, left_to_right_lm
+from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining_data import job
 from bert_tf.runtime import distribution, io_utils
 from bert_tf.saved_model import export
@@ -73,7 +74,7 @@ def args_for(data, output_dir, **overrides):
         max_eval_steps=20,
     )
     values.update(overrides)
-    return run_pretraining.PretrainingArgs(**values)
+    return pretraining_job.PretrainingArgs(**values)
 
 
 def cli_flags(data, output_dir, **overrides):
@@ -102,10 +103,10 @@ def read_scalars(log_dir):
 
 def test_loss_decreases_on_real_text_and_the_output_is_a_model_dir(data, tmp_path):
     output_dir = tmp_path / "run"
-    before = run_pretraining.run(
+    before = pretraining_job.run(
         args_for(data, output_dir, do_train=False, do_eval=True)
     ).eval_results
-    result = run_pretraining.run(args_for(data, output_dir, do_train=True, do_eval=True))
+    result = pretraining_job.run(args_for(data, output_dir, do_train=True, do_eval=True))
     after = result.eval_results
     assert result.step == 200 and after["global_step"] == 200
     # ln(1622) = 7.4 at the start; the tiny model learns frequent tokens and the [CLS] NSP signal.
@@ -150,7 +151,7 @@ def test_loss_decreases_on_real_text_and_the_output_is_a_model_dir(data, tmp_pat
     for got, want in zip(pretraining_model.weights, result.pretraining_model.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     # --init_checkpoint takes the weights (not the step) from a model directory.
-    initialized = run_pretraining.run(
+    initialized = pretraining_job.run(
         args_for(
             data, tmp_path / "init", do_train=False, do_eval=True, init_checkpoint=str(output_dir)
         )
@@ -223,7 +224,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights(data, tmp_p
 def test_a_rerun_removes_the_temp_dir_of_a_save_killed_midway_and_resumes(data, tmp_path, caplog):
     output_dir = tmp_path / "out"
     loop = dict(steps_per_loop=1, save_checkpoints_steps=2)
-    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    pretraining_job.run(args_for(data, output_dir, num_train_steps=2, **loop))
     # What kill -9 inside the save of step 3 leaves: TF writes into <prefix>_temp/ and merges at the end.
     leftover = output_dir / "ckpt-3_temp"
     leftover.mkdir()
@@ -232,7 +233,7 @@ def test_a_rerun_removes_the_temp_dir_of_a_save_killed_midway_and_resumes(data, 
     (output_dir / "notes_temp").mkdir()
     (output_dir / "ckpt-3_temp.txt").write_text("mine\n")
     with caplog.at_level("INFO", logger="absl"):  # another test may have left absl at WARNING
-        result = run_pretraining.run(args_for(data, output_dir, num_train_steps=4, **loop))
+        result = pretraining_job.run(args_for(data, output_dir, num_train_steps=4, **loop))
     assert result.step == 4
     assert f"resumed from {output_dir}/ckpt-2 at step 2" in caplog.text
     assert not leftover.exists()
@@ -247,7 +248,7 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
     # loss of 1e14, and called it "the last good checkpoint".
     output_dir = tmp_path / "out"
     loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
-    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    pretraining_job.run(args_for(data, output_dir, num_train_steps=2, **loop))
     diverging = args_for(
         data, output_dir, num_train_steps=10, learning_rate=1e6, num_warmup_steps=0, **loop
     )
@@ -256,7 +257,7 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
         with pytest.raises(
             training_loop.NonFiniteLossError, match=r"at step 4 is over 100 times the mean loss"
         ) as failure:
-            run_pretraining.run(diverging)
+            pretraining_job.run(diverging)
         assert (
             f"the last checkpoint saved with a finite, non-exploding loss is {output_dir}/ckpt-2 (step 2)"
             in str(failure.value)
@@ -282,9 +283,9 @@ def test_a_diverging_resume_saves_nothing_after_the_explosion_and_names_the_heal
 def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data, tmp_path, caplog):
     output_dir = tmp_path / "out"
     loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
-    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    pretraining_job.run(args_for(data, output_dir, num_train_steps=2, **loop))
     with pytest.raises(training_loop.NonFiniteLossError) as failure:
-        run_pretraining.run(
+        pretraining_job.run(
             args_for(
                 data, output_dir, num_train_steps=10, learning_rate=1e6, num_warmup_steps=0, **loop
             )
@@ -295,12 +296,12 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
     with pytest.raises(
         io_utils.UsageError, match=r"--resume_from=ckpt-9: no such checkpoint .*ckpt-3"
     ):
-        run_pretraining.run(
+        pretraining_job.run(
             args_for(data, output_dir, num_train_steps=3, resume_from="ckpt-9", **loop)
         )
     # At a sane learning rate the plain rerun resumes from ckpt-2 by itself and finishes.
     with caplog.at_level("INFO", logger="absl"):  # another test may have left absl at WARNING
-        result = run_pretraining.run(args_for(data, output_dir, num_train_steps=4, **loop))
+        result = pretraining_job.run(args_for(data, output_dir, num_train_steps=4, **loop))
     assert result.step == 4
     assert f"resuming from {output_dir}/ckpt-2, the last healthy checkpoint" in caplog.text
     assert f"resumed from {output_dir}/ckpt-2 at step 2" in caplog.text
@@ -311,13 +312,13 @@ def test_a_rerun_after_divergence_resumes_from_the_last_healthy_checkpoint(data,
 def test_checkpoints_without_their_index_are_never_a_fresh_start(data, tmp_path):
     output_dir = tmp_path / "out"
     loop = dict(steps_per_loop=1, save_checkpoints_steps=1)
-    run_pretraining.run(args_for(data, output_dir, num_train_steps=2, **loop))
+    pretraining_job.run(args_for(data, output_dir, num_train_steps=2, **loop))
     (output_dir / "checkpoint").unlink()
     with pytest.raises(
         io_utils.UsageError, match=r"holds checkpoints \(ckpt-1, ckpt-2\) but no valid"
     ):
-        run_pretraining.run(args_for(data, output_dir, num_train_steps=3, **loop))
-    result = run_pretraining.run(
+        pretraining_job.run(args_for(data, output_dir, num_train_steps=3, **loop))
+    result = pretraining_job.run(
         args_for(data, output_dir, num_train_steps=3, resume_from="ckpt-2", **loop)
     )
     assert result.step == 3
@@ -326,9 +327,9 @@ def test_checkpoints_without_their_index_are_never_a_fresh_start(data, tmp_path)
 WORKER_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from bert_tf import run_pretraining
-    args = run_pretraining.PretrainingArgs(**json.loads(sys.argv[1]))
-    result = run_pretraining.run(args)
+    from bert_tf.pretraining import job as pretraining_job
+    args = pretraining_job.PretrainingArgs(**json.loads(sys.argv[1]))
+    result = pretraining_job.run(args)
     np.savez(sys.argv[2], *[w.numpy() for w in result.pretraining_model.weights], step=result.step,
              loss=result.train_metrics["loss"])
 """)
@@ -405,9 +406,9 @@ def test_mismatched_lengths_are_a_usage_error_naming_both_values(data, tmp_path)
     with pytest.raises(
         io_utils.UsageError, match=r"'input_ids' has length 32 but --max_seq_length=128"
     ):
-        run_pretraining.run(args_for(data, tmp_path, max_seq_length=128))
+        pretraining_job.run(args_for(data, tmp_path, max_seq_length=128))
     with pytest.raises(io_utils.UsageError, match=r"has length 5 but --max_predictions_per_seq=20"):
-        run_pretraining.run(args_for(data, tmp_path, max_predictions_per_seq=20))
+        pretraining_job.run(args_for(data, tmp_path, max_predictions_per_seq=20))
 
 
 def test_every_input_files_lengths_are_checked_and_empty_files_skipped(data, tmp_path):
@@ -420,7 +421,7 @@ def test_every_input_files_lengths_are_checked_and_empty_files_skipped(data, tmp
         io_utils.UsageError,
         match=r"z-seq16.tfrecord: feature 'input_ids' has length 16 but --max_seq_length=32",
     ):
-        run_pretraining.run(args_for(data, tmp_path / "mixed", **mixed))
+        pretraining_job.run(args_for(data, tmp_path / "mixed", **mixed))
     cli = subprocess.run(
         [sys.executable, "-m", "bert_tf.run_pretraining"]
         + cli_flags(data, tmp_path / "cli", **mixed),
@@ -437,7 +438,7 @@ def test_every_input_files_lengths_are_checked_and_empty_files_skipped(data, tmp
     empty = str(tmp_path / "a-empty.tfrecord")
     with tf.io.TFRecordWriter(empty):
         pass
-    result = run_pretraining.run(
+    result = pretraining_job.run(
         args_for(
             data,
             tmp_path / "out",
@@ -449,7 +450,7 @@ def test_every_input_files_lengths_are_checked_and_empty_files_skipped(data, tmp
     )
     assert result.step == 2
     with pytest.raises(io_utils.UsageError, match="--input_file: all 1 files contain no records"):
-        run_pretraining.run(args_for(data, tmp_path / "none", input_file=empty))
+        pretraining_job.run(args_for(data, tmp_path / "none", input_file=empty))
 
 
 def test_records_in_the_original_schema_written_here_train(tmp_path):
@@ -468,8 +469,8 @@ def test_records_in_the_original_schema_written_here_train(tmp_path):
         "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(40)])
         + "\n"
     )
-    result = run_pretraining.run(
-        run_pretraining.PretrainingArgs(
+    result = pretraining_job.run(
+        pretraining_job.PretrainingArgs(
             input_file=",".join(files),
             output_dir=str(tmp_path / "out"),
             vocab_file=str(vocab),
@@ -514,10 +515,10 @@ def test_an_original_init_checkpoint_must_match_the_casing_its_name_says(tmp_pat
         "cased model" in refused.stderr
     )
     with pytest.raises(io_utils.UsageError, match="--do_lower_case=true contradicts"):
-        run_pretraining.run(run_pretraining.PretrainingArgs(**values, do_lower_case=True))
+        pretraining_job.run(pretraining_job.PretrainingArgs(**values, do_lower_case=True))
     assert not ModelDir(values["output_dir"]).exists()
     # The flag now reaches the config of an original checkpoint (it used to be for --model_size only).
-    result = run_pretraining.run(run_pretraining.PretrainingArgs(**values, do_lower_case=False))
+    result = pretraining_job.run(pretraining_job.PretrainingArgs(**values, do_lower_case=False))
     assert result.step == 1
     assert ModelDir(values["output_dir"]).load_config().do_lower_case is False
 
@@ -544,7 +545,7 @@ def test_cli_usage_errors_exit_2_naming_the_problem(data, tmp_path):
         (dict(strategy="tpu", tpu="my-tpu"), "gs://"),
     ]:
         with pytest.raises(io_utils.UsageError, match=message):
-            run_pretraining.run(args_for(data, tmp_path, **overrides))
+            pretraining_job.run(args_for(data, tmp_path, **overrides))
 
 
 def test_step_counts_are_checked_naming_their_flag(data, tmp_path):
@@ -555,7 +556,7 @@ def test_step_counts_are_checked_naming_their_flag(data, tmp_path):
         (dict(num_warmup_steps=-1), "--num_warmup_steps must not be negative"),
     ]:
         with pytest.raises(io_utils.UsageError, match=message):
-            run_pretraining.run(args_for(data, tmp_path / "out", **overrides))
+            pretraining_job.run(args_for(data, tmp_path / "out", **overrides))
 
 
 def test_remote_tpu_needs_gcs_paths_and_local_tpu_does_not():
@@ -626,7 +627,7 @@ def no_nsp_run(data, tmp_path_factory):
     runs = {}
     for name, nsp in (("no_nsp", False), ("nsp", True)):
         args = args_for(data, root / name, nsp=nsp, num_train_steps=40, steps_per_loop=20)
-        result = run_pretraining.run(dataclasses.replace(args, do_eval=True))
+        result = pretraining_job.run(dataclasses.replace(args, do_eval=True))
         runs[name] = (str(root / name), result)
     return runs
 
@@ -666,21 +667,21 @@ def test_a_no_nsp_run_starts_from_a_model_with_both_heads_and_resumes_itself(dat
     nsp_dir, nsp_result = no_nsp_run["nsp"]
     output_dir = os.path.join(os.path.dirname(nsp_dir), "from_nsp")
     args = args_for(data, output_dir, nsp=False, init_checkpoint=nsp_dir, do_eval=True)
-    initialized = run_pretraining.run(dataclasses.replace(args, do_train=False))
+    initialized = pretraining_job.run(dataclasses.replace(args, do_train=False))
     # The encoder and the MLM head came from the NSP run: the same masked-LM loss.
     assert initialized.eval_results["masked_lm_loss"] == pytest.approx(
         nsp_result.eval_results["masked_lm_loss"], rel=1e-5
     )
     resumed_dir = os.path.join(os.path.dirname(nsp_dir), "resumed")
     shutil.copytree(no_nsp_run["no_nsp"][0], resumed_dir)
-    resumed = run_pretraining.run(
+    resumed = pretraining_job.run(
         args_for(data, resumed_dir, nsp=False, num_train_steps=50, steps_per_loop=10)
     )
     assert no_nsp_run["no_nsp"][1].step == 40 and resumed.step == 50
     # Resuming with the other --nsp would drop the NSP head or train a fresh one from mid-run.
     for nsp, directory in ((True, resumed_dir), (False, nsp_dir)):
         with pytest.raises(io_utils.UsageError, match=f"--nsp={str(nsp).lower()} would train"):
-            run_pretraining.run(args_for(data, directory, nsp=nsp, num_train_steps=60))
+            pretraining_job.run(args_for(data, directory, nsp=nsp, num_train_steps=60))
 
 
 def test_a_no_nsp_model_fine_tunes_exports_and_refuses_next_sentence(data, no_nsp_run, tmp_path):
@@ -809,8 +810,8 @@ def test_ltr_pretraining_loss_falls_and_writes_a_left_to_right_model_dir(data, t
     tiny_config(data["vocab_file"], attention_direction="left_to_right").to_json_file(config_file)
     output_dir = tmp_path / "ltr"
     values = dict(objective="ltr", nsp=False, bert_config_file=config_file, do_eval=True)
-    before = run_pretraining.run(args_for(data, output_dir, do_train=False, **values))
-    result = run_pretraining.run(
+    before = pretraining_job.run(args_for(data, output_dir, do_train=False, **values))
+    result = pretraining_job.run(
         args_for(data, output_dir, num_train_steps=40, steps_per_loop=20, **values)
     )
     metrics = ["global_step", "loss", "ltr_accuracy", "ltr_loss", "ltr_perplexity"]
@@ -843,16 +844,16 @@ def test_ltr_with_a_model_size_writes_a_left_to_right_config(tmp_path):
         nsp=False,
     )
     output_dir = str(tmp_path / "out")
-    run_pretraining.run(run_pretraining.PretrainingArgs(output_dir=output_dir, **values))
+    pretraining_job.run(pretraining_job.PretrainingArgs(output_dir=output_dir, **values))
     assert ModelDir(output_dir).load_config().attention_direction == "left_to_right"
     # The same flags resume it; the masked LM on it is refused.
-    resumed = run_pretraining.run(
-        run_pretraining.PretrainingArgs(output_dir=output_dir, **dict(values, num_train_steps=3))
+    resumed = pretraining_job.run(
+        pretraining_job.PretrainingArgs(output_dir=output_dir, **dict(values, num_train_steps=3))
     )
     assert resumed.step == 3
     with pytest.raises(io_utils.UsageError, match=r"--objective=mlm trains a bidirectional model"):
-        run_pretraining.run(
-            run_pretraining.PretrainingArgs(
+        pretraining_job.run(
+            pretraining_job.PretrainingArgs(
                 output_dir=output_dir,
                 **dict(values, objective="mlm", nsp=True, model_size="", num_train_steps=4),
             )
@@ -886,7 +887,7 @@ def test_ltr_usage_errors_name_the_flags(data, no_nsp_run, tmp_path):
         ),
     ]:
         with pytest.raises(io_utils.UsageError, match=message):
-            run_pretraining.run(args_for(data, tmp_path / "out", **overrides))
+            pretraining_job.run(args_for(data, tmp_path / "out", **overrides))
     assert not ModelDir(str(tmp_path / "out")).exists()
     result = subprocess.run(
         [sys.executable, "-m", "bert_tf.run_pretraining"]

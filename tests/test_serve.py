@@ -30,7 +30,7 @@ from helpers_serve import LABELS, V2_LABELS, make_base, model_server, split_raw_
 from tensorflow.core.framework import types_pb2
 
 from bert_tf import serve
-from bert_tf.serving import config, errors
+from bert_tf.serving import config, errors, server_flags
 from bert_tf.serving import servable as servable_module
 
 TEXTS = ["a wonderful film", "the plot was dull and slow", "", "Überraschend gut! 😀"]
@@ -1212,15 +1212,15 @@ def test_cli_serves_a_model_config_file_in_a_subprocess(tmp_path, exports):
     ],
 )
 def test_thread_flags_follow_tf_servings_rules(given, expected):
-    assert serve.tensorflow_threads(serve.ServeArgs(**given)) == expected
+    assert server_flags.tensorflow_threads(server_flags.ServeArgs(**given)) == expected
 
 
 def test_thread_flags_size_tensorflows_pools_in_a_fresh_process():
     script = textwrap.dedent(
         """
         import tensorflow as tf
-        from bert_tf import serve
-        serve.set_tensorflow_threads(1, 3)
+        from bert_tf.serving import server_flags
+        server_flags.set_tensorflow_threads(1, 3)
         tf.constant(1.0) + 1.0
         print(tf.config.threading.get_intra_op_parallelism_threads(),
               tf.config.threading.get_inter_op_parallelism_threads())

@@ -28,7 +28,7 @@ from helpers_serve import make_base
 from bert_tf import serve
 from bert_tf.runtime import cli
 from bert_tf.runtime.io_utils import UsageError
-from bert_tf.serving import batching, errors, protos
+from bert_tf.serving import batching, errors, protos, server_flags
 from bert_tf.serving import servable as servable_module
 
 SIGNATURE = types.SimpleNamespace(name="sig")  # A Batcher only hands its signature to `call`.
@@ -526,9 +526,9 @@ def test_a_batching_parameters_file_becomes_options(tmp_path):
 def serve_args(*argv):
     """ServeArgs from command-line flags, as `python -m bert_tf.serve` reads them."""
     flag_values = flags.FlagValues()
-    cli.define_flags(serve.ServeArgs, flag_values=flag_values)
+    cli.define_flags(server_flags.ServeArgs, flag_values=flag_values)
     flag_values(["serve", *argv])
-    return cli.args_from_flags(serve.ServeArgs, flag_values)
+    return cli.args_from_flags(server_flags.ServeArgs, flag_values)
 
 
 def post(port, path, body):

@@ -27,7 +27,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from bert_tf import serve
 from bert_tf.runtime import cli
-from bert_tf.serving import json_codec
+from bert_tf.serving import json_codec, server_flags
 from bert_tf.serving import servable as servable_module
 
 TEXTS = ["a wonderful film", "the plot was dull and slow", "", "Überraschend gut! 😀"]
@@ -48,9 +48,9 @@ METRICS_PATH = "/monitoring/prometheus/metrics"
 def serve_args(*argv):
     """ServeArgs from command-line flags, parsed as `python -m bert_tf.serve` parses them."""
     flag_values = flags.FlagValues()  # Not the process's FLAGS.
-    cli.define_flags(serve.ServeArgs, flag_values=flag_values)
+    cli.define_flags(server_flags.ServeArgs, flag_values=flag_values)
     flag_values(["serve", *argv])
-    return cli.args_from_flags(serve.ServeArgs, flag_values)
+    return cli.args_from_flags(server_flags.ServeArgs, flag_values)
 
 
 def base_flags(base):

@@ -1,4 +1,8 @@
-"""A Google or Hugging Face BERT checkpoint converted into a model directory (convert_checkpoint's work)."""
+"""A Google or Hugging Face BERT checkpoint converted into a model directory (convert_checkpoint's work).
+
+`convert` writes the model directory's files; `convert_to_model_dir` is the whole job: the casing
+checked against an original checkpoint's name, and a directory that appears only once complete.
+"""
 
 import os
 
@@ -14,6 +18,9 @@ from bert_tf.checkpoints.huggingface import huggingface_config, read_huggingface
 from bert_tf.checkpoints.name_map import assign_original_weights, heads_in
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir, describe_heads
+from bert_tf.runtime import io_utils
+from bert_tf.runtime.io_utils import UsageError
+from bert_tf.tokenization import python_tokenizer
 
 # Hugging Face's BertForMaskedLM (and a BertModel built with add_pooling_layer=False) has no pooler.
 _POOLER_NAMES = ("bert/pooler/dense/kernel", "bert/pooler/dense/bias")
@@ -142,3 +149,77 @@ def convert(
     )
     logging.info("wrote %s: the encoder and %s", path, describe_heads(heads))
     return path
+
+
+def convert_to_model_dir(
+    format,
+    checkpoint,
+    output_dir,
+    output_job,
+    bert_config_file=None,
+    vocab_file=None,
+    do_lower_case=None,
+    task_model=None,
+    overwrite=False,
+    extra_files=None,
+):
+    """`convert` (which says what the middle arguments are) into `output_dir`, whole; returns the
+    checkpoint path. Bad inputs are UsageErrors.
+
+    A local `output_dir` appears only once complete (io_utils.atomic_directory, marked as
+    `output_job`'s: with `overwrite`, one holding that job's earlier output alone is replaced); a
+    gs:// one is written in place and must be new or empty. `extra_files` ({name: text}, such as
+    the job's flags) are written beside. An original checkpoint's name must not contradict a
+    given `do_lower_case`.
+    """
+    if format == "google" and do_lower_case is not None:
+        try:
+            prefix = resolve_google_checkpoint(checkpoint)
+        except FileNotFoundError:
+            prefix = None  # convert() names what is missing
+        if prefix:
+            python_tokenizer.validate_case_matches_checkpoint(
+                do_lower_case, prefix, flag="--checkpoint"
+            )
+    extra_files = extra_files or {}
+
+    def convert_into(directory):
+        try:
+            path = convert(
+                format,
+                checkpoint,
+                directory,
+                bert_config_file=bert_config_file,
+                vocab_file=vocab_file,
+                do_lower_case=do_lower_case,
+                task_model=task_model,
+            )
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(str(e)) from e
+        for name, text in extra_files.items():
+            io_utils.atomic_write_text(os.path.join(directory, name), text)
+        return path
+
+    if io_utils.is_remote(output_dir):
+        return _convert_in_place(convert_into, output_dir, overwrite, extra_files)
+    with io_utils.atomic_directory(output_dir, output_job, overwrite=overwrite) as tmp:
+        path = convert_into(tmp)
+    return os.path.join(output_dir, os.path.basename(path))
+
+
+def _convert_in_place(convert_into, output_dir, overwrite, extra_files):
+    """`convert_into(output_dir)` for a remote directory, which cannot be renamed into place: it
+    must be new or empty, and is removed again when the conversion is refused before writing
+    anything but `extra_files`."""
+    if overwrite:
+        raise UsageError(f"--overwrite: only for a local --output_dir, not {output_dir}")
+    created = not tf.io.gfile.exists(output_dir)
+    if not created and tf.io.gfile.listdir(output_dir):
+        raise UsageError(f"{output_dir} is not empty: a gs:// --output_dir must be new or empty")
+    tf.io.gfile.makedirs(output_dir)
+    try:
+        return convert_into(output_dir)
+    except UsageError:
+        if created and set(tf.io.gfile.listdir(output_dir)) <= set(extra_files):
+            tf.io.gfile.rmtree(output_dir)
+        raise

@@ -1,8 +1,9 @@
 """What a job starts from: its config, its vocab and its initial weights.
 
-run_pretraining, the fine-tuning CLIs and extract_features all call `resolve` with their
---init_checkpoint, --bert_config_file, --vocab_file and --do_lower_case, and get a ModelSource;
-once the job has built its models, `ModelSource.load_weights` loads the weights into them.
+Pretraining (bert_tf.pretraining.job), the fine-tuning CLIs and extract_features all call
+`resolve` with their --init_checkpoint, --bert_config_file, --vocab_file and --do_lower_case, and
+get a ModelSource; once the job has built its models, `ModelSource.load_weights` loads the weights
+into them.
 `resolve` hands each kind of source to its own resolver (`_from_model_dir`,
 `_from_google_checkpoint`, `_from_flags` for random weights; a Hugging Face directory is refused
 with the conversion command), then checks that the result fits (`_check_fits`).

@@ -1,9 +1,12 @@
 """TF Serving's model server config: `--model_config_file` (a ModelServerConfig text proto) or
-`--model_base_path` with `--model_name`, as `model_server_config_pb2` messages.
+`--model_base_path` with `--model_name`, as `model_server_config_pb2` messages; and ServerOptions,
+where and how the server listens.
 
 The file is parsed with protobuf's own text format against the proto of `tensorflow-serving-api`,
 so a file TF Serving accepts is read the same way here, and a typo is an error naming its line.
 """
+
+import dataclasses
 
 import tensorflow as tf
 from google.protobuf import text_format
@@ -84,3 +87,33 @@ def config_of(models, source="--model_name"):
 def models_of(config):
     """{name: ModelConfig} of a ModelServerConfig, in file order."""
     return {model.name: model for model in config.model_config_list.config}
+
+
+DEFAULT_MAX_REQUEST_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+    """Where and how the server listens; what TF Serving's flags of the same names set."""
+
+    host: str = "127.0.0.1"
+    rest_api_port: int = 8501
+    # gRPC: None serves no gRPC API (a library user's choice; the CLI always serves it).
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = None
+    # --grpc_channel_arguments as (key, value) pairs; --grpc_max_threads (0: 4 x cores).
+    grpc_channel_arguments: tuple = ()
+    grpc_max_threads: int = 0
+    file_system_poll_wait_seconds: float = 1.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # A REST request must arrive whole (head and body) within this long of the connection's
+    # last reply (or its start); an idle keep-alive connection is closed after it.
+    idle_timeout_s: float = 60.0
+    # --rest_api_num_threads: the workers that run REST requests (0: 4 x cores).
+    rest_api_num_threads: int = 0
+    # --rest_api_timeout_in_ms: a REST request not answered by then gets 504; None: no deadline.
+    rest_api_deadline_s: float = None
+    # --model_config_file and --model_config_file_poll_wait_seconds: re-read the file this often
+    # and apply it when it changed (models added, removed, re-versioned); 0 or None: never.
+    model_config_file: str = None
+    model_config_file_poll_wait_seconds: float = 0

@@ -5,7 +5,8 @@ The package, read downward:
     classification/ squad/ ner/ multiple_choice/
                     one folder per task: data.py (files -> examples -> features, and the record
                     schema), model.py (the head and its loss), metrics / postprocess, serving.py
-                    (the exported graph and its signatures)
+                    (the exported graph and its signatures), job.py (the task's side of a
+                    fine-tuning run, which bert_tf.training.finetuning drives)
     registry.py     one entry per task kind (task.json's `kind`): model, loss, record schema, and
                     the name of its serving module
     models.py       task.json (TaskSpec), building and loading task models from a model directory
@@ -14,6 +15,12 @@ The package, read downward:
                     calls by length groups
     packing.py      segments -> features (`pack_segments`, `pack_inputs`), their records and datasets
     data_files.py   reading a task's files: required files and examples, lines, text pairs, errors
+    feature_extraction.py
+                    the frozen encoder's chosen layers per token, as JSON lines (the feature-based
+                    approach outside a task: python -m bert_tf.extract_features)
+    demo_datasets.py
+                    the demo's toy tasks in GLUE SST-2's, SWAG's and CoNLL-2003's file layouts
+                    (python -m bert_tf.demo_data)
 
 A task's data.py turns its files into examples, its examples into features with `pack_segments`
 (Python, FullTokenizer ids) or `pack_inputs` (TensorFlow ops, for GraphTokenizer ids inside a

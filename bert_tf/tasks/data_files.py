@@ -13,6 +13,16 @@ class DataFormatError(io_utils.UsageError):
 SPLIT_FLAGS = {"train": "--do_train", "dev": "--do_eval", "test": "--do_predict"}
 
 
+def run_splits(do_train, do_eval, do_predict, eval_splits=("dev",), test_splits=("test",)):
+    """The splits a run reads, in order: train to train, the eval splits to evaluate, the test
+    splits to predict."""
+    return (
+        (["train"] if do_train else [])
+        + (list(eval_splits) if do_eval else [])
+        + (list(test_splits) if do_predict else [])
+    )
+
+
 def require_examples(examples, path, split):
     """Returns `examples`; an empty train or eval split is a UsageError naming the file and flag.
 

@@ -6,6 +6,7 @@ averaged over the GLOBAL batch, however many replicas share it.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from bert_tf.model import modeling
@@ -101,3 +102,10 @@ class HeadObjective(Objective):
             result["example_weight"] = tf.reduce_sum(weights, axis=axes) if axes else weights
         result[EXAMPLE_INDEX] = batch[EXAMPLE_INDEX]
         return result
+
+
+def mean_loss(outputs):
+    """The weighted mean loss over the rows of a prediction with labels (`predict_step`'s
+    example_loss and example_weight, gathered for every row)."""
+    weight = float(np.sum(outputs["example_weight"]))
+    return float(np.sum(outputs["example_loss"]) / weight) if weight else 0.0

@@ -34,7 +34,7 @@ import json
 import tensorflow as tf
 
 from bert_tf.model import modeling
-from bert_tf.model.model_dir import TASK_FILE, ModelDirError, checkpoint_root_children
+from bert_tf.model.model_dir import TASK_FILE, ModelDir, ModelDirError, checkpoint_root_children
 from bert_tf.runtime import io_utils
 from bert_tf.tasks import registry, representations
 
@@ -193,6 +193,16 @@ def read_task_spec(directory):
     if not directory.path or not tf.io.gfile.exists(directory.task_file):
         return None
     return TaskSpec.from_json_file(directory.task_file)
+
+
+def finetuned_labels(kind, source, output_dir, unknown):
+    """The labels of a `kind` model fine-tuned before: OUTPUT_DIR's (a rerun), else those of the
+    initial model directory (`source`, an initial_weights.ModelSource); without either, a
+    UsageError saying `unknown`."""
+    for spec in (read_task_spec(ModelDir(output_dir)), source.init_spec):
+        if spec is not None and spec.kind == kind:
+            return list(spec.labels)
+    raise io_utils.UsageError(unknown)
 
 
 def load_task_model(directory):

@@ -16,6 +16,8 @@ with a's budget max_seq_length - 2, as the original convert_single_example's `if
 it. SQuAD keeps `[CLS] query [SEP] doc [SEP]` whatever the query holds, as run_squad.py does.
 """
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -159,6 +161,14 @@ def _feature(values):
             int64_list=tf.train.Int64List(value=values.astype(np.int64).tolist())
         )
     return tf.train.Feature(float_list=tf.train.FloatList(value=values.astype(np.float32).tolist()))
+
+
+@dataclasses.dataclass
+class TrainData:
+    """A task's training set, as the fine-tuning driver writes it into train.tf_record."""
+
+    features: dict  # record feature name -> array [n, ...] (write_records' input)
+    num_examples: int  # what epochs count: examples (SQuAD: questions, not their windows)
 
 
 def write_records(path, features):

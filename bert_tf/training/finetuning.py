@@ -1,18 +1,20 @@
 """The fine-tuning driver every task shares: run_classifier, run_squad, run_ner, run_multiple_choice.
 
-A fine-tuning CLI reads its data into features (bert_tf.tasks.<task>.data), then hands the flow to
-`run`, configured by a plain FinetuneConfig:
+A fine-tuning CLI maps its flags onto its task's job (bert_tf/tasks/<task>/job.py), then hands
+the flow to `run`, configured by a plain FinetuneConfig:
 
     strategy = distribution.make_strategy(...)                # first: it may split the CPU
     source = initial_weights.resolve(...)                     # config, vocab, initial weights
-    result = finetuning.run(config, strategy, source, spec, TrainData(features, num_examples),
-                            evaluate_and_predict)             # the CLI's metrics and output files
+    result = finetuning.run(config, strategy, source, job)    # the task's data, metrics and files
 
+The job is the task's side of the run. `job.prepare(config, source)` reads the task's data (usage
+errors first) and returns its model's TaskSpec with the training set (a packing.TrainData, needed
+with config.do_train); `job.evaluate_and_predict(finetuner, final)` predicts with
+`Finetuner.predict` (outputs in example order) and returns the eval results (written to
+eval_results.txt and eval/ summaries, printed under `job.eval_title`) and the files it wrote.
 `run` writes the training records, builds their input pipeline from the task's record schema (its
-registry entry), resumes from OUTPUT_DIR or loads the initial weights, trains (training_loop.Trainer:
-progress, TensorBoard, checkpoints), then calls `evaluate_and_predict(finetuner)`, which predicts
-with `Finetuner.predict` (outputs in example order) and returns the eval results (written to
-eval_results.txt and eval/ summaries) and the files it wrote.
+registry entry), resumes from OUTPUT_DIR or loads the initial weights, and trains
+(training_loop.Trainer: progress, TensorBoard, checkpoints) between the job's two calls.
 
 OUTPUT_DIR becomes a fine-tuned model directory (bert_config.json, vocab.txt, task.json and ckpt-N
 with the root objects `encoder` and `model`, plus optimizer and step), which bert_tf.export reads
@@ -75,14 +77,6 @@ class FinetuneConfig:
     )
 
 
-@dataclasses.dataclass
-class TrainData:
-    """The training set as the driver writes it into train.tf_record."""
-
-    features: dict  # record feature name -> array [n, ...] (packing.write_records' input)
-    num_examples: int  # what epochs count: examples (SQuAD: questions, not their windows)
-
-
 def length_bucket(pad_to_max_seq_length, strategy_name, jit_compile):
     """What the task datasets round batch lengths up to: None for static shapes, else a multiple.
 
@@ -100,15 +94,6 @@ def length_bucket(pad_to_max_seq_length, strategy_name, jit_compile):
 def num_train_steps(num_examples, train_batch_size, num_train_epochs):
     """The original's count: int(examples / batch size * epochs), at least 1."""
     return max(1, int(num_examples / train_batch_size * num_train_epochs))
-
-
-def finetuned_labels(kind, source, output_dir):
-    """The labels of a `kind` model fine-tuned before: OUTPUT_DIR's (a rerun), else the initial
-    model directory's; or None."""
-    for spec in (models.read_task_spec(ModelDir(output_dir)), source.init_spec):
-        if spec is not None and spec.kind == kind:
-            return list(spec.labels)
-    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,12 +375,6 @@ def _json_scalars(results):
     }
 
 
-def mean_loss(outputs):
-    """The weighted mean loss over the rows returned by Finetuner.predict(has_labels=True)."""
-    weight = float(np.sum(outputs["example_weight"]))
-    return float(np.sum(outputs["example_loss"]) / weight) if weight else 0.0
-
-
 def print_results(title, results, log_fn=print):
     """Prints `key = value` lines under a title, as the original scripts log their eval results."""
     log_fn(f"***** {title} *****")
@@ -403,50 +382,28 @@ def print_results(title, results, log_fn=print):
         log_fn(f"  {key} = {results[key]}")
 
 
-def run(
-    config,
-    strategy,
-    source,
-    spec,
-    train=None,
-    evaluate_and_predict=None,
-    eval_title="Eval results",
-    log_fn=print,
-):
-    """Fine-tunes `spec`'s model as `config` says, then evaluates and predicts; returns a RunResult.
+def run(config, strategy, source, job, log_fn=print):
+    """Fine-tunes the model of a task `job` as `config` says, then evaluates and predicts; returns a
+    RunResult.
 
-    `train` (a TrainData) is needed with config.do_train. `evaluate_and_predict(finetuner, final)`
-    returns (eval results, files written): non-empty results get the global step, go to
-    eval_results.txt and are printed under `eval_title`. With config.eval_every_epoch it is also
-    called after each epoch but the last with final=False: evaluate only, write nothing.
+    `job.prepare(config, source)` gives the TaskSpec and the training set; `job.evaluate_and_predict(
+    finetuner, final)` returns (eval results, files written): non-empty results get the global
+    step, go to eval_results.txt and are printed under `job.eval_title`. With
+    config.eval_every_epoch it is also called after each epoch but the last with final=False:
+    evaluate only, write nothing.
     """
+    spec, train = job.prepare(config, source)
     train_steps, make_train_dataset = 0, None
     if config.do_train:
-        records = os.path.join(config.output_dir, "train.tf_record")
-        packing.write_records(records, train.features)
         train_steps = num_train_steps(
             train.num_examples, config.train_batch_size, config.num_train_epochs
         )
-        input_shape = np.shape(train.features["input_ids"])[1:]
-        record_spec = registry.get(spec.kind).feature_spec(input_shape)
-
-        def make_train_dataset(batch_size, seed, input_context):
-            return packing.records_dataset(
-                records,
-                record_spec,
-                batch_size,
-                is_training=True,
-                seed=seed,
-                input_context=input_context,
-                length_bucket=config.length_bucket,
-                group_by_length=config.group_by_length,
-            )
-
+        make_train_dataset = _train_dataset(config, spec, train)
     tuner = Finetuner(config, strategy, source, spec, train_steps)
     tuner.start(make_train_dataset)
     train_metrics, history = {}, None
     ends = [train_steps] if config.do_train else []
-    if config.do_train and config.eval_every_epoch and evaluate_and_predict:
+    if config.do_train and config.eval_every_epoch:
         ends = epoch_ends(train_steps, config.num_train_epochs)
         # Every worker evaluates (the prediction runs under the strategy); the chief writes.
         history = EvalHistory(config.output_dir, tuner.step, tuner.is_chief)
@@ -459,12 +416,35 @@ def run(
         # at (killed before the evaluation) still can.
         if history is not None and end < train_steps and tuner.step == end:
             if not history.has(end):
-                history.add(epoch, end, evaluate_and_predict(tuner, final=False)[0])
-    eval_results, output_files = evaluate_and_predict(tuner) if evaluate_and_predict else ({}, [])
+                history.add(epoch, end, job.evaluate_and_predict(tuner, final=False)[0])
+    eval_results, output_files = job.evaluate_and_predict(tuner)
     if eval_results:
         eval_results["global_step"] = tuner.step
         tuner.write_eval_results(eval_results)
-        print_results(eval_title, eval_results, log_fn)
+        print_results(job.eval_title, eval_results, log_fn)
         if history is not None and config.do_train:
             history.add(len(ends), tuner.step, eval_results)
     return RunResult(tuner.step, train_metrics, eval_results, list(output_files), tuner)
+
+
+def _train_dataset(config, spec, train):
+    """Writes `train` into OUTPUT_DIR/train.tf_record; returns make_train_dataset(batch_size, seed,
+    input_context), its input pipeline by the task's record schema."""
+    records = os.path.join(config.output_dir, "train.tf_record")
+    packing.write_records(records, train.features)
+    input_shape = np.shape(train.features["input_ids"])[1:]
+    record_spec = registry.get(spec.kind).feature_spec(input_shape)
+
+    def make_train_dataset(batch_size, seed, input_context):
+        return packing.records_dataset(
+            records,
+            record_spec,
+            batch_size,
+            is_training=True,
+            seed=seed,
+            input_context=input_context,
+            length_bucket=config.length_bucket,
+            group_by_length=config.group_by_length,
+        )
+
+    return make_train_dataset

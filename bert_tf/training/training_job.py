@@ -5,7 +5,7 @@
                                                            # initialize() (the initial weights)
     metrics = job.train()                                  # training_loop.Trainer: progress, TensorBoard, ckpts
 
-run_pretraining drives one directly; bert_tf.training.finetuning's Finetuner is one, with prediction added.
+bert_tf.pretraining.job drives one directly; bert_tf.training.finetuning's Finetuner is one, with prediction added.
 """
 
 import dataclasses

@@ -2,5 +2,6 @@
 
 data.py reads SWAG's CSV files (and TFDS's SWAG-style `hellaswag`) into features [n, choices, seq];
 model.py scores every (context, ending) pair with one dense unit on its pooled output and takes a
-softmax over the choices; serving.py is the exported graph (context [b], endings [b, n] strings in).
+softmax over the choices; serving.py is the exported graph (context [b], endings [b, n] strings in);
+job.py is the task's side of a fine-tuning run (run_multiple_choice's flow).
 """
