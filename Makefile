@@ -13,7 +13,7 @@ DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/runtime/quiet.py); --verbosity=1 brings TensorFlow's notices back.
 
-.PHONY: setup demo test browser lint format docs bench clean
+.PHONY: setup demo test test-fast browser lint format docs bench clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -110,7 +110,11 @@ demo: $(STAMP)
 test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# The playground's browser tests (tests/test_playground.py) drive Debian's Chromium through its
+# The inner loop: every test file not marked slow (pytest.mark.slow), in under 5 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+# The playground's browser tests (tests/playground/test_playground.py) drive Debian's Chromium through its
 # driver; CI runs as root on Debian. Without root the tests fail, saying how to install them.
 browser:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \

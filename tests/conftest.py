@@ -12,6 +12,32 @@ from helpers import OLD_MODEL_DIRS_REFERENCE, demo_texts, write_tiny_model_dir, 
 
 from bert_tf.tasks import demo_datasets
 
+# The files that take longest (measured with --durations), most first. pytest-xdist's loadfile hands
+# files to the workers in collection order, so these go first and no long file starts last, alone.
+LONGEST_FILES = (
+    "test_export_lengths.py",
+    "test_export.py",
+    "test_run_pretraining.py",
+    "test_training.py",
+    "test_experiments.py",
+    "test_fill_mask.py",
+    "test_serve_versions.py",
+    "test_pretraining_phases.py",
+    "test_signature_fuzz.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Long files first (LONGEST_FILES, then the other slow-marked ones), each file's tests in order."""
+
+    def rank(item):
+        name = item.path.name
+        if name in LONGEST_FILES:
+            return LONGEST_FILES.index(name)
+        return len(LONGEST_FILES) + (item.get_closest_marker("slow") is None)
+
+    items.sort(key=rank)  # stable: the files and tests within a rank keep their order
+
 
 @pytest.fixture(scope="session")
 def real_vocab():

@@ -43,6 +43,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI_ENV = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
 
 
+def child_pythonpath(test_file):
+    """PYTHONPATH for a child that imports the test module `test_file` (and these helpers) by name."""
+    here = os.path.dirname(os.path.abspath(test_file))
+    return os.pathsep.join([ROOT, os.path.dirname(os.path.abspath(__file__)), here])
+
+
 def built_once(tmp_path_factory, name, build):
     """The directory `name` of this test run, filled by `build(directory)` for the first caller.
 

@@ -29,6 +29,9 @@ from bert_tf.model.model_dir import ModelDir
 from bert_tf.saved_model import export
 from bert_tf.tasks import models
 
+# Minutes on CI's 2 cores: left out of `make test-fast` (see the Makefile).
+pytestmark = pytest.mark.slow
+
 # `::: bert_tf.module.Name` in a page of docs/api/: what mkdocstrings renders there.
 API_PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "api", "*.md")))
 DOCUMENTED = sorted(

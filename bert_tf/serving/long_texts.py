@@ -25,7 +25,7 @@ _CJK_CLASS = "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in CJK_RANGES)
 # between whitespace.
 _PIECE = re.compile(f"[{_CJK_CLASS}]|[^{WHITESPACE_CLASS}{_CJK_CLASS}]+")
 # A letter or digit: it survives cleaning and accent stripping as at least one character, and it
-# is never punctuation (tests/test_long_texts.py checks both over every code point).
+# is never punctuation (tests/serving/test_long_texts.py checks both over every code point).
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 _BMP_END = 0x10000
 

@@ -157,5 +157,5 @@ def is_cjk(cp):
 
 
 # What is_whitespace accepts, as one regex class: the four ASCII ones and the Zs category
-# (tests/test_long_texts.py checks it against is_whitespace over every code point).
+# (tests/serving/test_long_texts.py checks it against is_whitespace over every code point).
 WHITESPACE_CLASS = " \t\n\r\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
