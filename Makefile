@@ -13,7 +13,7 @@ DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/runtime/quiet.py); --verbosity=1 brings TensorFlow's notices back.
 
-.PHONY: setup demo test test-fast browser lint format docs bench clean
+.PHONY: setup demo test test-fast system-packages lint format docs bench clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -107,20 +107,22 @@ demo: $(STAMP)
 	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_bert:predict" -d @$(DEMO_DIR)/next_sentence.json; echo
 	@echo "See what BERT sees: $(PY) -m bert_tf.playground --model_dir=$(DEMO_DIR)/pretrained --corpus=$(DEMO_DIR)/corpus.txt  then open http://127.0.0.1:8080/ (Records view: $(DEMO_DIR)/tfrecords/pretrain-00000-of-00002.tfrecord)"
 
-test: $(STAMP) browser
+test: $(STAMP) system-packages
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # The inner loop: every test file not marked slow (pytest.mark.slow), in under 5 minutes on 2 cores.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
-# The playground's browser tests (tests/playground/test_playground.py) drive Debian's Chromium through its
-# driver; CI runs as root on Debian. Without root the tests fail, saying how to install them.
-browser:
-	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+# Debian packages the tests use: Chromium and its driver (the playground's browser tests,
+# tests/playground/test_playground.py) and curl (the README quickstart's test). CI runs as root on
+# Debian; without root the tests that need them fail, saying how to install them.
+SYSTEM_PACKAGES = chromium chromium-driver curl
+system-packages:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && [ -x /usr/bin/curl ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
-	else echo "the browser tests need: sudo apt-get install -y chromium chromium-driver"; fi
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSTEM_PACKAGES); \
+	else echo "the tests need: sudo apt-get install -y $(SYSTEM_PACKAGES)"; fi
 
 # ruff: the formatter's check and the linter (pyproject.toml says which rules).
 lint: $(STAMP)

@@ -3,6 +3,7 @@ the benchmarks, and an example of both protocols for apps.
 
     python -m bert_tf.serving.client --server=127.0.0.1:8500 --model_name=NAME "a text" "another"
     python -m bert_tf.serving.client --rest --server=127.0.0.1:8501 --model_name=NAME "a text"
+    python -m bert_tf.serving.client --wait_seconds=60 --model_name=NAME "a text"  # a server starting up
 
 It works against `tensorflow/serving` as against `bert_tf.serve`: the gRPC side uses only
 tensorflow-serving-api's stubs, the REST side only the standard library.
@@ -16,10 +17,16 @@ import dataclasses
 import http.client
 import json
 import sys
+import time
 
 import grpc
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import (
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from bert_tf.runtime import cli
 from bert_tf.runtime.cli import arg
@@ -104,6 +111,57 @@ class RestPredictClient:
         self.connection.close()
 
 
+# How often wait_until_available asks again while the server starts up or loads the model.
+POLL_SECONDS = 0.5
+
+
+def _grpc_available(address, model_name):
+    """Whether a version of the model is AVAILABLE, by ModelService.GetModelStatus."""
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = model_name
+    with grpc.insecure_channel(address) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        try:
+            response = stub.GetModelStatus(request, timeout=10)
+        except grpc.RpcError:  # not listening yet (UNAVAILABLE), or not loaded yet (NOT_FOUND)
+            return False
+    available = get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    return any(status.state == available for status in response.model_version_status)
+
+
+def _rest_available(address, model_name):
+    """Whether a version of the model is AVAILABLE, by GET /v1/models/NAME."""
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", f"/v1/models/{model_name}")
+        reply = connection.getresponse()
+        payload = json.loads(reply.read() or b"{}")
+    except (OSError, ValueError):  # not listening yet, or a reply that is not JSON
+        return False
+    finally:
+        connection.close()
+    statuses = payload.get("model_version_status", []) if reply.status == 200 else []
+    return any(status.get("state") == "AVAILABLE" for status in statuses)
+
+
+def wait_until_available(address, model_name, timeout_s, rest=False):
+    """Returns once a version of `model_name` is AVAILABLE at `address` (TF Serving's model status,
+    over gRPC, or REST with `rest`); raises TimeoutError after `timeout_s` seconds.
+
+    A server that is starting up refuses connections, then answers NOT_FOUND until the model has
+    loaded and warmed up: both count as not yet.
+    """
+    available = _rest_available if rest else _grpc_available
+    deadline = time.monotonic() + timeout_s
+    while not available(address, model_name):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"the model {model_name} was not AVAILABLE at {address} after {timeout_s:g} s"
+            )
+        time.sleep(POLL_SECONDS)
+
+
 @dataclasses.dataclass
 class ClientArgs:
     """One predict request from the command line."""
@@ -113,12 +171,25 @@ class ClientArgs:
     signature_name: str = arg("", "The signature; empty means serving_default.")
     input_name: str = arg("text", "The signature's string input the texts go to (gRPC).")
     rest: bool = arg(False, "Use the REST API instead of gRPC.")
+    wait_seconds: float = arg(
+        0.0,
+        "Wait up to this many seconds for the model to be AVAILABLE (a server that is starting "
+        "up, loading and warming the model) before sending; 0 sends at once.",
+    )
 
 
 def run(args, texts):
     """Sends the texts and prints the outputs as JSON, one line."""
     if not texts:
         raise UsageError("give the texts to send as arguments")
+    if args.wait_seconds < 0:
+        raise UsageError(f"--wait_seconds must be 0 or more, got {args.wait_seconds:g}")
+    if args.wait_seconds:
+        try:
+            wait_until_available(args.server, args.model_name, args.wait_seconds, args.rest)
+        except TimeoutError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
     if args.rest:
         client = RestPredictClient(args.server)
         try:

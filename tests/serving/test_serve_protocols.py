@@ -13,6 +13,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +37,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from bert_tf.serving import core, errors, grpc_api
+from bert_tf.runtime.io_utils import UsageError
+from bert_tf.serving import client, core, errors, grpc_api
 from bert_tf.serving import server as server_module
 
 # Minutes on CI's 2 cores: left out of `make test-fast` (see the Makefile).
@@ -702,6 +704,50 @@ def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     assert process.returncode == 0, stderr_path.read_text()[-2000:]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_client_that_waits_gets_its_answer_from_a_server_still_starting(exports, tmp_path):
+    grpc_port, rest_port = _free_port(), _free_port()
+    process, _, stderr_path = serve_cli(
+        [
+            f"--model_base_path={make_base(tmp_path, exports)}",
+            "--model_name=clf",
+            f"--port={grpc_port}",
+            f"--rest_api_port={rest_port}",
+        ],
+        tmp_path,
+    )
+    try:
+        # At once, while the new process imports TensorFlow: nothing listens on either port yet.
+        grpc_address, rest_address = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{rest_port}"
+        client.wait_until_available(grpc_address, "clf", timeout_s=300)
+        client.wait_until_available(rest_address, "clf", timeout_s=60, rest=True)
+        assert process.poll() is None, stderr_path.read_text()[-2000:]
+        grpc_client = client.GrpcPredictClient(grpc_address)
+        outputs = grpc_client.predict("clf", {"text": TEXTS[:2]})
+        grpc_client.close()
+        assert outputs["probabilities"].shape[0] == 2
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def test_waiting_for_a_server_that_never_comes_ends_naming_model_and_address():
+    address = f"127.0.0.1:{_free_port()}"
+    for rest in (False, True):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"the model clf was not AVAILABLE at {address}"):
+            client.wait_until_available(address, "clf", timeout_s=1, rest=rest)
+        assert 1 <= time.monotonic() - started < 30
+    args = client.ClientArgs(wait_seconds=-1)
+    with pytest.raises(UsageError, match="--wait_seconds must be 0 or more"):
+        client.run(args, ["a text"])
 
 
 def test_cli_bad_grpc_flags_exit_2(tmp_path):
