@@ -39,6 +39,8 @@ from bert_tf.tokenization import python_tokenizer
 MODEL_INPUTS = modeling.ENCODER_INPUTS + ("masked_lm_positions",)
 MLM_LOSS_EPSILON = 1e-5
 MASK_TOKEN = "[MASK]"
+# Said with every "has no [MASK]": a lower-case [mask] is text to the tokenizer, not the token.
+MASK_CASE_HINT = f"(the token is {MASK_TOKEN}, in capitals)"
 # The literal tokens a fill-mask text may hold, as Hugging Face's tokenizers keep them whole.
 TEXT_SPECIAL_TOKENS = ("[MASK]", "[SEP]")
 DEFAULT_TOP_K = 5
@@ -247,7 +249,9 @@ class MaskedLM:
         ids = [self.tokenizer.encode(text) for text in texts]
         for row, row_ids in enumerate(ids):
             if self.mask_id not in row_ids:
-                raise NoMaskError(f"row {row} has no {MASK_TOKEN}: {texts[row][:80]!r}")
+                raise NoMaskError(
+                    f"row {row} has no {MASK_TOKEN} {MASK_CASE_HINT}: {texts[row][:80]!r}"
+                )
         if not texts:
             return []
         self._pretraining_model(MLM_HEAD)

@@ -32,7 +32,7 @@ never computes [b, s, vocab] logits.
 import tensorflow as tf
 
 from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD
-from bert_tf.pretraining.masked_lm import DEFAULT_TOP_K, MASK_TOKEN
+from bert_tf.pretraining.masked_lm import DEFAULT_TOP_K, MASK_CASE_HINT, MASK_TOKEN
 from bert_tf.tasks import export_graph
 from bert_tf.tokenization.tokenizer_rules import load_vocab
 
@@ -110,7 +110,9 @@ class HeadsModule(tf.Module):
         first_without = tf.argmin(
             tf.concat([tf.cast(has_mask, tf.int32), [0]], 0), output_type=tf.int32
         )
-        no_mask = tf.strings.format(f"text[{{}}] has no {MASK_TOKEN}", first_without)
+        no_mask = tf.strings.format(
+            f"text[{{}}] has no {MASK_TOKEN} {MASK_CASE_HINT}", first_without
+        )
         top_k_range = tf.strings.format(f"top_k must be in [1, {self.vocab_size}], got {{}}", top_k)
         return [
             tf.debugging.Assert(tf.reduce_all(has_mask), [no_mask]),

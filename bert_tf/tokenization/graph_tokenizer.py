@@ -295,6 +295,19 @@ class GraphTokenizer(tf.Module):
             unknown_token=UNK_TOKEN,
             no_pretokenization=False,
         )
+        # A tf.function method holds its instance weakly, so `GraphTokenizer(vocab).tokenize(x)`
+        # would find its tokenizer collected mid-call; these bindings hold it for as long as they live.
+        for name in ("tokenize", "tokenize_with_offsets", "split_words"):
+            method = getattr(type(self), name)
+            setattr(
+                self,
+                name,
+                tf.function(
+                    functools.partial(method.python_function, self),
+                    input_signature=method.input_signature,
+                    autograph=False,
+                ),
+            )
 
     # No AutoGraph, as for the exported graphs (export_graph.serving_function): what branches on
     # a tensor here is a tf.cond; the Python ifs test settings (do_lower_case, with_offsets).

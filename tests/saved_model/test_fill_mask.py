@@ -201,7 +201,7 @@ def test_cli_prints_a_table_for_each_mask_and_exits_2_on_bad_input(sources, tmp_
     probabilities = masked_lm.MaskedLM(model_dir).next_sentence(["w1 w2", "w4"], ["w3", "w5 w6"])
     assert [f"IsNext {p:.4f}" in result.stdout for p in probabilities] == [True, True]
     for flags, message in (
-        (["w1 w2"], "row 0 has no [MASK]"),
+        (["w1 w2"], "row 0 has no [MASK] (the token is [MASK], in capitals)"),
         (["--top_k=0", "w1 [MASK]"], f"--top_k must be in [1, {TINY_CONFIG.vocab_size}]"),
         (["--next_sentence", "w1"], "pairs of texts"),
         ([], "give the texts"),
@@ -212,6 +212,12 @@ def test_cli_prints_a_table_for_each_mask_and_exits_2_on_bad_input(sources, tmp_
         "bert_tf.fill_mask", f"--model_dir={sources['encoder_only']}", "w1 [MASK]"
     )
     assert result.returncode == 2 and "MLM" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_lower_case_mask_is_refused_saying_the_token_is_in_capitals(sources):
+    model = masked_lm.MaskedLM(sources["google"][0])
+    with pytest.raises(masked_lm.NoMaskError, match=r"row 1 has no \[MASK\] \(the token is "):
+        model.fill_mask(["w1 [MASK]", "w1 [mask]"])
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +334,10 @@ def test_served_over_rest_and_grpc(exported):
         assert reply["outputs"]["filled"] == [f.decode() for f in expected["filled"].numpy()]
         body = {"signature_name": "fill_mask", "inputs": {"text": ["w1 w2"], "top_k": 2}}
         status, reply = post(server.port, body)
-        assert status == 400 and "text[0] has no [MASK]" in reply["error"]
+        assert (
+            status == 400
+            and "text[0] has no [MASK] (the token is [MASK], in capitals)" in reply["error"]
+        )
         body = {"signature_name": "next_sentence", "instances": [{"text_a": "w1", "text_b": "w2"}]}
         status, reply = post(server.port, body)
         assert status == 200 and len(reply["predictions"]) == 1

@@ -107,6 +107,18 @@ def test_graph_matches_full_on_edge_cases(mode, request):
         )
 
 
+def test_a_tokenizer_no_variable_holds_answers_its_calls(real_vocab):
+    # Its tf.function methods would hold it weakly: collected mid-call, it failed with an
+    # AttributeError on None.
+    want = FullTokenizer(real_vocab).encode("hello world")
+    assert GraphTokenizer(real_vocab).tokenize(["hello world"]).to_list() == [want]
+    ids, starts, ends = GraphTokenizer(real_vocab).tokenize_with_offsets(["hello world"])
+    assert ids.to_list() == [want] and starts.to_list() == [[0, 6]] and ends.to_list() == [[5, 11]]
+    assert GraphTokenizer(real_vocab).split_words(["Hello World"]).to_list() == [
+        [b"hello", b"world"]
+    ]
+
+
 def test_graph_matches_full_one_row_at_a_time(uncased):
     # Batching must not let words or sigma contexts leak across rows.
     full, graph = uncased
