@@ -24,7 +24,7 @@ import shlex
 import sys
 
 from bert_tf.experiments import plan, report, runner
-from bert_tf.runtime import cli, io_utils
+from bert_tf.runtime import child_reaper, cli, io_utils
 from bert_tf.runtime.cli import arg
 
 
@@ -107,17 +107,36 @@ class ExperimentArgs:
             plan.parse_tasks(self.tasks)
 
 
-def run(args, log_fn=print):
-    """Runs the study's unfinished steps and writes the report; returns RESULTS.md's path."""
+def run(args, log_fn=print, on_start=None):
+    """Runs the study's unfinished steps and writes the report; returns RESULTS.md's path.
+
+    The output directory is the study's alone while it runs (runner.study_dir); `on_start()` runs
+    once it is, before any step (the CLI writes its flags file there).
+    """
     args.validate()
-    steps = plan.plan(args)
-    times = runner.run_steps(steps, args.output_dir, log_fn)
-    command = shlex.join(["python", "-m", "bert_tf.experiments", *sys.argv[1:]])
-    path = report.write_report(args, steps, times, command)
+    settings = dataclasses.asdict(args)
+    with runner.study_dir(args.output_dir, settings) as lock_fd:
+        if on_start is not None:
+            on_start()
+        steps = plan.plan(args)
+        runner.record_settings(args.output_dir, settings)
+        with child_reaper.reaped_children():
+            times = runner.run_steps(steps, args.output_dir, log_fn, pass_fds=(lock_fd,))
+        command = shlex.join(["python", "-m", "bert_tf.experiments", *sys.argv[1:]])
+        path = report.write_report(args, steps, times, command)
     log_fn(f"wrote {path}")
     return path
 
 
+def main(argv):
+    """absl's main: flags -> ExperimentArgs -> run; the flags file is written once the directory
+    is the study's (a refused run leaves the study's own)."""
+    if len(argv) > 1:
+        raise io_utils.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    args = cli.args_from_flags(ExperimentArgs)
+    run(args, on_start=lambda: cli.log_flags(args.output_dir, "experiments"))
+
+
 if __name__ == "__main__":
     cli.define_flags(ExperimentArgs)
-    cli.run(cli.job_main(ExperimentArgs, run, "experiments"))
+    cli.run(main)

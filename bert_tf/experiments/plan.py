@@ -171,6 +171,10 @@ def size_shape(size):
             "or L<layers>_H<hidden>_A<heads> (e.g. L4_H256_A4)"
         )
     layers, hidden, heads = (int(g) for g in match.groups())
+    if not (layers and hidden and heads):
+        raise io_utils.UsageError(
+            f"--model_sizes entry {size!r}: layers, hidden size and heads must each be at least 1"
+        )
     if hidden % heads:
         raise io_utils.UsageError(
             f"--model_sizes entry {size!r}: {hidden} is not a multiple of {heads}"

@@ -1,9 +1,9 @@
 """python -m bert_tf.experiments: the paper's studies as real jobs, their tables, charts and resuming."""
 
+import io
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -12,13 +12,11 @@ import pytest
 from helpers import CLI_ENV, ROOT, run_module_cli, write_tiny_model_dir, write_vocab
 from PIL import Image
 
-from bert_tf.experiments import plan, report
+from bert_tf.experiments import plan, report, runner
 from bert_tf.experiments.__main__ import ExperimentArgs
+from bert_tf.experiments.__main__ import run as run_study
 from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import demo_datasets
-
-# Minutes on CI's 2 cores: left out of `make test-fast` (see the Makefile).
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +33,28 @@ def corpus(tmp_path_factory, english_lines):
         "corpus_file": corpus_file,
         "vocab_file": write_vocab(str(root / "vocab.txt"), lines),
     }
+
+
+def child_pids(pid):
+    """The processes whose parent is `pid` (Linux /proc)."""
+    children = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def png_size(path):
@@ -94,6 +114,8 @@ def test_the_tasks_study_is_table_5s_rows_with_the_real_jobs_flags(tmp_path):
         (dict(study="tasks", tasks=["imdb:/tmp"]), "--tasks entry 'imdb:/tmp'"),
         (dict(study="sizes", model_sizes=["L2_H130_A4"]), "130 is not a multiple of 4"),
         (dict(study="sizes", model_sizes=["huge"]), "--model_sizes entry 'huge'"),
+        (dict(study="sizes", model_sizes=["L2_H128_A0"]), "must each be at least 1"),
+        (dict(study="sizes", model_sizes=["L0_H128_A2"]), "must each be at least 1"),
         (dict(study="tasks", init_checkpoint="/tmp"), "--init_checkpoint is for --study=features"),
         (dict(study="tasks", finetune_epochs=-1.0), "--finetune_epochs must not be negative"),
     ],
@@ -101,6 +123,83 @@ def test_the_tasks_study_is_table_5s_rows_with_the_real_jobs_flags(tmp_path):
 def test_bad_settings_are_usage_errors_naming_the_flag(tmp_path, values, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         ExperimentArgs(output_dir=str(tmp_path), **values).validate()
+
+
+def test_a_second_runner_is_refused_while_the_first_or_a_job_it_started_lives(tmp_path):
+    args = ExperimentArgs(study="tasks", output_dir=str(tmp_path / "study"))
+    in_use = rf"in use by another bert_tf.experiments run \(pid {os.getpid()}\)"
+    with runner.study_dir(args.output_dir, {}) as lock_fd:
+        with pytest.raises(UsageError, match=in_use):
+            run_study(args)
+        job = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)"], pass_fds=[lock_fd]
+        )
+    try:
+        # The runner is gone, its job is not: the directory is still the study's.
+        with pytest.raises(UsageError, match=in_use):
+            run_study(args)
+    finally:
+        job.kill()
+        job.wait()
+    with runner.study_dir(args.output_dir, {}):
+        pass
+
+
+@pytest.mark.parametrize("on_a_terminal", [True, False])
+def test_the_running_jobs_step_and_eta_show_in_place_on_a_terminal_else_sparsely(
+    tmp_path, on_a_terminal
+):
+    class Console(io.StringIO):
+        def isatty(self):
+            return on_a_terminal
+
+    log_path = tmp_path / "job.log"
+    log_path.write_text("")
+    job = (
+        "import time\n"
+        "for i in (1, 2, 3):\n"
+        "    print(f'step {i}/3  loss 1.0  ETA {3 - i}s', flush=True)\n"
+        "    time.sleep(1.5)"
+    )
+    with open(log_path, "a") as log:
+        process = subprocess.Popen([sys.executable, "-c", job], stdout=log)
+        console, lines = Console(), []
+        code = runner._wait_showing_progress(
+            process, str(log_path), "[1/1] job", lines.append, console
+        )
+    assert code == 0
+    if on_a_terminal:
+        shown = [f"\r[1/1] job: step {i}/3, ETA {3 - i}s\x1b[K" for i in (1, 2, 3)]
+        assert console.getvalue() == "".join(shown) + "\n" and lines == []
+    else:  # the first progress line, then none for PROGRESS_INTERVAL_S
+        assert console.getvalue() == "" and lines == ["[1/1] job: step 1/3, ETA 2s"]
+
+
+def test_a_rerun_with_other_flags_is_refused_naming_them(tmp_path):
+    output_dir = str(tmp_path / "study")
+    first = dict(study="features", finetune_epochs=1.0, tasks=["conll:/data"])
+    with runner.study_dir(output_dir, first):
+        runner.record_settings(output_dir, first)
+    with runner.study_dir(output_dir, first):  # the same flags: resumed
+        pass
+    changed = dict(first, finetune_epochs=3.0, study="tasks")
+    message = "--finetune_epochs was 1.0, now 3.0; --study was 'features', now 'tasks'"
+    with pytest.raises(UsageError, match=re.escape(message)):
+        with runner.study_dir(output_dir, changed):
+            pass
+
+
+def test_a_usage_error_before_any_step_leaves_no_directory(tmp_path):
+    # Found by the plan, once the directory is the study's: no conll task for a features study.
+    args = ExperimentArgs(
+        study="features",
+        output_dir=str(tmp_path / "study"),
+        init_checkpoint=str(tmp_path),
+        tasks=[f"sst2:{tmp_path}"],
+    )
+    with pytest.raises(UsageError, match="needs a conll:DIR entry"):
+        run_study(args, on_start=lambda: open(f"{args.output_dir}/experiments.flags", "w").close())
+    assert not os.path.exists(args.output_dir)
 
 
 def test_the_cli_exits_2_without_a_study(tmp_path):
@@ -174,23 +273,44 @@ def test_the_features_study_resumes_after_a_kill_and_fills_table_7(corpus, tmp_p
         "--finetune_seq_length=32",
         "--lstm_units=8",
     ]
-    # Kill the whole study (the runner and its job) once the first run has finished.
+    # Kill the runner alone once the first run has finished and the next job has started: the
+    # job dies with it.
     first = os.path.join(output_dir, "runs", "finetuned_conll", "eval_results.txt")
     process = subprocess.Popen(
         command, cwd=ROOT, env=CLI_ENV, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 300
-    while not os.path.exists(first) and process.poll() is None and time.monotonic() < deadline:
+    jobs = []
+    while process.poll() is None and time.monotonic() < deadline:
+        jobs = [pid for pid in child_pids(process.pid) if b"bert_tf.run_ner" in cmdline(pid)]
+        if os.path.exists(first) and jobs:
+            break
         time.sleep(0.5)
-    assert os.path.exists(first), "the first fine-tuning run did not finish"
-    os.killpg(process.pid, signal.SIGKILL)
+    assert os.path.exists(first) and jobs, "the first fine-tuning run did not finish"
+    process.kill()
     process.wait()
+    deadline = time.monotonic() + 60
+    while any(os.path.exists(f"/proc/{pid}") for pid in jobs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in jobs), "the job outlived its runner"
     assert not os.path.exists(os.path.join(output_dir, "RESULTS.md"))
 
     result = subprocess.run(command, cwd=ROOT, env=CLI_ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[1/7] finetuned_conll: done already" in result.stdout
+    # Off a terminal, each job's first progress line shows, and the running step names its log.
+    assert re.search(r"\[2/7\] \w+: running \(its log: .*/logs/\w+\.log\)", result.stdout)
+    assert re.search(r"\[2/7\] \w+: step \d+/\d+, ETA \S+", result.stdout), result.stdout
+    flags_file = os.path.join(output_dir, "experiments.flags")
+    flags_text, results_text = open(flags_file).read(), open(f"{output_dir}/RESULTS.md").read()
+    refused = subprocess.run(
+        [*command, "--finetune_epochs=3"], cwd=ROOT, env=CLI_ENV, capture_output=True, text=True
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "--finetune_epochs was 1.0, now 3.0" in refused.stderr.splitlines()[-1]
+    assert open(flags_file).read() == flags_text
+    assert open(f"{output_dir}/RESULTS.md").read() == results_text
     rows = score_rows(os.path.join(output_dir, "RESULTS.md"))
     assert [r[0] for r in rows] == [
         "Fine-tuning approach",
