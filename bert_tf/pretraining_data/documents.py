@@ -293,14 +293,6 @@ class Block:
         tokens = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=sum(lengths))
         return cls(tokens, _offsets(lengths), _offsets([len(d) for d in documents]))
 
-    def to_documents(self):
-        """The documents as lists of id lists."""
-        tokens = self.tokens.tolist()
-        starts = self.sentence_starts.tolist()
-        sentences = [tokens[a:b] for a, b in zip(starts, starts[1:])]
-        bounds = self.document_starts.tolist()
-        return [sentences[a:b] for a, b in zip(bounds, bounds[1:])]
-
     def index(self, order=None):
         """Python lists for the instance loop: sentence lengths and token starts, and each
         document's (first, end) sentences and original, with the documents in `order` (default: as

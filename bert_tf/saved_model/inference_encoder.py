@@ -205,12 +205,6 @@ class _WeightPacks:
                 (variable, [(name, count, values[name].shape) for name, count in zip(names, rows)])
             )
 
-    def stored_dtypes(self):
-        """{weight name: the dtype it is stored in}."""
-        dtypes = {name: v.dtype for name, v in self.apart.items()}
-        dtypes.update({name: v.dtype for v, entries in self.packed for name, _, _ in entries})
-        return dtypes
-
     def views(self):
         """{name: the weight's value}, each a view of its pack's buffer (or its own variable's
         value), named after the weight."""

@@ -21,8 +21,7 @@ PREDICT_METHOD = "tensorflow/serving/predict"
 CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 DEFAULT_SIGNATURE = "serving_default"
-# The input and output names TF Serving's classify and regress APIs require (signature_constants).
-EXAMPLES_INPUT = "inputs"
+# The output names TF Serving's classify and regress APIs require (signature_constants).
 CLASSES_OUTPUT = "classes"
 SCORES_OUTPUT = "scores"
 REGRESS_OUTPUT = "outputs"

@@ -215,7 +215,16 @@ def tokenize_documents(documents, tokenize, stats=None):
         flat = np.fromiter((t for s in ids for t in s), dtype=np.int32, count=sum(lengths))
         return flat, np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
-    return docs.tokenize_block(documents, as_arrays, stats).to_documents()
+    return as_documents(docs.tokenize_block(documents, as_arrays, stats))
+
+
+def as_documents(block):
+    """A tokenized block's documents as lists of id lists."""
+    tokens, starts, bounds = (
+        a.tolist() for a in (block.tokens, block.sentence_starts, block.document_starts)
+    )
+    sentences = [tokens[a:b] for a, b in zip(starts, starts[1:])]
+    return [sentences[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def test_invalid_utf8_is_counted_and_replaced(full_tokenizer):

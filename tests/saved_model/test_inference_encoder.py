@@ -178,7 +178,9 @@ def test_bfloat16_computes_in_bfloat16_as_accurately_as_keras(attention_kernels)
     # The matmul kernels are stored in bfloat16 (cast once, not on every call); the rest, and the
     # Keras head's own weights, stay float32.
     fast_layer = fast.get_layer("inference_encoder")
-    stored = fast_layer.packs.stored_dtypes()
+    packs = fast_layer.packs
+    stored = {name: v.dtype for name, v in packs.apart.items()}
+    stored.update({name: v.dtype for v, entries in packs.packed for name, _, _ in entries})
     kernels = {name for name in stored if name.endswith("kernel")}
     assert fast_layer.shards == fast_layer.feedforward_parts == 2
     per_layer = 2 * fast_layer.shards + 2 * fast_layer.feedforward_parts
