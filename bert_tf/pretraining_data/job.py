@@ -31,7 +31,7 @@ from absl import logging
 from bert_tf.pretraining_data import documents, example_codec, files, schema, tfrecord, worker
 from bert_tf.pretraining_data import plan as planning  # `plan` names the run's Plan here
 from bert_tf.pretraining_data.instances import VocabInfo
-from bert_tf.runtime import io_utils
+from bert_tf.runtime import io_utils, quiet
 from bert_tf.runtime.cli import arg
 from bert_tf.tokenization import tokenizer_rules
 
@@ -411,6 +411,7 @@ class Progress:
             desc="create_pretraining_data",
             dynamic_ncols=True,
             mininterval=0.5,
+            disable=not quiet.stderr_is_terminal(),
         )
         self.start = time.time()
         self.documents = 0
@@ -494,15 +495,18 @@ def run_units(job, pending, pool, num_workers, on_done):
 
 
 def log_first_examples(outputs, compression, vocab_tokens, count=EXAMPLES_TO_LOG):
-    """Logs the first records of the output readably, as the original logs its first instances."""
+    """Logs the first records of the output readably, as the original logs its first instances;
+    at --verbosity=1 (DEBUG), as they fill a screen."""
+    if not logging.level_debug():
+        return
     logged = 0
     for path in outputs:
         for record in tfrecord.iter_first_records(path, compression, count - logged):
-            logging.info("*** Example ***")
+            logging.debug("*** Example ***")
             for line in example_codec.example_to_text(
                 example_codec.parse_example(record), vocab_tokens
             ):
-                logging.info("%s", line)
+                logging.debug("%s", line)
             logged += 1
         if logged >= count:
             return

@@ -7,7 +7,7 @@ call to cuInit" on every machine without a GPU, and SavedModel notices. In Tenso
 them are written before TF_CPP_MIN_LOG_LEVEL takes effect, so no setting removes them: here the
 process's stderr (file descriptor 2) goes through a filter thread that drops those lines and passes
 every other byte on. The INFO lines that TensorFlow's and Keras' Python code logs (through absl, as
-ours do) are dropped too; their warnings stay.
+ours do) are dropped too; their warnings stay. Log lines carry no absl prefix (PlainFormatter).
 
 It is installed only for a command line (`bert_tf.runtime.job_process` sees `python -m bert_tf.<job>`), never when
 bert_tf is imported as a library, and not when the user asks for more: `--verbosity=1` (or any
@@ -105,6 +105,30 @@ class LibraryInfoFilter(logging.Filter):
         return record.levelno >= logging.WARNING or not LIBRARY_PATHS.search(record.pathname or "")
 
 
+class PlainFormatter(logging.Formatter):
+    """A log line as a command line's user reads it: the message, after "warning: " or "error: "
+    from WARNING up; absl's prefix (level, date, time, thread, file and line) is for --verbosity=1."""
+
+    def format(self, record):
+        message = super().format(record)
+        if record.levelno >= logging.WARNING:
+            level = "error" if record.levelno >= logging.ERROR else "warning"
+            return f"{level}: {message}"
+        return message
+
+
+# Whether stderr was a terminal before install() put its filter (a pipe) in between.
+_stderr_was_terminal = None
+
+
+def stderr_is_terminal():
+    """Whether this process's stderr reaches a terminal (the user's, under the filter): where a
+    progress bar redraws in place; elsewhere (a log file, a pipe) bars are left out."""
+    if _stderr_was_terminal is not None:
+        return _stderr_was_terminal
+    return os.isatty(2)
+
+
 def install(argv=None, environ=None):
     """Filters this process's stderr (and its children's) as described above; returns whether it did."""
     argv = sys.argv if argv is None else argv
@@ -121,6 +145,7 @@ def install(argv=None, environ=None):
     from absl import logging as absl_logging
 
     absl_logging.get_absl_logger().addFilter(LibraryInfoFilter())
+    absl_logging.get_absl_handler().setFormatter(PlainFormatter())
     # What a job prints (stdout) and logs (stderr) reach a pipe in the order written: a print
     # block-buffered in a pipe came out later, run into the middle of a log line.
     try:
@@ -128,6 +153,8 @@ def install(argv=None, environ=None):
     except (AttributeError, ValueError):
         pass  # replaced by something that is no TextIOWrapper
     sys.stderr.flush()
+    global _stderr_was_terminal
+    _stderr_was_terminal = os.isatty(2)
     original = os.dup(2)
     read_fd, write_fd = os.pipe()
     os.dup2(write_fd, 2)

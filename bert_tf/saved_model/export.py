@@ -557,5 +557,5 @@ def export(
         except tf.errors.OpError:
             pass  # The error that got here matters more than the leftover (ignored) directory.
         raise
-    logging.info("exported %s model %s as %s", kind, model_dir, final)
+    logging.debug("exported %s model %s as %s", kind, model_dir, final)
     return final, kind

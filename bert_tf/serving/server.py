@@ -146,7 +146,7 @@ class ModelServer:
             )
         for thread in self._threads:
             thread.start()
-        logging.info("REST API at %s", self.url)
+        logging.debug("REST API at %s", self.url)
         if self.options.grpc_port is not None:
             self._grpc = grpc_api.GrpcServer(
                 self.core,
@@ -157,7 +157,7 @@ class ModelServer:
                 # gRPC takes an int32: a REST body limit past 2 GiB stops at gRPC's own maximum.
                 max_receive_bytes=min(self.options.max_request_bytes, 2**31 - 1),
             ).start()
-            logging.info("gRPC API at %s:%d", self.options.grpc_host, self.grpc_port)
+            logging.debug("gRPC API at %s:%d", self.options.grpc_host, self.grpc_port)
         return self
 
     def _poll_loop(self):

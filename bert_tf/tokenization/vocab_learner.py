@@ -23,7 +23,7 @@ from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 from tqdm import tqdm
 
-from bert_tf.runtime import io_utils
+from bert_tf.runtime import io_utils, quiet
 from bert_tf.tokenization.python_tokenizer import BasicTokenizer, decode_counting_invalid
 from bert_tf.tokenization.tokenizer_rules import MAX_INPUT_CHARS_PER_WORD, SPECIAL_TOKENS
 
@@ -87,7 +87,7 @@ def count_words(files, do_lower_case=True, num_workers=1, show_progress=True):
         unit="B",
         unit_scale=True,
         desc="counting words",
-        disable=not show_progress,
+        disable=not (show_progress and quiet.stderr_is_terminal()),
         mininterval=0.5,
     )
     with progress, contextlib.ExitStack() as stack:
@@ -244,7 +244,7 @@ def build_vocab(
         stats.invalid_utf8,
     )
     tokens, info = learn_vocab(counts, vocab_size)
-    logging.info("learned %d tokens in %.1f s", len(tokens), time.time() - counted)
+    logging.debug("learned %d tokens in %.1f s", len(tokens), time.time() - counted)
     write_vocab(tokens, output_file)
     return {
         "output_file": output_file,

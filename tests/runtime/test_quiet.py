@@ -1,6 +1,8 @@
 """Command lines are quiet by default: TensorFlow's start-up notices go, errors and warnings stay."""
 
 import os
+import pty
+import re
 import subprocess
 import sys
 import threading
@@ -147,3 +149,55 @@ def test_the_filter_drops_notices_and_passes_progress_bars_on_at_once():
     thread.join(5)
     os.close(sink_write)
     assert os.read(sink_read, 100) == b"bar 2\nerror: kept\n"
+
+
+def test_a_terminal_under_the_filter_is_still_a_terminal_for_progress_bars():
+    # fd 2 becomes the filter's pipe; whether the user's stderr is a terminal is kept from before.
+    script = (
+        "import os; from bert_tf.runtime import quiet; "
+        "quiet.install(argv=['job'], environ={}); "
+        "print(quiet.stderr_is_terminal(), os.isatty(2))"
+    )
+    main_end, terminal_end = pty.openpty()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            stderr=terminal_end,
+            stdout=subprocess.PIPE,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(main_end)
+        os.close(terminal_end)
+    assert result.stdout.split() == ["True", "False"]
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT),
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert piped.stdout.split() == ["False", "False"]
+
+
+def test_log_lines_carry_absl_prefixes_only_at_verbosity_1(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat .\nthe dog ran .\n\nanother document here .\n")
+
+    def build_vocab(*extra):
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        return subprocess.run(
+            [
+                sys.executable, "-m", "bert_tf.build_vocab", f"--input_file={corpus}",
+                f"--output_file={tmp_path / 'vocab.txt'}", "--vocab_size=120", *extra,
+            ],
+            env=dict(env, PYTHONPATH=ROOT), cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    absl_prefix = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
+    plain = build_vocab()
+    assert plain.returncode == 0, plain.stderr
+    assert re.search(r"^learning: \d+ distinct words", plain.stderr, re.M), plain.stderr
+    assert not absl_prefix.search(plain.stderr), plain.stderr
+    verbose = build_vocab("--verbosity=1")
+    assert verbose.returncode == 0, verbose.stderr
+    assert re.search(r"^I\d{4} .*\] learning: \d+ distinct words", verbose.stderr, re.M)
