@@ -27,6 +27,8 @@ setup: $(STAMP)
 
 # The main job end to end on the embedded corpus, offline.
 demo: $(STAMP)
+	@# A rerun replaces the demo's own exports instead of adding a version to each.
+	rm -rf $(DEMO_DIR)/export
 	mkdir -p $(DEMO_DIR)
 	$(PY) -m bert_tf.corpus --output_file=$(DEMO_DIR)/corpus.txt
 	$(PY) -m bert_tf.build_vocab --input_file=$(DEMO_DIR)/corpus.txt \
@@ -37,7 +39,7 @@ demo: $(STAMP)
 	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords \
 	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite
 	@# The same job as an Apache Beam pipeline (DirectRunner, 2 processes): the same bytes, so
-	@# its log (the same first records again) is left out.
+	@# its report (the local run's again) is left out.
 	$(PY) -m bert_tf.create_pretraining_data --input_file=$(DEMO_DIR)/corpus.txt \
 	  --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true --output_dir=$(DEMO_DIR)/tfrecords_beam \
 	  --num_shards=2 --dupe_factor=2 --max_seq_length=128 --max_predictions_per_seq=20 --overwrite \
@@ -63,14 +65,12 @@ demo: $(STAMP)
 	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/classifier \
 	  --do_train --do_eval --do_predict --max_seq_length=24 --train_batch_size=32 \
 	  --learning_rate=5e-4 --num_train_epochs=10
-	cat $(DEMO_DIR)/classifier/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/classifier --export_dir=$(DEMO_DIR)/export/demo_sst2
 	@# Multiple choice (SWAG's CSV layout): fine-tune, evaluate, export (context + endings in).
 	$(PY) -m bert_tf.run_multiple_choice --task_name=swag --data_dir=$(DEMO_DIR)/swag \
 	  --init_checkpoint=$(DEMO_DIR)/pretrained --output_dir=$(DEMO_DIR)/swag_model \
 	  --do_train --do_eval --do_predict --max_seq_length=32 --train_batch_size=32 \
 	  --learning_rate=1e-3 --num_train_epochs=10
-	cat $(DEMO_DIR)/swag_model/eval_results.txt
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/swag_model --export_dir=$(DEMO_DIR)/export/demo_swag
 	@# Ask the pretrained model what it was trained on: fill a mask, score a sentence pair.
 	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --top_k=3 "$(DEMO_FILL_MASK)"
@@ -82,9 +82,10 @@ demo: $(STAMP)
 	head -13 $(DEMO_DIR)/experiments/features/RESULTS.md
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/pretrained --export_dir=$(DEMO_DIR)/export/demo_bert
 	@# Serve both exports over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
-	printf 'model_config_list {\n  config { name: "demo_sst2" base_path: "%s" model_platform: "tensorflow" }\n  config { name: "demo_bert" base_path: "%s" model_platform: "tensorflow" }\n}\n' \
+	@echo "python -m bert_tf.serve --model_config_file=$(DEMO_DIR)/models.config --rest_api_port=0 --port=0 &"
+	@printf 'model_config_list {\n  config { name: "demo_sst2" base_path: "%s" model_platform: "tensorflow" }\n  config { name: "demo_bert" base_path: "%s" model_platform: "tensorflow" }\n}\n' \
 	  "$(abspath $(DEMO_DIR))/export/demo_sst2" "$(abspath $(DEMO_DIR))/export/demo_bert" > $(DEMO_DIR)/models.config
-	$(PY) -m bert_tf.serve --model_config_file=$(DEMO_DIR)/models.config \
+	@$(PY) -m bert_tf.serve --model_config_file=$(DEMO_DIR)/models.config \
 	  --rest_api_port=0 --port=0 > $(DEMO_DIR)/serve.log 2>&1 & pid=$$!; trap "kill $$pid" EXIT; \
 	  for i in $$(seq 300); do \
 	    url=$$(grep -o 'serving demo_sst2 version [0-9]* at http://127.0.0.1:[0-9]*' $(DEMO_DIR)/serve.log \

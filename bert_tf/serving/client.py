@@ -141,8 +141,10 @@ def _rest_available(address, model_name):
         return False
     finally:
         connection.close()
-    statuses = payload.get("model_version_status", []) if reply.status == 200 else []
-    return any(status.get("state") == "AVAILABLE" for status in statuses)
+    if reply.status != 200 or not isinstance(payload, dict):
+        return False
+    statuses = payload.get("model_version_status") or []
+    return any(isinstance(s, dict) and s.get("state") == "AVAILABLE" for s in statuses)
 
 
 def wait_until_available(address, model_name, timeout_s, rest=False):
