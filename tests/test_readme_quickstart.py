@@ -6,9 +6,11 @@ server's ports become free ones (the block's defaults, 8500 and 8501, may be tak
 machine), and `source .venv/bin/activate` finds this interpreter's environment.
 """
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -49,14 +51,24 @@ def test_the_quickstart_block_runs_as_pasted(tmp_path):
     os.symlink(sys.prefix, tmp_path / ".venv")
     demo_datasets.write_demo_glue_dir(str(tmp_path / "data"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run(
+    # A session of its own: a step that fails ends bash before the block's `kill $SERVER`, and
+    # the server it started must not outlive the test.
+    shell = subprocess.Popen(
         ["bash", "-e", "-c", block],
         cwd=tmp_path,
         env=dict(env, PYTHONPATH=ROOT),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = shell.communicate(timeout=900)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+    result = subprocess.CompletedProcess(shell.args, shell.returncode, stdout, stderr)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # The client's answer (gRPC), then curl's (REST), each a JSON line; the stand-in's labels are
     # 1 (positive) and 0, and the fine-tuned model tells them apart.

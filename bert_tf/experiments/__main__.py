@@ -20,6 +20,7 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 # isort: split
 
 import dataclasses
+import os
 import shlex
 import sys
 
@@ -107,6 +108,21 @@ class ExperimentArgs:
             plan.parse_tasks(self.tasks)
 
 
+def study_settings(args):
+    """The flags a study's runs depend on, as its directory records them: paths made absolute (a
+    resume from another working directory names the same files), the output directory left out
+    (a study may be moved, or named with a trailing slash)."""
+    settings = dataclasses.asdict(args)
+    del settings["output_dir"]
+    for name in ("input_file", "vocab_file", "init_checkpoint"):
+        settings[name] = os.path.abspath(settings[name]) if settings[name] else ""
+    settings["tasks"] = [
+        f"{task}:{os.path.abspath(path)}"
+        for task, path in (entry.split(":", 1) for entry in settings["tasks"])
+    ]
+    return settings
+
+
 def run(args, log_fn=print, on_start=None):
     """Runs the study's unfinished steps and writes the report; returns RESULTS.md's path.
 
@@ -114,7 +130,7 @@ def run(args, log_fn=print, on_start=None):
     once it is, before any step (the CLI writes its flags file there).
     """
     args.validate()
-    settings = dataclasses.asdict(args)
+    settings = study_settings(args)
     with runner.study_dir(args.output_dir, settings) as lock_fd:
         if on_start is not None:
             on_start()

@@ -86,10 +86,11 @@ def _check_settings(output_dir, settings):
     with open(path) as f:
         recorded = json.load(f)
     settings = _as_recorded(settings)
+    # Only flags both runs know: a flag a later version added (or dropped) names no change.
     changed = [
-        f"--{name} was {_flag_text(recorded.get(name))}, now {_flag_text(settings.get(name))}"
-        for name in sorted(set(recorded) | set(settings))
-        if recorded.get(name) != settings.get(name)
+        f"--{name} was {_flag_text(recorded[name])}, now {_flag_text(settings[name])}"
+        for name in sorted(set(recorded) & set(settings))
+        if recorded[name] != settings[name]
     ]
     if changed:
         raise io_utils.UsageError(

@@ -13,7 +13,7 @@ from helpers import CLI_ENV, ROOT, run_module_cli, write_tiny_model_dir, write_v
 from PIL import Image
 
 from bert_tf.experiments import plan, report, runner
-from bert_tf.experiments.__main__ import ExperimentArgs
+from bert_tf.experiments.__main__ import ExperimentArgs, study_settings
 from bert_tf.experiments.__main__ import run as run_study
 from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import demo_datasets
@@ -187,6 +187,22 @@ def test_a_rerun_with_other_flags_is_refused_naming_them(tmp_path):
     with pytest.raises(UsageError, match=re.escape(message)):
         with runner.study_dir(output_dir, changed):
             pass
+
+
+def test_a_resume_may_name_the_same_directory_and_files_another_way(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conll").mkdir()
+    first = ExperimentArgs(
+        study="features", output_dir="study", input_file="corpus.txt", tasks=["conll:conll"]
+    )
+    again = ExperimentArgs(
+        study="features",
+        output_dir=f"{tmp_path}/study/",
+        input_file=str(tmp_path / "corpus.txt"),
+        tasks=[f"conll:{tmp_path}/conll"],
+    )
+    assert study_settings(first) == study_settings(again)
+    assert "output_dir" not in study_settings(first)
 
 
 def test_a_usage_error_before_any_step_leaves_no_directory(tmp_path):
