@@ -260,6 +260,37 @@ def options(function, data_parameters):
     }
 
 
+def one_sided_problems(declared, options_by_side):
+    """Why `declared` (options one side alone is said to have) is wrong, if it is: an option no
+    side takes, or one every side takes."""
+    unknown = declared - set().union(*options_by_side.values())
+    shared = declared & set.intersection(*(set(taken) for taken in options_by_side.values()))
+    return [f"no side takes {sorted(unknown)}"] * bool(unknown) + [
+        f"every side takes {sorted(shared)}: not one-sided"
+    ] * bool(shared)
+
+
+def option_problems(kind, options_by_side, declared, declared_name, change):
+    """For each option not `declared` one-sided: the sides that lack it, or defaults that differ.
+
+    `declared_name` names the declaration, `change` what a one-sided option may not change."""
+    problems = []
+    for option in sorted(set().union(*options_by_side.values()) - declared):
+        having = [side for side, taken in options_by_side.items() if option in taken]
+        lacking = [side for side, taken in options_by_side.items() if option not in taken]
+        if lacking:
+            problems.append(
+                f"{kind} option {option!r} is taken by {', '.join(having)} but not by "
+                f"{', '.join(lacking)}: teach {'them' if len(lacking) > 1 else 'it'} the option, "
+                f"or declare it in {declared_name} (it changes no {change})"
+            )
+            continue
+        defaults = {side: taken[option] for side, taken in options_by_side.items()}
+        if len(set(map(repr, defaults.values()))) > 1:
+            problems.append(f"{kind} option {option!r} has different defaults: {defaults}")
+    return problems
+
+
 TOKENIZER_OPTIONS = {cls.__name__: options(cls, {"vocab_file"}) for cls in TOKENIZERS}
 ALL_TOKENIZER_OPTIONS = sorted(set().union(*TOKENIZER_OPTIONS.values()))
 
@@ -286,29 +317,18 @@ def token_ids(cls, vocab_file, **settings):
 
 
 def test_declared_tokenizer_options_are_one_sided_options():
-    declared = tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS
-    assert declared <= set(ALL_TOKENIZER_OPTIONS), declared - set(ALL_TOKENIZER_OPTIONS)
-    every = set.intersection(*(set(o) for o in TOKENIZER_OPTIONS.values()))
-    assert not declared & every, f"every tokenizer takes {declared & every}: not one-sided"
+    problems = one_sided_problems(tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS, TOKENIZER_OPTIONS)
+    assert not problems, problems
 
 
 def test_every_tokenizer_option_is_every_tokenizers_or_declared():
-    problems = []
-    for option in ALL_TOKENIZER_OPTIONS:
-        if option in tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS:
-            continue
-        having = [name for name, taken in TOKENIZER_OPTIONS.items() if option in taken]
-        lacking = [name for name, taken in TOKENIZER_OPTIONS.items() if option not in taken]
-        if lacking:
-            problems.append(
-                f"tokenizer option {option!r} is taken by {', '.join(having)} but not by "
-                f"{', '.join(lacking)}: teach them it, or declare it in "
-                f"tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS (it changes no token)"
-            )
-            continue
-        defaults = {name: taken[option] for name, taken in TOKENIZER_OPTIONS.items()}
-        if len(set(map(repr, defaults.values()))) > 1:
-            problems.append(f"tokenizer option {option!r} has different defaults: {defaults}")
+    problems = option_problems(
+        "tokenizer",
+        TOKENIZER_OPTIONS,
+        tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS,
+        "tokenizer_rules.ONE_SIDED_TOKENIZER_OPTIONS",
+        "token",
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -383,29 +403,18 @@ def packed(packer, **settings):
 
 
 def test_declared_packer_options_are_one_sided_options():
-    declared = packing.ONE_SIDED_PACKER_OPTIONS
-    assert declared <= set(ALL_PACKER_OPTIONS), declared - set(ALL_PACKER_OPTIONS)
-    every = set.intersection(*(set(o) for o in PACKER_OPTIONS.values()))
-    assert not declared & every, f"both packers take {declared & every}: not one-sided"
+    problems = one_sided_problems(packing.ONE_SIDED_PACKER_OPTIONS, PACKER_OPTIONS)
+    assert not problems, problems
 
 
 def test_every_packer_option_is_both_packers_or_declared():
-    problems = []
-    for option in ALL_PACKER_OPTIONS:
-        if option in packing.ONE_SIDED_PACKER_OPTIONS:
-            continue
-        having = [name for name, taken in PACKER_OPTIONS.items() if option in taken]
-        lacking = [name for name, taken in PACKER_OPTIONS.items() if option not in taken]
-        if lacking:
-            problems.append(
-                f"packer option {option!r} is taken by {', '.join(having)} but not by "
-                f"{', '.join(lacking)}: teach it the option, or declare it in "
-                f"packing.ONE_SIDED_PACKER_OPTIONS (it changes no packed value)"
-            )
-            continue
-        defaults = {name: taken[option] for name, taken in PACKER_OPTIONS.items()}
-        if len(set(map(repr, defaults.values()))) > 1:
-            problems.append(f"packer option {option!r} has different defaults: {defaults}")
+    problems = option_problems(
+        "packer",
+        PACKER_OPTIONS,
+        packing.ONE_SIDED_PACKER_OPTIONS,
+        "packing.ONE_SIDED_PACKER_OPTIONS",
+        "packed value",
+    )
     assert not problems, "\n".join(problems)
 
 
