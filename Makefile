@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 DEMO_DIR := build/demo
 DEMO_REQUEST := {"instances": ["the film was delightful and the music felt lovely .", "the ending seemed awful to me ."]}
 DEMO_FILL_MASK := the [MASK] of the module is returned .
-DEMO_PAIR := "return the value of the attribute ." "the default is none ."
 DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$(DEMO_FILL_MASK)"], "top_k": 3}}
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/runtime/quiet.py); --verbosity=1 brings TensorFlow's notices back.
@@ -30,7 +29,8 @@ demo: $(STAMP)
 	@# A rerun replaces the demo's own exports instead of adding a version to each.
 	rm -rf $(DEMO_DIR)/export
 	mkdir -p $(DEMO_DIR)
-	$(PY) -m bert_tf.corpus --output_file=$(DEMO_DIR)/corpus.txt
+	@# One document in 20 is held out: the pretrained model is asked about it at the end.
+	$(PY) -m bert_tf.corpus --output_file=$(DEMO_DIR)/corpus.txt --heldout_file=$(DEMO_DIR)/heldout.txt
 	$(PY) -m bert_tf.build_vocab --input_file=$(DEMO_DIR)/corpus.txt \
 	  --output_file=$(DEMO_DIR)/vocab.txt --vocab_size=8000 --do_lower_case=true
 	$(PY) -m bert_tf.tokenization --vocab_file=$(DEMO_DIR)/vocab.txt --do_lower_case=true \
@@ -72,14 +72,12 @@ demo: $(STAMP)
 	  --do_train --do_eval --do_predict --max_seq_length=32 --train_batch_size=32 \
 	  --learning_rate=1e-3 --num_train_epochs=10
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/swag_model --export_dir=$(DEMO_DIR)/export/demo_swag
-	@# Ask the pretrained model what it was trained on: fill a mask, score a sentence pair.
-	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --top_k=3 "$(DEMO_FILL_MASK)"
-	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --next_sentence $(DEMO_PAIR)
-	@# The paper's Table 7 in miniature: the demo model fine-tuned for tagging, against its frozen
-	@# layers feeding a BiLSTM (python -m bert_tf.experiments; RESULTS.md and charts in its dir).
-	$(PY) -m bert_tf.experiments --study=features --init_checkpoint=$(DEMO_DIR)/pretrained \
-	  --input_file=$(DEMO_DIR)/corpus.txt --output_dir=$(DEMO_DIR)/experiments/features
-	head -13 $(DEMO_DIR)/experiments/features/RESULTS.md
+	@# Ask the pretrained model what it was trained on, about documents it never saw, then fill a mask.
+	$(PY) -m bert_tf.fill_mask --model_dir=$(DEMO_DIR)/pretrained --evaluate_file=$(DEMO_DIR)/heldout.txt \
+	  --top_k=3 "$(DEMO_FILL_MASK)"
+	@echo "300 steps of a tiny model on 2 cores teach it little (guessing scores 0.5 on the pairs). A model that"
+	@echo "knows English starts from real weights (README: the real-weights quickstart); what longer runs reach:"
+	@echo "benchmarks/RESULTS.md, 'Pretraining: what the demo model learns'."
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/pretrained --export_dir=$(DEMO_DIR)/export/demo_bert
 	@# Serve both exports over TF Serving's REST and gRPC APIs on free ports, ask both, stop.
 	@echo "python -m bert_tf.serve --model_config_file=$(DEMO_DIR)/models.config --rest_api_port=0 --port=0 &"
@@ -106,6 +104,7 @@ demo: $(STAMP)
 	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_bert:predict" -d @$(DEMO_DIR)/fill_mask.json; echo; \
 	  printf '%s\n' '$(DEMO_PAIR_REQUEST)' > $(DEMO_DIR)/next_sentence.json; cat $(DEMO_DIR)/next_sentence.json; \
 	  curl -sS --fail-with-body -X POST "$$url/v1/models/demo_bert:predict" -d @$(DEMO_DIR)/next_sentence.json; echo
+	@echo "The paper's Table 7 in miniature on this model (about 4 minutes): $(PY) -m bert_tf.experiments --study=features --init_checkpoint=$(DEMO_DIR)/pretrained --input_file=$(DEMO_DIR)/corpus.txt --output_dir=$(DEMO_DIR)/experiments/features"
 	@echo "See what BERT sees: $(PY) -m bert_tf.playground --model_dir=$(DEMO_DIR)/pretrained --corpus=$(DEMO_DIR)/corpus.txt  then open http://127.0.0.1:8080/ (Records view: $(DEMO_DIR)/tfrecords/pretrain-00000-of-00002.tfrecord)"
 
 test: $(STAMP) system-packages

@@ -2,6 +2,7 @@
 
     python -m bert_tf.fill_mask --model_dir=build/demo/pretrained [--top_k=5] "the capital of france is [MASK] ."
     python -m bert_tf.fill_mask --model_dir=build/demo/pretrained --next_sentence "he went out ." "it was raining ."
+    python -m bert_tf.fill_mask --model_dir=build/demo/pretrained --evaluate_file=build/demo/heldout.txt
 
 Fill-mask prints, for every [MASK] of every text, a table of the top-k tokens with their ids and
 probabilities, then the text with the best tokens put in. --next_sentence takes the texts as pairs
@@ -9,6 +10,8 @@ probabilities, then the text with the best tokens put in. --next_sentence takes 
 instead, one a line (`text_a ||| text_b` for a pair, as extract_features reads pairs). The model
 directory needs its MLM head for fill-mask and its NSP head for --next_sentence: a directory
 without it (a Hugging Face BertModel converted, a fine-tuned classifier) exits 2 naming the head.
+--evaluate_file measures both heads on held-out text first (bert_tf.pretraining.heldout says how)
+and prints the two accuracies, a line each; texts given too are answered after them.
 """
 
 from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the process up before TensorFlow loads)
@@ -17,7 +20,7 @@ from bert_tf.runtime import job_process  # noqa: F401  (first: it sets the proce
 
 import dataclasses
 
-from bert_tf.pretraining import masked_lm
+from bert_tf.pretraining import heldout, masked_lm
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
 from bert_tf.tasks import data_files
@@ -35,6 +38,15 @@ class FillMaskArgs:
     )
     input_file: str = arg(
         "", "Read the texts from this file, one a line (`text_a ||| text_b` with --next_sentence)."
+    )
+    evaluate_file: str = arg(
+        "",
+        "Held-out text in the pretraining format (python -m bert_tf.corpus --heldout_file): print "
+        "the model's fill-mask top-1 accuracy and next-sentence accuracy on it.",
+    )
+    max_questions: int = arg(
+        heldout.DEFAULT_MAX_QUESTIONS,
+        "With --evaluate_file: at most this many sentences to fill masks in, and pairs to score.",
     )
     max_seq_length: int = arg(
         0, "Where texts are cut, by the original's rule (0: the model's max_position_embeddings)."
@@ -56,7 +68,9 @@ def read_texts(args, texts):
             )
         return pairs
     if not texts:
-        raise io_utils.UsageError("give the texts to ask about, or --input_file")
+        if args.evaluate_file:
+            return []
+        raise io_utils.UsageError("give the texts to ask about, --input_file or --evaluate_file")
     if not args.next_sentence:
         return list(texts)
     if len(texts) % 2:
@@ -83,12 +97,27 @@ def print_fill_mask(results, print_fn=print):
         print_fn(f"  filled: {result.filled}")
 
 
+def evaluate(args, model):
+    """Prints the model's two accuracies on --evaluate_file; returns the HeldoutScores."""
+    try:
+        scores = heldout.evaluate(model, args.evaluate_file, args.max_questions)
+    except ValueError as e:  # fewer than two documents
+        raise io_utils.UsageError(f"--evaluate_file: {e}") from e
+    for line in scores.lines():
+        print(line, flush=True)
+    return scores
+
+
 def run(args, texts=()):
     """Answers the texts; returns the FillMaskResults, or the IsNext probabilities."""
     if not args.model_dir:
         raise io_utils.UsageError("--model_dir is required")
     if args.max_seq_length and args.max_seq_length < 3:
         raise io_utils.UsageError(f"--max_seq_length must be at least 3, got {args.max_seq_length}")
+    if args.max_questions < 1:
+        raise io_utils.UsageError(f"--max_questions must be at least 1, got {args.max_questions}")
+    if args.evaluate_file:
+        io_utils.require_file(args.evaluate_file, "--evaluate_file")
     inputs = read_texts(args, texts)
     try:
         model = masked_lm.MaskedLM(args.model_dir, args.max_seq_length or None)
@@ -96,14 +125,18 @@ def run(args, texts=()):
         raise io_utils.UsageError(str(e)) from e
     except ValueError as e:  # the only other: max_seq_length outside the model's range
         raise io_utils.UsageError(f"--max_seq_length: {e}") from e
+    vocab_size = model.config.vocab_size
+    if not 1 <= args.top_k <= vocab_size:
+        raise io_utils.UsageError(f"--top_k must be in [1, {vocab_size}], got {args.top_k}")
+    if args.evaluate_file:
+        evaluate(args, model)
+        if not inputs:
+            return []
     if args.next_sentence:
         probabilities = model.next_sentence([a for a, _ in inputs], [b for _, b in inputs])
         for (text_a, text_b), p in zip(inputs, probabilities):
             print(f"IsNext {p:.4f}  {text_a} ||| {text_b}", flush=True)
         return probabilities
-    vocab_size = model.config.vocab_size
-    if not 1 <= args.top_k <= vocab_size:
-        raise io_utils.UsageError(f"--top_k must be in [1, {vocab_size}], got {args.top_k}")
     try:
         results = model.fill_mask(inputs, args.top_k)
     except masked_lm.NoMaskError as e:

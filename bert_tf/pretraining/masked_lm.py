@@ -238,6 +238,29 @@ class MaskedLM:
             for index, name in enumerate(modeling.ENCODER_INPUTS)
         }
 
+    def _masked_logits(self, ids):
+        """Token-id rows packed and asked: the [MASK] positions of each row that fit, and the MLM
+        logits [rows, most masks in a row, vocab] at them."""
+        self._pretraining_model(MLM_HEAD)
+        inputs = self._pack([[row_ids] for row_ids in ids])
+        positions = [
+            np.flatnonzero(row == self.mask_id).tolist() for row in inputs["input_word_ids"]
+        ]
+        width = max(1, max(len(p) for p in positions))
+        inputs["masked_lm_positions"] = np.array(
+            [p + [0] * (width - len(p)) for p in positions], np.int32
+        )
+        return positions, self._mlm_logits(inputs)
+
+    def best_masked_ids(self, ids):
+        """For token-id rows holding [MASK] ids, the model's first choice at each [MASK] that fits
+        max_seq_length: a list of ids per row, in position order."""
+        if not ids:
+            return []
+        positions, logits = self._masked_logits(ids)
+        best = tf.argmax(logits, axis=-1, output_type=tf.int32).numpy()
+        return [best[row, : len(p)].tolist() for row, p in enumerate(positions)]
+
     def fill_mask(self, texts, top_k=DEFAULT_TOP_K):
         """For every [MASK] of every text, the top_k tokens; a FillMaskResult per text.
 
@@ -254,16 +277,7 @@ class MaskedLM:
                 )
         if not texts:
             return []
-        self._pretraining_model(MLM_HEAD)
-        inputs = self._pack([[row_ids] for row_ids in ids])
-        positions = [
-            np.flatnonzero(row == self.mask_id).tolist() for row in inputs["input_word_ids"]
-        ]
-        width = max(1, max(len(p) for p in positions))
-        inputs["masked_lm_positions"] = np.array(
-            [p + [0] * (width - len(p)) for p in positions], np.int32
-        )
-        logits = self._mlm_logits(inputs)
+        positions, logits = self._masked_logits(ids)
         probabilities, best = tf.math.top_k(tf.nn.softmax(logits, axis=-1), k=top_k)
         probabilities, best = probabilities.numpy(), best.numpy()
         results = []

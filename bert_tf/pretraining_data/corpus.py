@@ -357,19 +357,43 @@ def iter_default_documents(roots=None, processes=1):
                 yield document
 
 
-def write_default_corpus(output_file, max_bytes=None, roots=None, processes=1):
-    """Writes the default corpus to `output_file` atomically; returns counts of documents, sentences, bytes."""
-    stats = {"documents": 0, "sentences": 0, "bytes": 0}
-    with io_utils.atomic_path(output_file) as tmp:
-        with open(tmp, "wb") as f:
-            for document in iter_default_documents(roots, processes=processes):
-                block = ("\n".join(document) + "\n\n").encode("utf-8")
-                if max_bytes is not None and stats["bytes"] + len(block) > max_bytes:
-                    break
-                f.write(block)
-                stats["documents"] += 1
-                stats["sentences"] += len(document)
-                stats["bytes"] += len(block)
+def is_heldout(index, heldout_every):
+    """Whether document `index` (0-based, in corpus order) is held out: every `heldout_every`-th one."""
+    return bool(heldout_every) and (index + 1) % heldout_every == 0
+
+
+def write_default_corpus(
+    output_file, max_bytes=None, roots=None, processes=1, heldout_file=None, heldout_every=0
+):
+    """Writes the default corpus to `output_file` atomically; returns counts of documents, sentences, bytes.
+
+    With `heldout_file`, every `heldout_every`-th document goes there instead (counted under
+    "heldout_documents"), so a model trained on `output_file` can be asked about text it never saw.
+    `max_bytes` bounds `output_file` alone.
+    """
+    if bool(heldout_file) != bool(heldout_every):
+        raise ValueError("heldout_file and heldout_every go together")
+    stats = {"documents": 0, "sentences": 0, "bytes": 0, "heldout_documents": 0}
+    with contextlib.ExitStack() as stack:
+        f = open(stack.enter_context(io_utils.atomic_path(output_file)), "wb")
+        stack.callback(f.close)
+        heldout = None
+        if heldout_file:
+            heldout = open(stack.enter_context(io_utils.atomic_path(heldout_file)), "wb")
+            stack.callback(heldout.close)
+        documents = iter_default_documents(roots, processes=processes)
+        for index, document in enumerate(documents):
+            block = ("\n".join(document) + "\n\n").encode("utf-8")
+            if is_heldout(index, heldout_every):
+                heldout.write(block)
+                stats["heldout_documents"] += 1
+                continue
+            if max_bytes is not None and stats["bytes"] + len(block) > max_bytes:
+                break
+            f.write(block)
+            stats["documents"] += 1
+            stats["sentences"] += len(document)
+            stats["bytes"] += len(block)
     return stats
 
 

@@ -6,6 +6,7 @@ import textwrap
 import pytest
 from helpers import run_module_cli
 
+from bert_tf import corpus as corpus_cli
 from bert_tf.pretraining_data import corpus
 from bert_tf.runtime import io_utils
 
@@ -235,4 +236,37 @@ def test_cli_usage_errors_exit_2(tmp_path):
     result = run_cli(f"--output_file={tmp_path / 'c.txt'}", "--packages=no_such_package_xyz")
     assert result.returncode == 2
     assert "no_such_package_xyz" in result.stderr
+    assert not (tmp_path / "c.txt").exists()
+
+
+def test_every_nth_document_is_held_out_and_the_rest_is_the_corpus(tmp_path):
+    src = str(tmp_path / "src")
+    make_tree(src)
+    for name in ("figs", "plums", "limes", "dates"):
+        write(
+            os.path.join(src, "pkg", f"{name}.py"),
+            f'"""{name.title()} are sweet. Wash the {name} first. Keep {name} dry."""\n',
+        )
+    corpus.write_default_corpus(str(tmp_path / "full.txt"), roots=[src])
+    full = read_documents(tmp_path / "full.txt")
+    stats = corpus.write_default_corpus(
+        str(tmp_path / "train.txt"),
+        roots=[src],
+        heldout_file=str(tmp_path / "heldout.txt"),
+        heldout_every=3,
+    )
+    assert len(full) >= 6
+    assert read_documents(tmp_path / "heldout.txt") == full[2::3]
+    assert read_documents(tmp_path / "train.txt") == [d for i, d in enumerate(full) if i % 3 != 2]
+    assert (stats["documents"], stats["heldout_documents"]) == (
+        len(full) - len(full) // 3,
+        len(full) // 3,
+    )
+    args = corpus_cli.CorpusArgs(
+        output_file=str(tmp_path / "c.txt"),
+        heldout_file=str(tmp_path / "h.txt"),
+        heldout_every=1,
+    )
+    with pytest.raises(io_utils.UsageError, match="--heldout_every must be at least 2"):
+        corpus_cli.run(args)
     assert not (tmp_path / "c.txt").exists()

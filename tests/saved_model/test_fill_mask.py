@@ -6,6 +6,8 @@ import dataclasses
 import http.client
 import json
 import os
+import random
+import re
 
 import grpc
 import numpy as np
@@ -33,10 +35,11 @@ from helpers_google import (
 from helpers_serve import model_server
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from bert_tf import fill_mask
 from bert_tf.checkpoints import conversion, name_map
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir, ModelDirError
-from bert_tf.pretraining import masked_lm
+from bert_tf.pretraining import heldout, masked_lm
 from bert_tf.runtime import io_utils
 from bert_tf.saved_model import export, masked_lm_serving, warmup
 
@@ -218,6 +221,95 @@ def test_a_lower_case_mask_is_refused_saying_the_token_is_in_capitals(sources):
     model = masked_lm.MaskedLM(sources["google"][0])
     with pytest.raises(masked_lm.NoMaskError, match=r"row 1 has no \[MASK\] \(the token is "):
         model.fill_mask(["w1 [MASK]", "w1 [mask]"])
+
+
+# Held-out documents of the tiny vocabulary's words (w0..w17): 6 of 4 sentences, 3 to 6 words each.
+_WORDS = random.Random(7)
+HELDOUT = [
+    [" ".join(f"w{_WORDS.randrange(18)}" for _ in range(_WORDS.randint(3, 6))) for _ in range(4)]
+    for _ in range(6)
+]
+
+
+def write_heldout(path, documents=HELDOUT):
+    path.write_text("".join("\n".join(document) + "\n\n" for document in documents))
+    return str(path)
+
+
+def test_heldout_fill_mask_accuracy_is_what_fill_mask_answers(sources, tmp_path):
+    assert len({s for d in HELDOUT for s in d}) == sum(len(d) for d in HELDOUT)
+    model = masked_lm.MaskedLM(sources["google"][0])
+    scores = heldout.evaluate(model, write_heldout(tmp_path / "heldout.txt"), max_questions=20)
+    # The same draws, asked one text at a time through the public API: words stand for themselves
+    # in this vocabulary, so a masked word is right when the top token is the word.
+    rng = random.Random(heldout.SEED)
+    sentences = rng.sample([s for d in HELDOUT for s in d], 20)
+    right = total = 0
+    for sentence in sentences:
+        words = sentence.split()
+        chosen = sorted(rng.sample(range(len(words)), max(1, round(0.15 * len(words)))))
+        text = " ".join("[MASK]" if i in chosen else w for i, w in enumerate(words))
+        (result,) = model.fill_mask([text], top_k=1)
+        right += sum(m.tokens[0] == words[i] for m, i in zip(result.masks, chosen))
+        total += len(chosen)
+    assert (scores.sentences, scores.masked_words) == (20, total)
+    assert 0 < right < total  # a random model: some right, some wrong, so the count is compared
+    assert scores.fill_mask_accuracy == pytest.approx(right / total)
+
+
+def test_heldout_pairs_are_balanced_real_neighbours_and_other_documents(sources):
+    model = masked_lm.MaskedLM(sources["google"][0])
+    pairs = heldout.next_sentence_pairs(HELDOUT, random.Random(0), max_pairs=15)
+    labels = np.array([is_next for _, _, is_next in pairs])
+    assert len(pairs) == 15 and labels.sum() == 8
+    neighbours = {(d[i], d[i + 1]) for d in HELDOUT for i in range(len(d) - 1)}
+    document_of = {s: index for index, d in enumerate(HELDOUT) for s in d}
+    for text_a, text_b, is_next in pairs:
+        if is_next:
+            assert (text_a, text_b) in neighbours
+        else:
+            assert document_of[text_a] != document_of[text_b]
+    p = model.next_sentence([a for a, _, _ in pairs], [b for _, b, _ in pairs])
+    assert heldout.next_sentence_accuracy(model, pairs) == pytest.approx(
+        np.mean((p > 0.5) == labels)
+    )
+
+
+def test_cli_prints_the_heldout_accuracies_on_lines_of_their_own(sources, tmp_path):
+    model_dir = sources["google"][0]
+    path = write_heldout(tmp_path / "heldout.txt")
+    result = run_module_cli(
+        "bert_tf.fill_mask", f"--model_dir={model_dir}", f"--evaluate_file={path}", TEXTS[0]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    expected = heldout.evaluate(masked_lm.MaskedLM(model_dir), path)
+    lines = result.stdout.splitlines()
+    assert lines[:2] == expected.lines()
+    assert lines[0].startswith("fill-mask top-1 accuracy on held-out sentences: 0.")
+    assert lines[1].startswith("next-sentence accuracy on held-out pairs: 0.")
+    assert lines[2] == TEXTS[0]  # the texts are answered after the figures
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "--evaluate_file file not found"),
+        ("one_document", "holds 1 documents; at least 2 are needed"),
+        ("no_heads", "MLM"),
+        ("max_questions", "--max_questions must be at least 1"),
+    ],
+)
+def test_bad_evaluations_are_usage_errors(sources, tmp_path, case, message):
+    documents = HELDOUT[:1] if case == "one_document" else HELDOUT
+    args = fill_mask.FillMaskArgs(
+        model_dir=sources["encoder_only"] if case == "no_heads" else sources["google"][0],
+        evaluate_file=str(tmp_path / "missing.txt")
+        if case == "missing"
+        else write_heldout(tmp_path / "heldout.txt", documents),
+        max_questions=0 if case == "max_questions" else heldout.DEFAULT_MAX_QUESTIONS,
+    )
+    with pytest.raises(io_utils.UsageError, match=re.escape(message)):
+        fill_mask.run(args)
 
 
 @pytest.fixture(scope="module")
