@@ -82,12 +82,25 @@ def pipeline_options(runner, pipeline_args):
         )
         if not arg.startswith("-") and not follows_name:
             raise io_utils.UsageError(f"unexpected argument {arg!r}")
+    if runner == "DaskRunner":
+        # Its options (--dask_client_address, ...) are known once its module is imported.
+        try:
+            import distributed  # noqa: F401
+            from apache_beam.runners.dask import dask_runner  # noqa: F401
+        except ImportError as e:
+            raise io_utils.UsageError(f"--runner=DaskRunner needs dask[distributed] ({e})") from e
     known = set(PipelineOptions([]).get_all_options())
     pipeline_args = list(pipeline_args)
     if not any(a.startswith("--default_sdk_harness_log_level") for a in pipeline_args):
         # The workers' INFO lines (about 20 each, relayed once more by the runner) say nothing a
         # user of this job needs; their warnings stay.
         pipeline_args.append("--default_sdk_harness_log_level=WARNING")
+    if runner == "DaskRunner" and not any(
+        a.startswith(("--dask_partition_size", "--dask_npartitions")) for a in pipeline_args
+    ):
+        # A work unit is about a MiB of text and seconds of work: one a partition, so that every
+        # worker gets some (Beam's default puts up to 128 in one).
+        pipeline_args.append("--dask_partition_size=1")
     options = PipelineOptions(pipeline_args, runner=runner)
     unknown = sorted(set(options.get_all_options(retain_unknown_options=True)) - known)
     if unknown:
@@ -111,6 +124,10 @@ def make_runner(name, options):
     pipeline falls back to FnApiRunner, the Python engine that --direct_num_workers and
     --direct_running_mode configure. DirectRunner here is that engine, without the download.
     """
+    if name == "DaskRunner":  # Beam knows it by its module path only
+        from apache_beam.runners.dask.dask_runner import DaskRunner
+
+        return DaskRunner()
     if name != "DirectRunner":
         return name
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -143,16 +160,45 @@ def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
         return dict(finished.outputs), 0
     options = pipeline_options(runner, pipeline_args)
     job_file = write_job_file(plan, config)
-    pipeline = beam.Pipeline(runner=make_runner(runner, options), options=options)
-    output_of_unit = planning.output_of_unit(plan)
-    tokenized = (
+    text_bytes = 0
+    try:
+        if runner == "DaskRunner" and finished.to_tokenize:
+            # Beam 2.77's DaskRunner computes a side input's producers once more for its consumer
+            # (every unit was tokenized twice): phase 1 runs as a pipeline of its own, and phase 2
+            # reads its stats from the manifests, as a resumed run does.
+            text_bytes += _run_pipeline(
+                runner, options, lambda p: _tokenize(p, job_file, finished, after_step)
+            )
+            finished = planning.find_finished(plan)
+        text_bytes += _run_pipeline(
+            runner, options, lambda p: _all_phases(p, job_file, plan, finished, after_step)
+        )
+    finally:
+        if runner == "DirectRunner":  # this machine's copies of a remote work directory
+            shutil.rmtree(local_work_dir(plan), ignore_errors=True)
+    files.remove(job_file)
+    done = planning.find_finished(plan)
+    missing = [plan.outputs[k] for k in range(len(plan.outputs)) if k not in done.outputs]
+    if missing:
+        raise io_utils.JobFailure(f"the Beam pipeline ended without writing {', '.join(missing)}")
+    return done.outputs, text_bytes
+
+
+def _tokenize(pipeline, job_file, finished, after_step):
+    """Phase 1's stage: the units left to tokenize; a PCollection of (unit, stats)."""
+    return (
         pipeline
         | "UnitsToTokenize" >> beam.Create([unit.index for unit in finished.to_tokenize])
         | "SpreadTokenize" >> beam.Reshuffle()
         | "Tokenize" >> beam.ParDo(TokenizeUnit(job_file, after_step))
     )
+
+
+def _all_phases(pipeline, job_file, plan, finished, after_step):
+    """Tokenize, Build (every unit's token stats its side input: the barrier) and Assemble."""
+    output_of_unit = planning.output_of_unit(plan)
     token_stats = (
-        tokenized,
+        _tokenize(pipeline, job_file, finished, after_step),
         pipeline | "TokenizedBefore" >> beam.Create(sorted(finished.tokens.items())),
     ) | "AllTokenStats" >> beam.Flatten()
     built = (
@@ -168,25 +214,29 @@ def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
         | "PartsByOutput" >> beam.GroupByKey()
         | "Assemble" >> beam.ParDo(AssembleOutput(job_file, after_step))
     )
+
+
+def _run_pipeline(runner, options, add_stages):
+    """Runs a pipeline of `add_stages(pipeline)` on `runner` and waits for it; returns the text
+    bytes it tokenized (0 where the runner reports no metrics)."""
+    pipeline = beam.Pipeline(runner=make_runner(runner, options), options=options)
+    add_stages(pipeline)
     try:
         # Beam's local workers are plain subprocesses: a SIGKILL of this job must take them too.
         with child_reaper.reaped_children():
             result = pipeline.run()
-            result.wait_until_finish()
+            try:
+                result.wait_until_finish()
+            finally:
+                client = getattr(result, "client", None)  # DaskRunner's connection to its cluster
+                if client is not None:
+                    client.close()
     except Exception as e:
         full_disk = io_utils.full_disk_error_in(str(e))  # reported as the local path reports it
         if full_disk:
             raise full_disk from e
         raise io_utils.JobFailure(f"the Beam pipeline failed: {e}") from e
-    finally:
-        if runner == "DirectRunner":  # this machine's copies of a remote work directory
-            shutil.rmtree(local_work_dir(plan), ignore_errors=True)
-    files.remove(job_file)
-    done = planning.find_finished(plan)
-    missing = [plan.outputs[k] for k in range(len(plan.outputs)) if k not in done.outputs]
-    if missing:
-        raise io_utils.JobFailure(f"the Beam pipeline ended without writing {', '.join(missing)}")
-    return done.outputs, _counter_total(result, "text_bytes")
+    return _counter_total(result, "text_bytes")
 
 
 def _counter_total(result, name):

