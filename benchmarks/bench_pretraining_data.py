@@ -24,6 +24,13 @@ TensorFlow libraries that the processes share are counted once per process), "PS
 multi_processing`): on the smallest corpus, the local path and Beam with 1 and with 2 worker
 processes, each pair on the same corpus and flags in the same invocation, and checks that every run
 wrote the same bytes.
+
+--dask adds Beam's DaskRunner on a dask.distributed cluster started here (a scheduler and 1, then
+2, worker processes: bert_tf.pretraining_data.dask_cluster) to --beam's rows, on every size given,
+with the peak RSS of the biggest single process (for Dask: a worker), so that a worker's memory
+can be compared across corpus sizes:
+
+  python benchmarks/bench_pretraining_data.py --dask --sizes=10,40
 """
 
 import argparse
@@ -83,6 +90,7 @@ class TreeMemory:
         self.interval = interval
         self.peak_rss = 0
         self.peak_pss = 0
+        self.peak_process_rss = 0  # the biggest single process
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -99,6 +107,7 @@ class TreeMemory:
                     info = p.memory_full_info()
                     rss += info.rss
                     pss += info.pss
+                    self.peak_process_rss = max(self.peak_process_rss, info.rss)
                 except psutil.Error:
                     pass
             self.peak_rss = max(self.peak_rss, rss)
@@ -121,7 +130,8 @@ COMMON_FLAGS = [
 
 
 def measure(command, timeout=None):
-    """Runs `command`; returns (seconds, peak tree RSS, peak tree PSS, stderr), or None on timeout."""
+    """Runs `command`; returns (seconds, peak tree RSS, peak tree PSS, stderr, peak RSS of its
+    biggest process), or None on timeout."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
     start = time.time()
     process = subprocess.Popen(
@@ -139,16 +149,16 @@ def measure(command, timeout=None):
     memory.stop()
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed:\n{stderr[-4000:]}")
-    return seconds, memory.peak_rss, memory.peak_pss, stderr
+    return seconds, memory.peak_rss, memory.peak_pss, stderr, memory.peak_process_rss
 
 
-def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
-    """Runs our CLI once, on Beam's DirectRunner with `beam_workers` processes when given; returns
-    (seconds, summary dict, peak RSS bytes, peak PSS bytes, SHA-256 of the output files, CPU
-    seconds of the process tree)."""
+def run_ours(corpus_path, out_dir, num_workers, beam_workers=None, runner_flags=None):
+    """Runs our CLI once, on Beam's DirectRunner with `beam_workers` processes when given, or with
+    `runner_flags`; returns (seconds, summary dict, peak RSS bytes, peak PSS bytes, SHA-256 of the
+    output files, CPU seconds of the process tree, peak RSS of its biggest process)."""
     output_dir = os.path.join(out_dir, "records")
     shutil.rmtree(output_dir, ignore_errors=True)
-    beam_flags = [
+    beam_flags = runner_flags or [
         "--runner=DirectRunner",
         "--direct_running_mode=multi_processing",
         f"--direct_num_workers={beam_workers}",
@@ -163,11 +173,11 @@ def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
         "--num_shards=4",
         f"--num_workers={num_workers}",
         *COMMON_FLAGS,
-        *(beam_flags if beam_workers else []),
+        *(beam_flags if beam_workers or runner_flags else []),
     ]
     # CPU time of every descendant that was waited for: the CLI and its (Beam or local) workers.
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds, rss, pss, _ = measure(command)
+    seconds, rss, pss, _, process_rss = measure(command)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     with open(os.path.join(output_dir, "summary.json")) as f:
@@ -178,7 +188,7 @@ def run_ours(corpus_path, out_dir, num_workers, beam_workers=None):
             while chunk := f.read(1 << 22):
                 digest.update(chunk)
     shutil.rmtree(output_dir, ignore_errors=True)  # ~15 MB of records per MB of text
-    return seconds, summary, rss, pss, digest.hexdigest(), cpu
+    return seconds, summary, rss, pss, digest.hexdigest(), cpu, process_rss
 
 
 def run_original(corpus_path, out_dir, timeout):
@@ -204,7 +214,7 @@ def run_original(corpus_path, out_dir, timeout):
     result = measure(command, timeout=timeout)
     if result is None:
         return None
-    seconds, rss, pss, stderr = result
+    seconds, rss, pss, stderr, _ = result
     instances = int(stderr.rsplit("Wrote ", 1)[1].split()[0])
     os.remove(output)
     return seconds, instances, rss, pss
@@ -216,7 +226,7 @@ def beam_rows(corpus_path, out_dir):
     rows, digests, local_rate = [], set(), {}
     for workers in (1, 2):
         for beam_workers in (None, workers):
-            seconds, summary, rss, pss, digest, cpu = run_ours(
+            seconds, summary, rss, pss, digest, cpu, _ = run_ours(
                 corpus_path, out_dir, workers, beam_workers
             )
             digests.add(digest)
@@ -240,6 +250,79 @@ def beam_rows(corpus_path, out_dir):
     return rows
 
 
+def dask_rows(corpus_path, out_dir):
+    """DaskRunner with 1, then 2, worker processes on a cluster started here: rows of --dask, with
+    the digest of the bytes each run wrote."""
+    from bert_tf.pretraining_data import dask_cluster
+
+    mb = os.path.getsize(corpus_path) / 1e6
+    rows, digests = [], set()
+    env = {**os.environ, "PYTHONPATH": REPO}
+    for workers in (1, 2):
+        cluster_dir = os.path.join(out_dir, "dask")
+        os.makedirs(cluster_dir, exist_ok=True)
+        with dask_cluster.local_cluster(cluster_dir, workers, env) as (address, processes):
+            memories = [TreeMemory(p.pid) for p in processes]
+            flags = ["--runner=DaskRunner", f"--dask_client_address={address}"]
+            seconds, summary, _, _, digest, _, job_rss = run_ours(
+                corpus_path, out_dir, 1, runner_flags=flags
+            )
+            for memory in memories:
+                memory.stop()
+        digests.add(digest)
+        worker_rss = max(m.peak_rss for m in memories)
+        rows.append(
+            (
+                f"Beam DaskRunner, {mb:.1f}",
+                f"{workers} (+ the job's process)",
+                f"{seconds:.1f}",
+                f"{mb / seconds:.3f}",
+                f"{mb / seconds / workers:.3f}",
+                f"{summary['instances'] / seconds:,.0f}",
+                f"{worker_rss / 2**20:,.0f} (job: {job_rss / 2**20:,.0f})",
+            )
+        )
+    return rows, digests
+
+
+def dask_comparison(sizes, out_dir):
+    """--dask: the local path, DirectRunner and DaskRunner with 1 and 2 processes on the smallest
+    corpus, then DaskRunner on every other size; every run of a size writes the same bytes."""
+    rows = []
+    for index, megabytes in enumerate(sizes):
+        corpus_path = build_corpus(out_dir, megabytes)
+        mb = os.path.getsize(corpus_path) / 1e6
+        digests = set()
+        if index == 0:
+            for workers in (1, 2):
+                for beam_workers in (None, workers):
+                    seconds, summary, _, _, digest, _, process_rss = run_ours(
+                        corpus_path, out_dir, workers, beam_workers
+                    )
+                    digests.add(digest)
+                    name = "Beam DirectRunner" if beam_workers else "local path"
+                    rows.append(
+                        (
+                            f"{name}, {mb:.1f}",
+                            workers,
+                            f"{seconds:.1f}",
+                            f"{mb / seconds:.3f}",
+                            f"{mb / seconds / workers:.3f}",
+                            f"{summary['instances'] / seconds:,.0f}",
+                            f"{process_rss / 2**20:,.0f}",
+                        )
+                    )
+        dask, dask_digests = dask_rows(corpus_path, out_dir)
+        rows += dask
+        if len(digests | dask_digests) != 1:
+            raise SystemExit(f"the runs on {mb:.1f} MB wrote different bytes")
+    print_table(
+        "| run, corpus MB | worker processes | wall s | MB/s of text | MB/s per worker "
+        "| instances/s | peak RSS MiB of the biggest process |",
+        rows,
+    )
+
+
 def main():
     """Parses arguments, runs the original on the smallest corpus and ours on each, prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,12 +341,21 @@ def main():
         help="measure Beam's DirectRunner against the local path instead (on the smallest size)",
     )
     parser.add_argument(
+        "--dask",
+        action="store_true",
+        help="add Beam's DaskRunner on a local dask.distributed cluster (every size)",
+    )
+    parser.add_argument(
         "--out_dir", default=os.path.join(REPO, "benchmarks", "out", "pretraining_data")
     )
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     load_before = os.getloadavg()
+    if args.dask:
+        dask_comparison(sizes, args.out_dir)
+        print(f"\nload average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+        return
 
     rows = []
     original_rate, original_note = RECORDED_ORIGINAL_MB_PER_SECOND, "recorded, not run"

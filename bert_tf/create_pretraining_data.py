@@ -10,10 +10,11 @@ chance of a random B; 0 for the paper's No NSP ablations).
   * output file k of N holds the k-th of N equal byte ranges of the input, cut into work units of
     about 1 MiB that --num_workers processes run (1: this process); the output is byte-identical
     whatever --num_workers is;
-  * --runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner|PortableRunner runs the same units
-    as an Apache Beam pipeline, with the same output bytes; every argument that is not a flag of
-    this job is one of Beam's pipeline options (--direct_num_workers, --project, --region,
-    --temp_location, --setup_file, --flink_master, ...) and goes to Beam unchanged;
+  * --runner=DirectRunner|DaskRunner|DataflowRunner|FlinkRunner|SparkRunner|PortableRunner runs the
+    same units as an Apache Beam pipeline, with the same output bytes; every argument that is not a
+    flag of this job is one of Beam's pipeline options (--direct_num_workers,
+    --dask_client_address, --project, --region, --temp_location, --setup_file, --flink_master, ...)
+    and goes to Beam unchanged;
   * OUTPUT_DIR/.PREFIX.work/ holds the run's settings, manifests, parts and token files: a rerun with
     the same flags and input resumes a killed run and keeps its finished files; a run with other
     settings at the same output paths is refused, unless --overwrite; a file at an output's name

@@ -166,10 +166,11 @@ def run_units(runner, pipeline_args, config, plan, finished, after_step=None):
             # Beam 2.77's DaskRunner computes a side input's producers once more for its consumer
             # (every unit was tokenized twice): phase 1 runs as a pipeline of its own, and phase 2
             # reads its stats from the manifests, as a resumed run does.
-            text_bytes += _run_pipeline(
-                runner, options, lambda p: _tokenize(p, job_file, finished, after_step)
-            )
+            tokenized_now = [unit.index for unit in finished.to_tokenize]
+            _run_pipeline(runner, options, lambda p: _tokenize(p, job_file, finished, after_step))
             finished = planning.find_finished(plan)
+            # DaskRunner reports no metrics: the manifests say what this run tokenized.
+            text_bytes = sum(finished.tokens.get(u, {}).get("text_bytes", 0) for u in tokenized_now)
         text_bytes += _run_pipeline(
             runner, options, lambda p: _all_phases(p, job_file, plan, finished, after_step)
         )

@@ -47,9 +47,12 @@ def local_cluster(directory, workers=2, env=None):
     pickled steps name, so bert_tf must be importable there.
     """
     scheduler_file = os.path.join(directory, "scheduler.json")
-    launch = dict(
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or os.environ, cwd=directory
-    )
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(scheduler_file)  # an earlier cluster's address
+    # What Dask's nanny sets for the workers it starts: without it glibc keeps what a worker thread
+    # freed, and a worker's memory grew with the corpus (benchmarks/RESULTS.md, "Pretraining data").
+    env = dict(env or os.environ, MALLOC_TRIM_THRESHOLD_="65536")
+    launch = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=directory)
     scheduler = subprocess.Popen(
         [dask_command(), "scheduler", "--host=127.0.0.1", "--port=0", "--no-dashboard",
          f"--scheduler-file={scheduler_file}"],

@@ -18,6 +18,7 @@ import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+from beam_steps import FailOnce
 from helpers import ROOT as REPO
 from helpers import wait_for
 from helpers_beam import (
@@ -34,28 +35,6 @@ from helpers_beam import (
 from bert_tf.pretraining_data import beam, job, plan
 from bert_tf.runtime import io_utils
 from bert_tf.runtime.child_reaper import processes_holding
-
-
-class InjectedFailure(RuntimeError):
-    """The failure FailOnce raises."""
-
-
-class FailOnce:
-    """A Beam step's `after_step` that fails step (phase, key) once, after it wrote its files, as a
-    worker lost before its bundle commits would. `marker` is a file created at the failure, so
-    that the retry (in any process) goes through."""
-
-    def __init__(self, phase, key, marker):
-        self.phase, self.key, self.marker = phase, key, str(marker)
-
-    def __call__(self, phase, key):
-        if (phase, key) != (self.phase, self.key):
-            return
-        try:
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return
-        raise InjectedFailure(f"injected failure: {phase} {key}")
 
 
 def cli_command(*args):

@@ -1,13 +1,15 @@
 """create_pretraining_data --runner=DaskRunner on a real dask.distributed cluster: a scheduler and
 worker processes on 127.0.0.1, started with Dask's own commands as docs/cluster.md shows them."""
 
+import json
 import os
-import resource
 import signal
-import time
+import unittest.mock
 
 import pytest
+from beam_steps import FailOnce, RecordWorker, recorded
 from helpers import ROOT as REPO
+from helpers import run_module_cli
 from helpers_beam import (
     assert_same_as_reference,
     make_args,
@@ -16,7 +18,7 @@ from helpers_beam import (
     run_small_units,
 )
 
-from bert_tf.pretraining_data import beam, job
+from bert_tf.pretraining_data import beam, corpus, job, plan
 from bert_tf.pretraining_data import dask_cluster as dask_cluster_module
 
 # Minutes on CI's 2 cores: left out of `make test-fast` (see the Makefile).
@@ -24,52 +26,11 @@ pytestmark = pytest.mark.slow
 
 
 def dask_cluster(directory, workers=2):
-    """dask_cluster.local_cluster, with this module importable in its processes: the job's task
-    graph holds this module's after_step objects, which the scheduler and workers unpickle."""
+    """dask_cluster.local_cluster, with beam_steps importable in its processes: the job's task
+    graph holds its after_step objects, which the scheduler and workers unpickle."""
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.dirname(here), here]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, here]))
     return dask_cluster_module.local_cluster(directory, workers, env)
-
-
-class RecordWorker:
-    """A Beam step's `after_step` that notes which process ran each step and that process's peak
-    memory so far, a file per call in `directory`."""
-
-    def __init__(self, directory):
-        self.directory = str(directory)
-
-    def __call__(self, phase, key):
-        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        name = f"{phase}-{key}-{os.getpid()}-{time.monotonic_ns()}"
-        with open(os.path.join(self.directory, name), "w") as f:
-            f.write(str(peak_kib))
-
-
-def recorded(directory):
-    """[(phase, key, pid, peak KiB)] of RecordWorker's files."""
-    rows = []
-    for name in os.listdir(directory):
-        phase, key, pid, _ = name.split("-")
-        with open(os.path.join(directory, name)) as f:
-            rows.append((phase, int(key), int(pid), int(f.read())))
-    return rows
-
-
-class KillOnce:
-    """A Beam step's `after_step` that SIGKILLs its own worker process at step (phase, key), once
-    (`marker` is created first, so that the retry on another worker goes through)."""
-
-    def __init__(self, phase, key, marker):
-        self.phase, self.key, self.marker = phase, key, str(marker)
-
-    def __call__(self, phase, key):
-        if (phase, key) != (self.phase, self.key):
-            return
-        try:
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        except FileExistsError:
-            return
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +71,7 @@ def test_a_worker_killed_mid_job_costs_nothing_but_its_work(corpus_file, referen
         directory = str(tmp_path / "dask")
         args = make_args(corpus_file, directory, runner="DaskRunner")
         summary = run_small_units(
-            args, [f"--dask_client_address={address}"], KillOnce("build", 1, marker)
+            args, [f"--dask_client_address={address}"], FailOnce("build", 1, marker, kill=True)
         )
         assert marker.exists()
         codes = [worker.poll() for worker in workers]
@@ -123,3 +84,43 @@ def test_dask_runner_is_a_short_name_and_its_options_are_known(corpus_file, tmp_
     assert options.get_all_options()["address"] == "127.0.0.1:1"
     assert options.get_all_options()["partition_size"] == 1  # one work unit a partition
     assert "DaskRunner" in job.RUNNERS
+
+
+def test_the_cli_runs_on_the_cluster_as_documented(corpus_file, cluster, tmp_path):
+    address, _ = cluster
+    local, on_dask = str(tmp_path / "local"), str(tmp_path / "dask")
+    job.run(make_args(corpus_file, local))
+    flags = [f"--{name}={value}" for name, value in vars(make_args(corpus_file, on_dask)).items()
+             if name in ("input_file", "vocab_file", "output_dir", "num_shards", "dupe_factor",
+                         "max_seq_length", "max_predictions_per_seq")]  # fmt: skip
+    result = run_module_cli(
+        "bert_tf.create_pretraining_data",
+        *flags,
+        "--runner=DaskRunner",
+        f"--dask_client_address={address}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_bytes(outputs_in(on_dask)) == read_bytes(outputs_in(local))
+    with open(os.path.join(on_dask, "summary.json")) as f:
+        assert json.load(f)["text_mb_per_second_this_run"] > 0  # counted without Beam's metrics
+
+
+def test_a_workers_peak_memory_does_not_grow_with_the_corpus(corpus_file, tmp_path):
+    peaks = {}
+    for scale in (1, 4):
+        text = str(tmp_path / f"corpus_{scale}.txt")
+        corpus.repeat_corpus(corpus_file, text, scale * 2_000_000)
+        steps = tmp_path / f"steps_{scale}"
+        steps.mkdir()
+        with dask_cluster(str(tmp_path)) as (address, workers):
+            args = make_args(text, str(tmp_path / f"out_{scale}"), runner="DaskRunner")
+            with unittest.mock.patch.object(plan, "UNIT_BYTES", 512 << 10):
+                summary = job.run(
+                    args,
+                    pipeline_args=[f"--dask_client_address={address}"],
+                    beam_after_step=RecordWorker(steps),
+                )
+        assert summary["units"] >= 4 * scale
+        peaks[scale] = max(peak for _, _, _, peak in recorded(steps))
+    # A worker holds a unit at a time (about 512 KiB of text), whatever the corpus's size.
+    assert peaks[4] <= 1.2 * peaks[1], peaks
