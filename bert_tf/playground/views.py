@@ -45,6 +45,26 @@ from bert_tf.runtime import io_utils
 from bert_tf.tasks import packing
 from bert_tf.tokenization import python_tokenizer, tokenizer_rules
 
+# The page's example texts (keyed by the ids of the page's fields): the first set whose words are
+# all whole tokens of the vocabulary. English for a general vocabulary; docstring prose for one
+# learned from the embedded corpus, as the demo's is (where "penguins" is pen ##g ##u ##in ##s).
+EXAMPLES = (
+    {
+        "text-a": "the man went to the store . he bought a gallon of milk .",
+        "text-b": "penguins are flightless birds .",
+        "own-a": "he went to the store .",
+        "own-b": "he bought a gallon of milk .",
+        "fill-text": "the man went to the [MASK] . he bought a [MASK] of milk .",
+    },
+    {
+        "text-a": "return the value of the attribute . the default is none .",
+        "text-b": "raise an error if the file does not exist .",
+        "own-a": "return the value of the attribute .",
+        "own-b": "the default is none .",
+        "fill-text": "return the [MASK] of the attribute . the default is [MASK] .",
+    },
+)
+
 # How much of the corpus the next-sentence view reads: one block, the unit on which the data job
 # shuffles documents and draws its pairs (documents.BLOCK_BYTES).
 CORPUS_BYTES = documents.BLOCK_BYTES
@@ -421,12 +441,22 @@ class Playground:
             "max_predictions_per_seq": self.settings.max_predictions_per_seq,
             "masked_lm_prob": 0.15,
             "corpus": self.settings.corpus or "the embedded demo corpus (bert_tf.corpus)",
+            "examples": self.examples(),
             "missing": {
                 "model": self._missing_model(),
                 "mlm": self._missing_head(MLM_HEAD),
                 "nsp": self._missing_head(NSP_HEAD),
             },
         }
+
+    def examples(self):
+        """The first EXAMPLES set whose words the vocabulary holds whole (else the first)."""
+
+        def whole_words(texts):
+            pieces = [p for t in texts for p in self.tokenizer.tokenize(t.replace("[MASK]", ""))]
+            return not any(p.startswith("##") or p == "[UNK]" for p in pieces)
+
+        return next((texts for texts in EXAMPLES if whole_words(texts.values())), EXAMPLES[0])
 
     def _missing_model(self):
         if self.directory is not None:

@@ -2,7 +2,8 @@
 
 The held-out text is a file in the pretraining format (one sentence a line, a blank line between
 documents), such as the one `python -m bert_tf.corpus --heldout_file` writes beside the training
-corpus. Both questions are drawn from it the same way on every call (a fixed seed):
+corpus. Both questions are drawn from it the same way on every call (fixed seeds): every model is
+asked the same pairs, and models with the same vocabulary the same masked words.
 
 - **fill-mask top-1 accuracy**: in each sentence, 15% of the words that hold a letter or a digit (at
   least one word) have every WordPiece replaced by [MASK], all in the same input, as fill_mask is
@@ -149,7 +150,8 @@ def evaluate(model, heldout_file, max_questions=DEFAULT_MAX_QUESTIONS):
     sentences = [sentence for document in documents for sentence in document]
     sentences = rng.sample(sentences, min(max_questions, len(sentences)))
     accuracy, masked_words, asked = fill_mask_accuracy(model, sentences, rng)
-    pairs = next_sentence_pairs(documents, rng, max_questions)
+    # A generator of its own: which words can be masked depends on the vocabulary, the pairs must not.
+    pairs = next_sentence_pairs(documents, random.Random(SEED + 1), max_questions)
     return HeldoutScores(
         fill_mask_accuracy=accuracy,
         masked_words=masked_words,

@@ -741,3 +741,17 @@ def test_the_command_serves_the_page_on_loopback(files):
         process.wait(timeout=30)
     refused = run_module_cli("bert_tf.playground", "--port=0")
     assert refused.returncode == 2 and "--model_dir" in refused.stderr
+
+
+def test_the_example_texts_are_in_words_the_vocabulary_holds_whole(tmp_path):
+    english = views.EXAMPLES[0].values()
+    docstrings = views.EXAMPLES[1].values()
+    # A vocabulary learned from docstrings has their words, not the English set's "penguins".
+    for name, texts, expected in (
+        ("both", [*english, *docstrings], views.EXAMPLES[0]),
+        ("docstrings", docstrings, views.EXAMPLES[1]),
+        ("neither", ["an unrelated line ."], views.EXAMPLES[0]),
+    ):
+        vocab = write_vocab(str(tmp_path / f"{name}.txt"), texts, extra_words=["##s"])
+        info = views.Playground(views.PlaygroundSettings(vocab_file=vocab)).info()
+        assert info["examples"] == expected, name

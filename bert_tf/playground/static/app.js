@@ -625,6 +625,8 @@ async function start() {
     return;
   }
   $("#status").textContent = describe(state.info);
+  // Example texts in words the vocabulary holds whole (the page's own are English).
+  for (const [id, text] of Object.entries(state.info.examples || {})) $(`#${id}`).value = text;
   const options = (count, prefix) => Array.from({ length: count }, (_, i) => el("option", { value: i, text: `${prefix} ${i + 1}` }));
   $("#att-layer").replaceChildren(...options(state.info.layers, "Layer"));
   $("#att-head").replaceChildren(...options(state.info.attention_heads, "Head"));
