@@ -79,7 +79,7 @@ def test_a_worker_killed_mid_job_costs_nothing_but_its_work(corpus_file, referen
     assert_same_as_reference(directory, summary, reference)
 
 
-def test_dask_runner_is_a_short_name_and_its_options_are_known(corpus_file, tmp_path):
+def test_dask_runner_is_a_short_name_and_its_options_are_known():
     options = beam.pipeline_options("DaskRunner", ["--dask_client_address=127.0.0.1:1"])
     assert options.get_all_options()["address"] == "127.0.0.1:1"
     assert options.get_all_options()["partition_size"] == 1  # one work unit a partition
@@ -122,5 +122,6 @@ def test_a_workers_peak_memory_does_not_grow_with_the_corpus(corpus_file, tmp_pa
                 )
         assert summary["units"] >= 4 * scale
         peaks[scale] = max(peak for _, _, _, peak in recorded(steps))
-    # A worker holds a unit at a time (about 512 KiB of text), whatever the corpus's size.
+    # A worker builds a unit at a time (about 512 KiB of text). At 10 and 40 MB the busier of two
+    # workers misses this bound (benchmarks/RESULTS.md, "Pretraining data"): its cause is open.
     assert peaks[4] <= 1.2 * peaks[1], peaks
