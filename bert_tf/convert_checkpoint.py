@@ -18,7 +18,8 @@ The other way, any model directory (pretrained or fine-tuned):
 
 bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export say what each writes and what each refuses. Either
 way the output directory appears only once complete, with bert_tf_output.json naming this job and
-the files it wrote. It must be new or empty; --overwrite replaces one that holds this job's earlier
+the files it wrote (an export's also holds the flags, which an imported model directory keeps in
+convert_checkpoint.flags). It must be new or empty; --overwrite replaces one that holds this job's earlier
 output and nothing else. A folder holding anything else is never replaced (a typo in --output_dir
 must not cost its files): that is a usage error, exit 2. A gs:// --output_dir (importing only) is
 written in place and must be new or empty.
@@ -42,7 +43,8 @@ from bert_tf.tasks import models
 
 # --to's choices: bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export write them.
 EXPORT_TARGETS = ("huggingface", "keras_hub")
-# The resolved flags, written into the output (reusable with --flagfile).
+# The resolved flags, written into an imported model directory (reusable with --flagfile); an
+# export keeps them in its bert_tf_output.json instead.
 FLAGS_FILE = "convert_checkpoint.flags"
 # The flags of each direction, refused in the other.
 IMPORT_FLAGS = ("format", "checkpoint", "bert_config_file", "vocab_file", "do_lower_case")
@@ -138,12 +140,13 @@ def run(args, flags_text=""):
 def run_export(args, flags_text=""):
     """Exports --model_dir (a `ConvertArgs` with `to`) to --output_dir; bad inputs are UsageErrors.
 
-    `flags_text` (the resolved flags) is written into the output as convert_checkpoint.flags.
+    `flags_text` (the resolved flags) goes into the output's bert_tf_output.json as "flags", so that
+    a Hugging Face directory or keras-hub preset holds no other file of ours.
     """
-    extra_files = {FLAGS_FILE: flags_text} if flags_text else None
+    record = {"flags": flags_text} if flags_text else None
     if args.to == "huggingface":
         result = hf_export.export(
-            args.model_dir, args.output_dir, overwrite=args.overwrite, extra_files=extra_files
+            args.model_dir, args.output_dir, overwrite=args.overwrite, record=record
         )
         print(
             f"wrote {result.architecture} to {result.output_dir} ({result.num_weights} weights): "
@@ -155,7 +158,7 @@ def run_export(args, flags_text=""):
         args.output_dir,
         overwrite=args.overwrite,
         allow_gelu_change=args.allow_gelu_change,
-        extra_files=extra_files,
+        record=record,
     )
     print(f"wrote keras-hub preset {result.output_dir}: loads as {', '.join(result.classes)}")
     if result.gelu_changed:

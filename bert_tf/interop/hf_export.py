@@ -345,10 +345,11 @@ def _check_written(path, weights):
             raise RuntimeError(f"bert_tf bug: {name} does not read back from {WEIGHTS_FILE}")
 
 
-def export(model_dir, output_dir, overwrite=False, extra_files=None):
+def export(model_dir, output_dir, overwrite=False, record=None):
     """Writes the model directory `model_dir` as the Hugging Face directory `output_dir`.
 
-    `extra_files` ({name: text}) are written into it too (the CLI's flags). An existing
+    `record` (the CLI's flags) goes into its bert_tf_output.json, so that the directory holds
+    nothing Hugging Face does not read but that one file. An existing
     `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
     output and `overwrite` (io_utils.check_replaceable). Returns an ExportResult.
     """
@@ -358,7 +359,7 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
     check_head_exportable(directory, "Hugging Face", model_dir)
     check_apart(model_dir, output_dir)
     vocab = read_vocab(directory.vocab_file)
-    with io_utils.atomic_directory(output_dir, OUTPUT_JOB, overwrite=overwrite) as tmp:
+    with io_utils.atomic_directory(output_dir, OUTPUT_JOB, overwrite, record) as tmp:
         config, spec, heads, model = load_model(directory)
         arch = architecture(spec, heads)
         weights = name_map.original_weights(
@@ -376,8 +377,6 @@ def export(model_dir, output_dir, overwrite=False, extra_files=None):
         for name, values in tokenizer_files(config, vocab).items():
             io_utils.atomic_write_json(os.path.join(tmp, name), values)
         tf.io.gfile.copy(directory.vocab_file, os.path.join(tmp, "vocab.txt"))
-        for name, text in (extra_files or {}).items():
-            io_utils.atomic_write_text(os.path.join(tmp, name), text)
         description = (
             f"a fine-tuned {spec.kind}" if spec else f"the encoder and {describe_heads(heads)}"
         )

@@ -32,7 +32,6 @@ What keras-hub's BERT can hold (keras-hub 0.32, read in keras_hub/src/models/ber
 """
 
 import dataclasses
-import os
 
 import keras
 import keras_hub
@@ -175,10 +174,10 @@ def _load(directory, allow_gelu_change):
     return config, spec, model, encoder, left_out, backbone, gelu_changed
 
 
-def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extra_files=None):
+def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, record=None):
     """Writes the model directory `model_dir` as the keras-hub preset `output_dir`.
 
-    `extra_files` ({name: text}) are written into it too (the CLI's flags). An existing
+    `record` (the CLI's flags) goes into its bert_tf_output.json, not into a file of its own. An existing
     `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
     output and `overwrite` (io_utils.check_replaceable). Returns an ExportResult.
     """
@@ -188,7 +187,7 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
     hf_export.check_head_exportable(directory, "keras-hub", model_dir)
     hf_export.check_apart(model_dir, output_dir)
     vocab = hf_export.read_vocab(directory.vocab_file)
-    with io_utils.atomic_directory(output_dir, hf_export.OUTPUT_JOB, overwrite=overwrite) as tmp:
+    with io_utils.atomic_directory(output_dir, hf_export.OUTPUT_JOB, overwrite, record) as tmp:
         config, spec, model, encoder, left_out, backbone, gelu_changed = _load(
             directory, allow_gelu_change
         )
@@ -228,8 +227,6 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, extr
             logits.bias.assign(head["classifier/bias"])
             task.save_to_preset(tmp)
             classes.append("BertTextClassifier")
-        for name, text in (extra_files or {}).items():
-            io_utils.atomic_write_text(os.path.join(tmp, name), text)
         difference = _check_preset(tmp, config, spec, model, encoder)
         if difference > TOLERANCE and not gelu_changed:
             raise RuntimeError(

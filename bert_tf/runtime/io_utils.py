@@ -263,9 +263,10 @@ def _swap_in(tmp, path):
 
 
 @contextlib.contextmanager
-def atomic_directory(path, job, overwrite=False):
+def atomic_directory(path, job, overwrite=False, record=None):
     """Yields a new empty directory beside `path` (`path.tmp-XXXX`), renamed onto `path` only when the
-    block succeeds, with `job`'s OUTPUT_MARKER listing what the block wrote; removed when it fails.
+    block succeeds, with `job`'s OUTPUT_MARKER listing what the block wrote (and the fields of
+    `record`, such as the job's flags); removed when it fails.
     A kill leaves at most a `.tmp-` directory, never a half-written one under `path`. Local paths
     only.
 
@@ -288,7 +289,8 @@ def atomic_directory(path, job, overwrite=False):
         os.chmod(tmp, 0o777 & ~_UMASK)
         yield tmp
         written = _tree(tmp)
-        atomic_write_json(os.path.join(tmp, OUTPUT_MARKER), {"job": job, "files": written})
+        marker = {**(record or {}), "job": job, "files": written}
+        atomic_write_json(os.path.join(tmp, OUTPUT_MARKER), marker)
         _swap_in(tmp, path)
     except BaseException as e:
         if tmp is not None:

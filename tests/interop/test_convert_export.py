@@ -14,7 +14,6 @@ import os
 import keras_hub
 import numpy as np
 import pytest
-import tensorflow as tf
 from helpers import run_module_cli, tiny_config, tiny_inputs, write_tiny_vocab
 from helpers_google import NumpyBert, np_gelu, np_gelu_exact
 from safetensors.numpy import load_file
@@ -493,10 +492,10 @@ def test_cli_exports_and_imports_a_fine_tuned_model(tmp_path):
     result = run_cli("--to=huggingface", f"--model_dir={model_dir}", f"--output_dir={hf_dir}")
     assert result.returncode == 0, result.stderr
     assert "wrote BertForTokenClassification" in result.stdout
-    assert set(os.listdir(hf_dir)) == HF_FILES | {
-        "convert_checkpoint.flags",
-        io_utils.OUTPUT_MARKER,
-    }
+    # Nothing of ours but the marker, which holds the flags (reusable with --flagfile).
+    assert set(os.listdir(hf_dir)) == HF_FILES | {io_utils.OUTPUT_MARKER}
+    flags_text = json.loads((hf_dir / io_utils.OUTPUT_MARKER).read_text())["flags"]
+    assert "--to=huggingface" in flags_text.splitlines()
     result = run_cli("--format=huggingface", f"--checkpoint={hf_dir}", f"--output_dir={back}")
     assert result.returncode == 0, result.stderr
     assert "a fine-tuned ner" in result.stdout
@@ -564,7 +563,7 @@ def test_cli_overwrite_replaces_its_own_earlier_output_and_nothing_else(tmp_path
     assert export("huggingface").returncode == 0
     marker = json.loads((out / io_utils.OUTPUT_MARKER).read_text())
     assert marker["job"] == "convert_checkpoint"
-    assert set(marker["files"]) == HF_FILES | {"convert_checkpoint.flags"}
+    assert set(marker["files"]) == HF_FILES
     result = export("huggingface")
     assert result.returncode == 2 and "pass --overwrite" in error_lines(result)[0]
     # Its own output, replaced by another kind of export.
@@ -694,4 +693,6 @@ def test_keras_hub_gelu_form_is_measured_and_a_change_is_refused_unless_allowed(
     got = keras_hub_outputs(str(tmp_path / "preset"), x)
     difference = np.abs(got["sequence_output"] - np.asarray(ours["sequence_output"])).max()
     assert 0 < difference < 0.05
-    assert tf.io.gfile.exists(str(tmp_path / "preset" / "convert_checkpoint.flags"))
+    marker = json.loads((tmp_path / "preset" / io_utils.OUTPUT_MARKER).read_text())
+    assert "--to=keras_hub" in marker["flags"].splitlines()
+    assert "convert_checkpoint.flags" not in marker["files"]
