@@ -177,8 +177,8 @@ def _load(directory, allow_gelu_change):
 def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, record=None):
     """Writes the model directory `model_dir` as the keras-hub preset `output_dir`.
 
-    `record` (the CLI's flags) goes into its bert_tf_output.json, not into a file of its own. An existing
-    `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
+    `record` (the CLI's flags) goes into its bert_tf_output.json, not into a file of its own. An
+    existing `output_dir` that is not empty is replaced only when it is convert_checkpoint's own earlier
     output and `overwrite` (io_utils.check_replaceable). Returns an ExportResult.
     """
     directory = ModelDir(model_dir)

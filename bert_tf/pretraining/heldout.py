@@ -20,6 +20,7 @@ import random
 
 import numpy as np
 
+from bert_tf.model.model_dir import NSP_HEAD
 from bert_tf.pretraining_data import documents as document_files
 
 MASKED_WORD_FRACTION = 0.15
@@ -30,7 +31,8 @@ SEED = 12345
 
 @dataclasses.dataclass
 class HeldoutScores:
-    """The two accuracies and how many questions each was measured on."""
+    """The two accuracies and how many questions each was measured on; next_sentence_accuracy is
+    None for a model without an NSP head (a Hugging Face BertForMaskedLM converted)."""
 
     fill_mask_accuracy: float
     masked_words: int
@@ -40,11 +42,16 @@ class HeldoutScores:
 
     def lines(self):
         """The two figures, a line each, in the words make demo prints."""
+        nsp = (
+            "n/a (the model has no NSP head)"
+            if self.next_sentence_accuracy is None
+            else f"{self.next_sentence_accuracy:.3f} ({self.pairs} pairs, half of them real "
+            "next sentences)"
+        )
         return [
             f"fill-mask top-1 accuracy on held-out sentences: {self.fill_mask_accuracy:.3f} "
             f"({self.masked_words} masked words in {self.sentences} sentences)",
-            f"next-sentence accuracy on held-out pairs: {self.next_sentence_accuracy:.3f} "
-            f"({self.pairs} pairs, half of them real next sentences)",
+            f"next-sentence accuracy on held-out pairs: {nsp}",
         ]
 
 
@@ -139,7 +146,8 @@ def next_sentence_accuracy(model, pairs):
 
 
 def evaluate(model, heldout_file, max_questions=DEFAULT_MAX_QUESTIONS):
-    """HeldoutScores of `model` (a MaskedLM with both heads) on `heldout_file`.
+    """HeldoutScores of `model` (a MaskedLM with an MLM head, and an NSP head for the pairs) on
+    `heldout_file`.
 
     At most `max_questions` sentences are asked to fill masks, and as many pairs are scored; a file
     with fewer than two documents is a ValueError (NotNext pairs need another document)."""
@@ -152,10 +160,11 @@ def evaluate(model, heldout_file, max_questions=DEFAULT_MAX_QUESTIONS):
     accuracy, masked_words, asked = fill_mask_accuracy(model, sentences, rng)
     # A generator of its own: which words can be masked depends on the vocabulary, the pairs must not.
     pairs = next_sentence_pairs(documents, random.Random(SEED + 1), max_questions)
+    has_nsp = NSP_HEAD in model.heads
     return HeldoutScores(
         fill_mask_accuracy=accuracy,
         masked_words=masked_words,
         sentences=asked,
-        next_sentence_accuracy=next_sentence_accuracy(model, pairs),
-        pairs=len(pairs),
+        next_sentence_accuracy=next_sentence_accuracy(model, pairs) if has_nsp else None,
+        pairs=len(pairs) if has_nsp else 0,
     )

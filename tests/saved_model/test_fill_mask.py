@@ -290,6 +290,16 @@ def test_cli_prints_the_heldout_accuracies_on_lines_of_their_own(sources, tmp_pa
     assert lines[2] == TEXTS[0]  # the texts are answered after the figures
 
 
+def test_a_model_with_the_mlm_head_alone_gets_its_fill_mask_figure(sources, tmp_path):
+    scores = heldout.evaluate(
+        masked_lm.MaskedLM(sources["mlm_only"]), write_heldout(tmp_path / "heldout.txt"), 20
+    )
+    assert scores.masked_words > 0 and scores.next_sentence_accuracy is None
+    assert scores.lines()[1] == (
+        "next-sentence accuracy on held-out pairs: n/a (the model has no NSP head)"
+    )
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
