@@ -328,6 +328,7 @@ def run(args):
         args.tpu,
         args.num_cpu_replicas,
         {"train_batch_size": args.train_batch_size, "eval_batch_size": args.eval_batch_size},
+        lost_worker_timeout=args.lost_worker_timeout,
     )
     settings = args.phase_settings()
     phases = settings.phases()

@@ -15,7 +15,13 @@ import sys
 
 from absl import app, flags, logging
 
-from bert_tf.runtime.io_utils import JobFailure, UsageError, atomic_write_text, os_error_message
+from bert_tf.runtime.io_utils import (
+    JobFailure,
+    Preempted,
+    UsageError,
+    atomic_write_text,
+    os_error_message,
+)
 
 
 def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A002 (absl's own name)
@@ -138,7 +144,8 @@ def _parse_flags_or_exit(argv, known_only=False):
 def run(main, pass_unknown_flags=False):
     """Runs an absl `main`; a UsageError or flag error prints one line and exits with code 2, a
     JobFailure or an error of the file system (a full disk, a read-only one, a folder that cannot
-    be made) logs its message (naming the file) and exits with code 1.
+    be made) logs its message (naming the file) and exits with code 1; a preempted run (Preempted:
+    it saved and stopped on SIGTERM) says where it stopped and exits with the code it carries.
 
     With `pass_unknown_flags`, `main(argv)` gets the arguments absl does not know (another
     library's options, such as Beam's) in argv[1:], and must refuse those it cannot use.
@@ -150,6 +157,9 @@ def run(main, pass_unknown_flags=False):
         except UsageError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        except Preempted as e:
+            print(f"preempted: {e}", flush=True)
+            sys.exit(e.exit_code)
         except Exception as e:
             message = str(e) if isinstance(e, JobFailure) else os_error_message(e)
             if message is None:

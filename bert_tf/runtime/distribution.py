@@ -5,10 +5,16 @@ import os
 
 import tensorflow as tf
 from absl import logging
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context
 
 from bert_tf.runtime.io_utils import UsageError
 
 STRATEGIES = ("tpu", "mirrored", "multi_worker_mirrored", "one_device", "default")
+# How long a silent worker (dead, frozen or cut off) may keep the others waiting by default. TF's own
+# 10 s turns a network hiccup or a long pause of a busy VM into a lost run.
+DEFAULT_LOST_WORKER_TIMEOUT = 60
 
 
 def configure_logical_cpus(num_replicas):
@@ -63,8 +69,57 @@ def _tpu_strategy(tpu):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def get_strategy(name, tpu="", num_cpu_replicas=0):
-    """The strategy for --strategy; `num_cpu_replicas` > 1 mirrors over logical CPUs when no GPU exists."""
+def configure_lost_worker_timeout(cluster_spec, seconds):
+    """Makes the cluster's coordination service declare a task lost after `seconds` without its
+    heartbeat; every other task's collectives then fail (UnavailableError) instead of waiting.
+
+    It must run before MultiWorkerMirroredStrategy is made, which otherwise configures the service
+    with TensorFlow's defaults. The settings are TF's internal API (ParameterServerStrategy sets
+    them the same way): the public CommunicationOptions(timeout_seconds) bounds every collective
+    instead, so a slow checkpoint save on the chief would count as a lost worker.
+    """
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in cluster_spec.jobs
+    ]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(seconds * 1000),
+        # At exit, a survivor waits this long for the lost task at the shutdown barrier.
+        shutdown_barrier_timeout_in_ms=int(seconds * 1000),
+    )
+
+
+def _multi_worker_strategy(lost_worker_timeout):
+    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster, which loses a silent worker after
+    `lost_worker_timeout` seconds."""
+    if "TF_CONFIG" in os.environ:
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as e:
+            raise UsageError(f"TF_CONFIG is not valid JSON: {e}") from e
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster_spec = resolver.cluster_spec()
+    if cluster_spec.jobs and resolver.task_type in ("chief", "worker"):
+        configure_lost_worker_timeout(cluster_spec, lost_worker_timeout)
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+
+
+def is_multi_worker(strategy):
+    """Whether `strategy` spans several processes that must agree (a MultiWorkerMirroredStrategy
+    over a cluster of more than one task)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or isinstance(strategy, tf.distribute.TPUStrategy):
+        return False
+    return sum(len(tasks) for tasks in resolver.cluster_spec().as_dict().values()) > 1
+
+
+def get_strategy(name, tpu="", num_cpu_replicas=0, lost_worker_timeout=DEFAULT_LOST_WORKER_TIMEOUT):
+    """The strategy for --strategy; `num_cpu_replicas` > 1 mirrors over logical CPUs when no GPU
+    exists; under multi_worker_mirrored a worker silent for `lost_worker_timeout` seconds is lost."""
     if name not in STRATEGIES:
         raise UsageError(f"--strategy={name} is not one of {', '.join(STRATEGIES)}")
     if name == "tpu":
@@ -84,23 +139,26 @@ def get_strategy(name, tpu="", num_cpu_replicas=0):
             )
         return tf.distribute.MirroredStrategy()
     # multi_worker_mirrored: the cluster comes from TF_CONFIG.
-    if "TF_CONFIG" in os.environ:
-        try:
-            json.loads(os.environ["TF_CONFIG"])
-        except json.JSONDecodeError as e:
-            raise UsageError(f"TF_CONFIG is not valid JSON: {e}") from e
     if num_cpu_replicas > 1:
         logging.warning("--num_cpu_replicas applies to --strategy=mirrored only; ignored")
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return _multi_worker_strategy(lost_worker_timeout)
 
 
-def make_strategy(name, tpu="", num_cpu_replicas=0, batch_sizes=None):
+def make_strategy(
+    name,
+    tpu="",
+    num_cpu_replicas=0,
+    batch_sizes=None,
+    lost_worker_timeout=DEFAULT_LOST_WORKER_TIMEOUT,
+):
     """The strategy `name` (see get_strategy), logged; each global batch size of `batch_sizes`
     ({flag name: size}) must split evenly over its replicas.
 
     Call it before any other TensorFlow op: splitting the CPU into logical devices must come first.
     """
-    strategy = get_strategy(name, tpu=tpu, num_cpu_replicas=num_cpu_replicas)
+    strategy = get_strategy(
+        name, tpu=tpu, num_cpu_replicas=num_cpu_replicas, lost_worker_timeout=lost_worker_timeout
+    )
     replicas = strategy.num_replicas_in_sync
     logging.info("strategy %s with %d replicas", type(strategy).__name__, replicas)
     for flag, size in (batch_sizes or {}).items():

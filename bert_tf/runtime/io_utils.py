@@ -29,6 +29,15 @@ class JobFailure(RuntimeError):
     """A run that started and cannot go on (e.g. a diverged loss): the CLIs report it and exit with code 1."""
 
 
+class Preempted(Exception):
+    """Training saved a checkpoint and stopped on SIGTERM (a preemption's notice): the CLIs say
+    where it stopped and exit with `exit_code` (0 unless --preempted_exit_code says otherwise)."""
+
+    def __init__(self, message, exit_code=0):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 _FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # TensorFlow's file system errors end "<path>; No space left on device" (or the quota's message).
 _TF_FULL_DISK = re.compile(

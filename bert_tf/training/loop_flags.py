@@ -49,6 +49,18 @@ class LoopArgs:
     num_cpu_replicas: int = arg(
         0, "With --strategy=mirrored and no GPU: mirror over this many logical CPU devices."
     )
+    lost_worker_timeout: int = arg(
+        distribution.DEFAULT_LOST_WORKER_TIMEOUT,
+        "multi_worker_mirrored: seconds a worker may be silent (dead, frozen or cut off) before "
+        "the others stop with an error naming it, exit 1, and keep their checkpoints (restart "
+        "every worker to resume from the last one).",
+    )
+    preempted_exit_code: int = arg(
+        0,
+        "On SIGTERM (a preemption's notice) training saves a checkpoint at the end of the steps "
+        "in progress, on every worker, and exits with this code (0; or one your scheduler "
+        "restarts on).",
+    )
     mixed_precision: str = arg(
         "none",
         "Compute dtype; float16 adds dynamic loss scaling.",
@@ -102,7 +114,16 @@ class LoopArgs:
             raise io_utils.UsageError(
                 f"--max_loss_ratio must be 0 (off) or above 1, got {self.max_loss_ratio}"
             )
-        for name in ("steps_per_loop", "save_checkpoints_steps", "num_accumulation_steps"):
+        if not 0 <= self.preempted_exit_code <= 255:
+            raise io_utils.UsageError(
+                f"--preempted_exit_code must be 0 to 255, got {self.preempted_exit_code}"
+            )
+        for name in (
+            "steps_per_loop",
+            "save_checkpoints_steps",
+            "num_accumulation_steps",
+            "lost_worker_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise io_utils.UsageError(f"--{name} must be positive, got {getattr(self, name)}")
 
@@ -119,6 +140,7 @@ class LoopArgs:
             max_loss_ratio=self.max_loss_ratio,
             resume_from=self.resume_from,
             num_accumulation_steps=self.num_accumulation_steps,
+            preempted_exit_code=self.preempted_exit_code,
         )
         fields.update(overrides)
         return training_loop.LoopConfig(**fields)

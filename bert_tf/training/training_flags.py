@@ -154,7 +154,11 @@ class FinetuneArgs(LoopArgs):
     def make_strategy(self):
         """The --strategy, checked against the batch sizes; call it before any other TensorFlow op."""
         strategy = distribution.make_strategy(
-            self.strategy, self.tpu, self.num_cpu_replicas, self.batch_sizes()
+            self.strategy,
+            self.tpu,
+            self.num_cpu_replicas,
+            self.batch_sizes(),
+            lost_worker_timeout=self.lost_worker_timeout,
         )
         training_loop.check_accumulation(
             self.train_batch_size, strategy.num_replicas_in_sync, self.num_accumulation_steps

@@ -39,9 +39,11 @@ too, so a resumed run sees exactly the batches an uninterrupted run would have s
 resumed run reshuffles with a seed shifted by the step (tf.distribute's iterators cannot be saved).
 """
 
+import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -50,12 +52,14 @@ import keras
 import tensorflow as tf
 from absl import logging
 from tensorflow.core.framework import summary_pb2
+from tensorflow.python.distribute import multi_worker_util
 
 from bert_tf.checkpoints import saves
 from bert_tf.model import model_dir, modeling
 from bert_tf.model.model_dir import CHECKPOINT_NAME
 from bert_tf.runtime import io_utils
-from bert_tf.runtime.distribution import is_chief
+from bert_tf.runtime.distribution import is_chief, is_multi_worker
+from bert_tf.training import preemption
 
 # --mixed_precision values and the Keras dtype policies they set.
 MIXED_PRECISION_POLICIES = {
@@ -103,6 +107,39 @@ class NonFiniteLossError(io_utils.JobFailure):
         )
 
 
+# What a collective or the coordination service raises in a task whose peer is gone.
+_LOST_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.CancelledError,
+)
+_TASK_NAME = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+
+
+def lost_tasks(message, cluster_resolver):
+    """The tasks other than this one that TensorFlow's error `message` names ("/job:worker/task:1");
+    a failed heartbeat names none: the task lost is then the coordination service's leader."""
+    message = message or ""
+    if "CoordinationService/Heartbeat" in message and not _TASK_NAME.search(message):
+        message = multi_worker_util.coordination_leader(cluster_resolver.cluster_spec())
+    own = (cluster_resolver.task_type, str(cluster_resolver.task_id))
+    named = {(job, task) for job, task in _TASK_NAME.findall(message)} - {own}
+    return [f"/job:{job}/task:{task}" for job, task in sorted(named)]
+
+
+class LostWorkerError(io_utils.JobFailure):
+    """A task of the cluster died or fell silent; this one stopped, its checkpoints intact."""
+
+    def __init__(self, tasks, step, last_checkpoint):
+        lost = " and ".join(tasks) if tasks else "a task of the cluster"
+        resume = last_checkpoint or "the start (no checkpoint was saved)"
+        super().__init__(
+            f"lost {lost} (it died, or was silent for --lost_worker_timeout): stopped at step "
+            f"{step}; restart every worker with the same command to resume from {resume}"
+        )
+
+
 @dataclasses.dataclass
 class LoopConfig:
     """How the loop runs: lengths, cadence, clipping, precision and compilation."""
@@ -126,6 +163,8 @@ class LoopConfig:
     # Each replica's batch is split into this many micro-batches, whose gradients are summed
     # before the one update: a large batch in the memory of a small one.
     num_accumulation_steps: int = 1
+    # The exit code a preempted run's CLI ends with (io_utils.Preempted).
+    preempted_exit_code: int = 0
 
 
 # TensorBoard's scalar plugin metadata. Writing with tf.summary.write and this metadata is what
@@ -230,6 +269,7 @@ class Trainer:
         self.output_dir = output_dir
         self.global_batch_size = global_batch_size
         self.is_chief = is_chief(strategy)
+        self._multi_worker = is_multi_worker(strategy)
         check_accumulation(
             global_batch_size, strategy.num_replicas_in_sync, config.num_accumulation_steps
         )
@@ -280,8 +320,10 @@ class Trainer:
         )
         self._train_loop = tf.function(self._train_loop_fn)
         self._eval_loop = tf.function(self._eval_loop_fn)
+        self._agree = tf.function(self._sum_over_workers)
         self._manager = None
         self._scratch_dir = None
+        self._saved_step = None
 
     # ------------------------------------------------------------------------------------------
     # Checkpoints
@@ -363,19 +405,21 @@ class Trainer:
                 f"the checkpoint of step {step} was not saved, {message}: free some space and "
                 f"rerun, which resumes from {resume}"
             ) from e
+        self._saved_step = step
         if self.is_chief:
             saves.clear_suspect(self.output_dir, path)
-        if not self.is_chief:
+            return path
+        # The scratch copy is of no use: empty the folder; the next save makes it again.
+        shutil.rmtree(self._scratch_dir, ignore_errors=True)
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self._scratch_dir, max_to_keep=1, checkpoint_name=CHECKPOINT_NAME
+        )
+        return None
+
+    def _remove_scratch_dir(self):
+        """Removes a non-chief task's scratch folder (the chief has none)."""
+        if self._scratch_dir is not None:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
-            self._scratch_dir = None
-            self._manager = tf.train.CheckpointManager(
-                self._checkpoint,
-                self._checkpoint_dir(),
-                max_to_keep=1,
-                checkpoint_name=CHECKPOINT_NAME,
-            )
-            return None
-        return path
 
     # ------------------------------------------------------------------------------------------
     # The step (replica context) and the loops (tf.functions)
@@ -630,50 +674,100 @@ class Trainer:
         metrics = {}
         steady_rate = None
         last_step = min(until_step or config.num_train_steps, config.num_train_steps)
-        while step < last_step:
-            next_save = (step // config.save_checkpoints_steps + 1) * config.save_checkpoints_steps
-            num_steps = min(config.steps_per_loop, last_step - step, next_save - step)
-            self._stat_sums.assign(tf.zeros_like(self._stat_sums))
-            start = time.perf_counter()
-            self._train_loop(iterator, tf.constant(num_steps, tf.int32))
-            sums = self._stat_sums.numpy()  # Reading waits for the loop to finish.
-            elapsed = time.perf_counter() - start
-            bad_step = int(self._first_bad_step.numpy())
-            if bad_step >= 0 or not all(math.isfinite(s) for s in sums):
-                raise self._failure(bad_step, step, num_steps)
-            step = int(self.step.numpy())
-            learning_rate = float(
-                tf.convert_to_tensor(self.learning_rate())
-            )  # The value at `step`.
-            metrics = self.objective.metrics(dict(zip(self.objective.stat_names, sums)), num_steps)
-            steps_per_second = num_steps / elapsed
-            examples_per_second = steps_per_second * self.global_batch_size
-            # The first loop includes tracing and compilation: keep it out of the ETA when possible.
-            if steady_rate is None or step - num_steps > 0:
-                steady_rate = steps_per_second
-            eta = (config.num_train_steps - step) / steady_rate if steady_rate > 0 else float("inf")
-            scalars = dict(
-                metrics,
-                learning_rate=learning_rate,
-                steps_per_second=steps_per_second,
-                examples_per_second=examples_per_second,
-            )
-            if config.loss_scaling:
-                scalars["loss_scale"] = float(self.loss_scale.numpy())
-            with writer.as_default():
-                for name, value in scalars.items():
-                    write_scalar(name, value, step)
-            if self.is_chief:
-                extra = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "loss")
-                log_fn(
-                    f"step {step}/{config.num_train_steps}  loss {metrics['loss']:.4f}  {extra}  "
-                    f"lr {learning_rate:.3g}  {examples_per_second:.1f} examples/s  "
-                    f"{steps_per_second:.2f} steps/s  ETA {format_duration(eta)}"
+        with preemption.sigterm_notice() as notice, self._naming_lost_workers():
+            while step < last_step:
+                step, metrics, steady_rate = self._train_one_loop(
+                    iterator, step, last_step, steady_rate, writer, log_fn
                 )
-            if step % config.save_checkpoints_steps == 0 or step >= last_step:
-                self.save()
+                if step < last_step and self._any_worker_noticed(notice):
+                    raise self._preempted(step)
+        self._remove_scratch_dir()
         writer.flush()
         return metrics
+
+    def _train_one_loop(self, iterator, step, last_step, steady_rate, writer, log_fn):
+        """Runs the steps up to the next save, progress line or `last_step`, then logs and saves as
+        due; returns (step, metrics, steady_rate)."""
+        config = self.config
+        next_save = (step // config.save_checkpoints_steps + 1) * config.save_checkpoints_steps
+        num_steps = min(config.steps_per_loop, last_step - step, next_save - step)
+        self._stat_sums.assign(tf.zeros_like(self._stat_sums))
+        start = time.perf_counter()
+        self._train_loop(iterator, tf.constant(num_steps, tf.int32))
+        sums = self._stat_sums.numpy()  # Reading waits for the loop to finish.
+        elapsed = time.perf_counter() - start
+        bad_step = int(self._first_bad_step.numpy())
+        if bad_step >= 0 or not all(math.isfinite(s) for s in sums):
+            raise self._failure(bad_step, step, num_steps)
+        step = int(self.step.numpy())
+        learning_rate = float(tf.convert_to_tensor(self.learning_rate()))  # The value at `step`.
+        metrics = self.objective.metrics(dict(zip(self.objective.stat_names, sums)), num_steps)
+        steps_per_second = num_steps / elapsed
+        examples_per_second = steps_per_second * self.global_batch_size
+        # The first loop includes tracing and compilation: keep it out of the ETA when possible.
+        if steady_rate is None or step - num_steps > 0:
+            steady_rate = steps_per_second
+        eta = (config.num_train_steps - step) / steady_rate if steady_rate > 0 else float("inf")
+        scalars = dict(
+            metrics,
+            learning_rate=learning_rate,
+            steps_per_second=steps_per_second,
+            examples_per_second=examples_per_second,
+        )
+        if config.loss_scaling:
+            scalars["loss_scale"] = float(self.loss_scale.numpy())
+        with writer.as_default():
+            for name, value in scalars.items():
+                write_scalar(name, value, step)
+        if self.is_chief:
+            extra = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "loss")
+            log_fn(
+                f"step {step}/{config.num_train_steps}  loss {metrics['loss']:.4f}  {extra}  "
+                f"lr {learning_rate:.3g}  {examples_per_second:.1f} examples/s  "
+                f"{steps_per_second:.2f} steps/s  ETA {format_duration(eta)}"
+            )
+        if step % config.save_checkpoints_steps == 0 or step >= last_step:
+            self.save()
+        return step, metrics, steady_rate
+
+    def _sum_over_workers(self, value):
+        """`value` summed over every replica of the strategy (a tf.function: one all-reduce)."""
+        per_replica = self.strategy.run(tf.identity, args=(value,))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def _any_worker_noticed(self, notice):
+        """Whether any task got SIGTERM; every task of a cluster gets the same answer."""
+        if not self._multi_worker:
+            return notice.received
+        return float(self._agree(tf.constant(1.0 if notice.received else 0.0))) > 0
+
+    def _preempted(self, step):
+        """Saves the checkpoint of `step` unless it was just saved; the Preempted that stops the run."""
+        if self._saved_step != step:
+            self.save()
+        self._remove_scratch_dir()
+        checkpoint = os.path.join(self.output_dir, f"{CHECKPOINT_NAME}-{step}")
+        return io_utils.Preempted(
+            f"SIGTERM: saved {checkpoint} and stopped at step {step}/{self.config.num_train_steps}; "
+            "run the same command again (on every worker) to resume from it",
+            self.config.preempted_exit_code,
+        )
+
+    @contextlib.contextmanager
+    def _naming_lost_workers(self):
+        """In a cluster, turns the errors of a lost task (its collectives aborted, or its heartbeat
+        gone) into a JobFailure naming it and the checkpoint to resume from."""
+        try:
+            yield
+        except _LOST_PEER_ERRORS as e:
+            if not self._multi_worker:
+                raise
+            self._remove_scratch_dir()
+            raise LostWorkerError(
+                lost_tasks(e.message, self.strategy.cluster_resolver),
+                int(self.step.numpy()),
+                tf.train.latest_checkpoint(self.output_dir),
+            ) from e
 
     def _failure(self, bad_step, loop_start, num_steps):
         """The NonFiniteLossError for a loop that failed at `bad_step` (-1: somewhere in the loop)."""
@@ -717,8 +811,9 @@ class Trainer:
 
     def evaluate(self, iterator, max_steps):
         """Runs up to `max_steps` eval steps; returns {metric: value} with the number of steps."""
-        sums, steps = self._eval_loop(iterator, tf.constant(max_steps, tf.int32))
-        steps = int(steps.numpy())
+        with self._naming_lost_workers():
+            sums, steps = self._eval_loop(iterator, tf.constant(max_steps, tf.int32))
+            steps = int(steps.numpy())
         if steps == 0:
             raise io_utils.UsageError(
                 "the evaluation data yields no full batch: lower --eval_batch_size"

@@ -2,11 +2,15 @@
 
 import glob
 import os
+import re
+import signal
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
+from helpers import CLI_ENV, DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
+from helpers_cluster import Task
 
 from bert_tf import run_classifier
 from bert_tf.model.model_dir import ModelDir
@@ -98,6 +102,39 @@ def test_cli_on_two_mirrored_cpus_writes_results_submission_and_an_exportable_mo
     serving = tf.saved_model.load(path).signatures["serving_default"]
     labels = serving(text=tf.constant(sentences[:20]))["label"].numpy().astype(str)
     np.testing.assert_array_equal(labels, [r[1] for r in rows[1:21]])
+
+
+def test_sigterm_on_two_mirrored_cpus_saves_the_step_reached_and_the_rerun_goes_on_from_it(
+    demo, tmp_path
+):
+    output_dir = str(tmp_path / "sst2")
+    flags = [
+        "--task_name=sst2",
+        f"--data_dir={demo['glue_dir']}",
+        f"--init_checkpoint={demo['model_dir']}",
+        f"--output_dir={output_dir}",
+        "--do_train",
+        "--strategy=mirrored",
+        "--num_cpu_replicas=2",
+        *[f"--{name}={value}" for name, value in dict(DEMO_TRAINING, steps_per_loop=5).items()],
+    ]
+    job = Task([sys.executable, "-m", "bert_tf.run_classifier", *flags], CLI_ENV)
+    job.wait_for_line(r"^step 5/125", timeout=240)
+    job.process.send_signal(signal.SIGTERM)
+    assert job.wait(120) == 0, job.output[-3000:]
+    (said,) = [line for line in job.lines if line.startswith("preempted:")]
+    step = int(re.search(r"stopped at step (\d+)/125", said)[1])
+    assert 5 <= step < 125 and step % 5 == 0
+    assert said == (
+        f"preempted: SIGTERM: saved {output_dir}/ckpt-{step} and stopped at step {step}/125; "
+        "run the same command again (on every worker) to resume from it"
+    )
+    assert tf.train.latest_checkpoint(output_dir).endswith(f"ckpt-{step}")
+    rerun = run_cli(*flags)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"resumed from {output_dir}/ckpt-{step} at step {step}" in rerun.stderr
+    assert "step 125/125  loss" in rerun.stdout
+    assert tf.train.latest_checkpoint(output_dir).endswith("ckpt-125")
 
 
 @pytest.mark.slow
