@@ -51,9 +51,9 @@ class LoopArgs:
     )
     lost_worker_timeout: int = arg(
         distribution.DEFAULT_LOST_WORKER_TIMEOUT,
-        "multi_worker_mirrored: seconds a worker may be silent (dead, frozen or cut off) before "
-        "the others stop with an error naming it, exit 1, and keep their checkpoints (restart "
-        "every worker to resume from the last one).",
+        "multi_worker_mirrored: seconds without a worker's heartbeat (dead, frozen or cut off) "
+        "before the others stop with an error naming it (within about 1.5 times this), exit 1, "
+        "and keep their checkpoints (restart every worker to resume from the last one).",
     )
     preempted_exit_code: int = arg(
         0,

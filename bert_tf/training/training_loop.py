@@ -37,6 +37,10 @@ the `checkpoint` state file atomically: a kill at any moment leaves the previous
 Where the input iterator can be checkpointed (the default strategy: one CPU, GPU or host) it is saved
 too, so a resumed run sees exactly the batches an uninterrupted run would have seen; elsewhere the
 resumed run reshuffles with a seed shifted by the step (tf.distribute's iterators cannot be saved).
+
+While training, SIGTERM (a preemption's notice) saves the step the loop in progress ends at and
+raises io_utils.Preempted (bert_tf.training.preemption); in a cluster, a task that died or fell
+silent for --lost_worker_timeout stops the others with a LostWorkerError naming it.
 """
 
 import contextlib

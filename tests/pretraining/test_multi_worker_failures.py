@@ -8,23 +8,30 @@ import glob
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
 import tensorflow as tf
-from helpers import tiny_config
-from helpers_cluster import Cluster
+from helpers import ROOT, child_pythonpath, tiny_config
 from helpers_records import write_real_text_records
 
 from bert_tf.model import model_dir
+from bert_tf.runtime import local_cluster
 from bert_tf.training import loop_flags
 
 # Minutes on CI's 2 cores: left out of `make test-fast` (see the Makefile).
 pytestmark = pytest.mark.slow
 
 SEQ, PRED = 32, 5
-MODULE = "bert_tf.run_pretraining"
 PROGRESS = r"^step (\d+)/"
+ENV = dict(os.environ, PYTHONPATH=child_pythonpath(__file__), TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def start_cluster(flags, env=None):
+    """Two workers of run_pretraining with `flags` (and `env` added to the tests' environment)."""
+    command = [sys.executable, "-m", "bert_tf.run_pretraining", *flags]
+    return local_cluster.Cluster(command, env=dict(ENV, **(env or {})), cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +82,7 @@ def assert_checkpoints_complete(output_dir):
 
 def restart(flags, output_dir, resume_step, final_step):
     """Restarts every worker with the same flags: they resume at `resume_step` and end at `final_step`."""
-    again = Cluster(MODULE, flags)
+    again = start_cluster(flags)
     try:
         assert again.wait(300) == [0, 0], again[0].output[-3000:]
     finally:
@@ -88,7 +95,7 @@ def test_a_killed_worker_stops_the_other_naming_it_and_all_restarted_resume(data
     output_dir = str(tmp_path / "out")
     timeout = 10
     flags = cluster_flags(data, output_dir, save_checkpoints_steps=4, lost_worker_timeout=timeout)
-    cluster = Cluster(MODULE, flags)
+    cluster = start_cluster(flags)
     try:
         cluster[0].wait_for_line(r"^step (1[2-9]|[2-9]\d)/100", timeout=240)
         cluster[1].process.kill()
@@ -118,8 +125,7 @@ def test_a_killed_worker_stops_the_other_naming_it_and_all_restarted_resume(data
 def test_a_frozen_leader_is_lost_after_the_timeout_and_the_other_exits_naming_it(data, tmp_path):
     output_dir = str(tmp_path / "out")
     timeout = 5
-    cluster = Cluster(
-        MODULE,
+    cluster = start_cluster(
         cluster_flags(data, output_dir, num_train_steps=100000, lost_worker_timeout=timeout),
     )
     try:
@@ -144,7 +150,7 @@ def test_sigterm_to_one_worker_saves_the_step_both_reached_and_exits_0(data, tmp
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     flags = cluster_flags(data, output_dir)
-    cluster = Cluster(MODULE, flags, env={"TMPDIR": str(scratch)})
+    cluster = start_cluster(flags, env={"TMPDIR": str(scratch)})
     try:
         cluster[0].wait_for_line(PROGRESS, timeout=240)
         cluster[1].process.send_signal(signal.SIGTERM)

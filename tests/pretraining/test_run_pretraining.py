@@ -25,7 +25,6 @@ from helpers import (
     tiny_inputs,
     write_tiny_vocab,
 )
-from helpers_cluster import free_ports
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 from helpers_records import write_numbered_records, write_real_text_records
 
@@ -37,6 +36,7 @@ from bert_tf.pretraining import input_pipeline, left_to_right_lm
 from bert_tf.pretraining import job as pretraining_job
 from bert_tf.pretraining_data import job
 from bert_tf.runtime import distribution, io_utils
+from bert_tf.runtime.local_cluster import free_ports
 from bert_tf.saved_model import export
 from bert_tf.training import training_loop
 

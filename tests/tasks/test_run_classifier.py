@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import CLI_ENV, DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
-from helpers_cluster import Task
 
 from bert_tf import run_classifier
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
+from bert_tf.runtime.local_cluster import Task
 from bert_tf.saved_model import export
 from bert_tf.tasks import data_files, models
 

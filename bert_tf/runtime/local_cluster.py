@@ -1,17 +1,16 @@
-"""A real TF_CONFIG cluster on 127.0.0.1: one process per task, their output read as it comes."""
+"""A multi-worker cluster on this machine: one process per task of a TF_CONFIG cluster on
+127.0.0.1, each task's output read as it comes (the tests and benchmarks/bench_lost_worker.py
+stop, freeze and kill its workers). On several machines, start the same command on each with
+its TF_CONFIG (docs/cluster.md).
+"""
 
 import json
 import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
-
-from helpers import ROOT, child_pythonpath
-
-ENV = dict(os.environ, PYTHONPATH=child_pythonpath(__file__), TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def free_ports(count):
@@ -28,11 +27,11 @@ def free_ports(count):
 class Task:
     """One worker process; its merged stdout and stderr are collected line by line."""
 
-    def __init__(self, command, env):
+    def __init__(self, command, env=None, cwd=None):
         self.process = subprocess.Popen(
             command,
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -53,7 +52,7 @@ class Task:
         return "\n".join(self.lines)
 
     def wait_for_line(self, pattern, timeout):
-        """The first match of `pattern` in a line; AssertionError if the task exits or `timeout`
+        """The first match of `pattern` in a line; TimeoutError if the task exits or `timeout`
         seconds pass first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -64,28 +63,29 @@ class Task:
             if self.exited_at is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r}:\n{self.output[-3000:]}")
+        raise TimeoutError(f"no line matching {pattern!r}:\n{self.output[-3000:]}")
 
     def wait(self, timeout):
-        """The exit code; AssertionError (after killing it) if it runs past `timeout` seconds."""
+        """The exit code; TimeoutError (after killing it) if it runs past `timeout` seconds."""
         self._reader.join(timeout)
         if self._reader.is_alive():
             self.process.kill()
             self._reader.join()
-            raise AssertionError(f"still running after {timeout} s:\n{self.output[-3000:]}")
+            raise TimeoutError(f"still running after {timeout} s:\n{self.output[-3000:]}")
         return self.process.returncode
 
 
 class Cluster:
-    """`count` workers of `python -m module flags...`, each with its TF_CONFIG (and `env` added)."""
+    """`count` workers running `command`, each with its TF_CONFIG added to `env` (default: this
+    process's environment)."""
 
-    def __init__(self, module, flags, count=2, env=None):
+    def __init__(self, command, count=2, env=None, cwd=None):
         workers = [f"127.0.0.1:{port}" for port in free_ports(count)]
         self.tasks = []
         for index in range(count):
             config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-            task_env = dict(ENV, **(env or {}), TF_CONFIG=json.dumps(config))
-            self.tasks.append(Task([sys.executable, "-m", module, *flags], task_env))
+            task_env = dict(os.environ if env is None else env, TF_CONFIG=json.dumps(config))
+            self.tasks.append(Task(command, task_env, cwd))
 
     def __getitem__(self, index):
         return self.tasks[index]
