@@ -55,10 +55,16 @@ LIBRARY_PATHS = re.compile(
 DRAIN_SECONDS = 2.0
 
 
+# Set beside the TF_CPP_MIN_LOG_LEVEL that `install` sets: a job's children (the experiments
+# runner's jobs, Beam's workers) inherit both, and the level is then not the user's own.
+QUIET_LEVEL_VARIABLE = "BERT_TF_QUIET_TF_CPP_MIN_LOG_LEVEL"
+
+
 def verbose_requested(argv, environ):
     """Whether the user asked for TensorFlow's notices: a positive --verbosity/-v, or their own
-    TF_CPP_MIN_LOG_LEVEL."""
-    if "TF_CPP_MIN_LOG_LEVEL" in environ:
+    TF_CPP_MIN_LOG_LEVEL (not one a quiet parent job set)."""
+    level = environ.get("TF_CPP_MIN_LOG_LEVEL")
+    if level is not None and level != environ.get(QUIET_LEVEL_VARIABLE):
         return True
     for i, arg in enumerate(argv):
         value = None
@@ -136,7 +142,7 @@ def install(argv=None, environ=None):
     if verbose_requested(argv, environ):
         return False
     # TensorFlow's C++ INFO and WARNING lines that do honour the level.
-    environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    environ["TF_CPP_MIN_LOG_LEVEL"] = environ[QUIET_LEVEL_VARIABLE] = "2"
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     # Beam's runner logs its servers' ports and relays every worker's INFO line (as a protobuf dump).
     logging.getLogger("apache_beam").setLevel(logging.WARNING)

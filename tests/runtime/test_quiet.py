@@ -52,6 +52,14 @@ def test_a_command_line_keeps_its_error_and_drops_tensorflows_notices():
     assert result.stderr.count("\n") <= 3, result.stderr
 
 
+def test_a_job_started_by_a_quiet_job_is_quiet_too():
+    """The experiments runner's jobs inherit the level their quiet parent set: not the user's."""
+    inherited = {"TF_CPP_MIN_LOG_LEVEL": "2", quiet.QUIET_LEVEL_VARIABLE: "2"}
+    result = run_export_cli(environ=inherited)
+    assert result.returncode == 2 and "/nonexistent/model" in result.stderr
+    assert not [notice for notice in NOTICES if notice in result.stderr], result.stderr
+
+
 def test_verbosity_or_the_users_own_level_brings_the_notices_back():
     assert any(notice in run_export_cli("--verbosity=1").stderr for notice in NOTICES)
     assert any(
@@ -132,6 +140,9 @@ def test_verbose_requested_reads_absl_verbosity_and_the_environment():
     assert quiet.verbose_requested(["-m", "-v", "2"], {})
     assert not quiet.verbose_requested(["-m", "--verbosity=0"], {})
     assert quiet.verbose_requested(["-m"], {"TF_CPP_MIN_LOG_LEVEL": "1"})
+    inherited = {"TF_CPP_MIN_LOG_LEVEL": "2", quiet.QUIET_LEVEL_VARIABLE: "2"}
+    assert not quiet.verbose_requested(["-m"], inherited)
+    assert quiet.verbose_requested(["-m"], dict(inherited, TF_CPP_MIN_LOG_LEVEL="0"))
 
 
 def test_the_filter_drops_notices_and_passes_progress_bars_on_at_once():
