@@ -7,7 +7,7 @@ import os
 import random
 
 import tensorflow as tf
-from helpers import SPECIAL_TOKENS
+from helpers import SPECIAL_TOKENS, tiny_config
 
 from bert_tf.pretraining_data import corpus
 from bert_tf.tokenization import python_tokenizer, tokenizer_rules
@@ -150,6 +150,22 @@ def write_real_text_records(
                 writer.write(example.SerializeToString())
         files.append(path)
     return files, vocab_file
+
+
+def write_tiny_pretraining_data(directory, max_seq_length, max_predictions_per_seq):
+    """Real-text records (two files), their vocab and the tiny model's bert_config.json in
+    `directory`: the flags input_file, vocab_file and bert_config_file as a dict."""
+    directory = str(directory)
+    _, vocab_file = write_real_text_records(
+        directory, max_seq_length, max_predictions_per_seq, num_files=2
+    )
+    config_file = os.path.join(directory, "bert_config.json")
+    tiny_config(vocab_file).to_json_file(config_file)
+    return {
+        "input_file": os.path.join(directory, "records-*.tfrecord"),
+        "vocab_file": vocab_file,
+        "bert_config_file": config_file,
+    }
 
 
 def write_numbered_records(path, first, count, max_seq_length=8, max_predictions_per_seq=3):

@@ -13,8 +13,8 @@ import time
 
 import pytest
 import tensorflow as tf
-from helpers import ROOT, child_pythonpath, tiny_config
-from helpers_records import write_real_text_records
+from helpers import ROOT, child_pythonpath
+from helpers_records import write_tiny_pretraining_data
 
 from bert_tf.model import model_dir
 from bert_tf.runtime import local_cluster
@@ -37,15 +37,7 @@ def start_cluster(flags, env=None):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Real-text records, their vocab and the tiny model's bert_config.json."""
-    directory = str(tmp_path_factory.mktemp("data"))
-    _, vocab_file = write_real_text_records(directory, SEQ, PRED, num_files=2)
-    config_file = os.path.join(directory, "bert_config.json")
-    tiny_config(vocab_file).to_json_file(config_file)
-    return dict(
-        input_file=os.path.join(directory, "records-*.tfrecord"),
-        vocab_file=vocab_file,
-        bert_config_file=config_file,
-    )
+    return write_tiny_pretraining_data(tmp_path_factory.mktemp("data"), SEQ, PRED)
 
 
 def cluster_flags(data, output_dir, **overrides):

@@ -26,7 +26,10 @@ from helpers import (
     write_tiny_vocab,
 )
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
-from helpers_records import write_numbered_records, write_real_text_records
+from helpers_records import (
+    write_numbered_records,
+    write_tiny_pretraining_data,
+)
 
 from bert_tf import run_classifier
 from bert_tf.checkpoints import saves
@@ -54,15 +57,7 @@ ENV = dict(
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """Real-text records, the vocab and the tiny model's bert_config.json (helpers.TINY_CONFIG)."""
-    directory = tmp_path_factory.mktemp("data")
-    files, vocab_file = write_real_text_records(str(directory), SEQ, PRED, num_files=2)
-    config_file = str(directory / "bert_config.json")
-    tiny_config(vocab_file).to_json_file(config_file)
-    return {
-        "input_file": os.path.join(str(directory), "records-*.tfrecord"),
-        "vocab_file": vocab_file,
-        "bert_config_file": config_file,
-    }
+    return write_tiny_pretraining_data(tmp_path_factory.mktemp("data"), SEQ, PRED)
 
 
 def args_for(data, output_dir, **overrides):
