@@ -343,3 +343,29 @@ def hf_weights(kind, seed=0):
     if kind == "BertForMaskedLM":
         del w["bert/pooler/dense/kernel"], w["bert/pooler/dense/bias"]
     return w
+
+
+def original_masked_positions(tokens, masked_lm_prob, max_predictions_per_seq, rng, whole_word):
+    """The positions the original create_masked_lm_predictions masks in `tokens` (strings, laid
+    out as [CLS] A [SEP] B [SEP]), written from google-research/bert's code with its own
+    random.Random calls: candidates are every token but [CLS] and [SEP], grouped with the `##`
+    pieces after them when `whole_word`; the groups are shuffled; groups are taken in order until
+    num_to_predict, skipping (not stopping at) a group that would overshoot it. Sorted."""
+    groups = []
+    for index, token in enumerate(tokens):
+        if token in ("[CLS]", "[SEP]"):
+            continue
+        if whole_word and groups and token.startswith("##"):
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    rng.shuffle(groups)
+    budget = min(max_predictions_per_seq, max(1, int(round(len(tokens) * masked_lm_prob))))
+    masked = []
+    for group in groups:
+        if len(masked) >= budget:
+            break
+        if len(masked) + len(group) > budget:
+            continue
+        masked.extend(group)
+    return sorted(masked)

@@ -40,7 +40,12 @@ from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD, ModelDir
 from bert_tf.pretraining import masked_lm
 from bert_tf.pretraining_data import corpus as demo_corpus
 from bert_tf.pretraining_data import documents, inspection, tokenized_corpus
-from bert_tf.pretraining_data.instances import BlockSegments, InstanceBuilder, VocabInfo
+from bert_tf.pretraining_data.instances import (
+    MASKING_KINDS,
+    BlockSegments,
+    InstanceBuilder,
+    VocabInfo,
+)
 from bert_tf.runtime import io_utils
 from bert_tf.tasks import packing
 from bert_tf.tokenization import python_tokenizer, tokenizer_rules
@@ -158,7 +163,7 @@ class RequestFields:
         self.request = request
         self.notices = []
 
-    def _refuse(self, name, message):
+    def refuse(self, name, message):
         return ViewError(f"{name}: {message}", field=name)
 
     def text(self, name, what, required=False):
@@ -167,7 +172,7 @@ class RequestFields:
         if value is None:
             value = ""
         if not isinstance(value, str):
-            raise self._refuse(name, f"{what} must be text, got {_kind(value)}.")
+            raise self.refuse(name, f"{what} must be text, got {_kind(value)}.")
         value, invalid = _SURROGATES.subn("\ufffd", value)
         if invalid:
             self.notices.append(
@@ -175,7 +180,7 @@ class RequestFields:
                 "tokenizer drops, as create_pretraining_data does with invalid UTF-8."
             )
         if required and not value.strip():
-            raise self._refuse(name, f"{what} is empty: type some text.")
+            raise self.refuse(name, f"{what} is empty: type some text.")
         return value
 
     def integer(self, name, what, low, high, default=None):
@@ -186,7 +191,7 @@ class RequestFields:
         """A number in (0, 1]: a JSON number, or one in a string."""
         value = self._number(name, what, 0, 1, default, whole=False)
         if value == 0:
-            raise self._refuse(name, f"{what} must be more than 0, got {_shown(value)}.")
+            raise self.refuse(name, f"{what} must be more than 0, got {_shown(value)}.")
         return float(value)
 
     def _number(self, name, what, low, high, default, whole):
@@ -199,11 +204,11 @@ class RequestFields:
             if len(text) > MAX_NUMBER_CHARS:
                 value = _LongNumber(text)
             elif not (_WHOLE_NUMBER if whole else _NUMBER).fullmatch(text):
-                raise self._refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
+                raise self.refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
             else:
                 value = int(text) if whole else float(text)
         if isinstance(value, _LongNumber):
-            raise self._refuse(
+            raise self.refuse(
                 name,
                 f"{what} must be between {low} and {high}, got {value.length:,} characters.",
             )
@@ -212,25 +217,29 @@ class RequestFields:
             or not isinstance(value, (int, float))
             or (whole and isinstance(value, float))
         ):
-            raise self._refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
+            raise self.refuse(name, f"{what} must be {kind}, got {_shown(value)}.")
         if not low <= value <= high:  # NaN and the infinities fail this too
-            raise self._refuse(
+            raise self.refuse(
                 name, f"{what} must be between {low} and {high}, got {_shown(value)}."
             )
         return value
+
+    def probability(self, name, what, default=None):
+        """A number in [0, 1]: a JSON number, or one in a string."""
+        return float(self._number(name, what, 0, 1, default, whole=False))
 
     def boolean(self, name, what, default):
         """A JSON true or false; the text "false" is refused, not read as true."""
         value = self.request.get(name, default)
         if not isinstance(value, bool):
-            raise self._refuse(name, f"{what} must be true or false, got {_shown(value)}.")
+            raise self.refuse(name, f"{what} must be true or false, got {_shown(value)}.")
         return value
 
     def choice(self, name, what, choices, default):
         """One of `choices` (strings)."""
         value = self.request.get(name, default)
         if value not in choices or not isinstance(value, str):
-            raise self._refuse(name, f"{what} must be {' or '.join(choices)}, got {_shown(value)}.")
+            raise self.refuse(name, f"{what} must be {' or '.join(choices)}, got {_shown(value)}.")
         return value
 
     def local_file(self, name, what):
@@ -239,14 +248,14 @@ class RequestFields:
         not make the server fetch from elsewhere."""
         path = self.text(name, what, required=True).strip()
         if "://" in path:
-            raise self._refuse(
+            raise self.refuse(
                 name,
                 f"{what} must be a local path; remote file systems ({path.split('://')[0][:20]}://) "
                 "are not read here.",
             )
         path = os.path.expanduser(path)
         if not os.path.isfile(path):
-            raise self._refuse(name, f"No such file: {path[:300]}")
+            raise self.refuse(name, f"No such file: {path[:300]}")
         return path
 
 
@@ -609,12 +618,27 @@ class Playground:
         seed = fields.integer("seed", "The seed", 0, MAX_SEED, default=12345)
         rate = fields.fraction("rate", "The mask rate", default=0.15)
         whole_word = fields.boolean("whole_word", "Whole-word masking", default=False)
+        masking = fields.choice(
+            "masking", "The masking", MASKING_KINDS, "whole_word" if whole_word else "token"
+        )
+        if whole_word and masking != "whole_word":
+            raise fields.refuse("masking", f"whole_word is true but masking is {masking}.")
+        as_mask = fields.probability("mask_token_prob", "The [MASK] share", default=0.8)
+        as_random = fields.probability("random_token_prob", "The random-token share", default=0.1)
+        if as_mask + as_random > 1 + 1e-9:
+            raise fields.refuse(
+                "random_token_prob",
+                f"The [MASK] and random-token shares add up to more than 1 "
+                f"({as_mask:g} + {as_random:g}).",
+            )
         builder = InstanceBuilder(
             self.vocab,
             max_seq_length=self.max_seq_length,
             max_predictions_per_seq=self.settings.max_predictions_per_seq,
             masked_lm_prob=rate,
-            do_whole_word_mask=whole_word,
+            masking=masking,
+            mask_token_prob=as_mask,
+            random_token_prob=as_random,
         )
         corrupted, positions, labels = mask_packed(builder, packed.ids, packed.segment_ids, seed)
         top = self._masked_top_k(corrupted, packed.segment_ids, positions)
@@ -647,7 +671,10 @@ class Playground:
             "positions": positions,
             "seed": seed,
             "rate": rate,
-            "whole_word": whole_word,
+            "whole_word": masking == "whole_word",
+            "masking": masking,
+            "mask_token_prob": as_mask,
+            "random_token_prob": as_random,
             "length": length,
             "wanted": max(1, int(round(length * rate))),
             "cap": self.settings.max_predictions_per_seq,

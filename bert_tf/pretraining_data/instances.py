@@ -37,6 +37,8 @@ The random generators, and why the distributions are the original's
       groups uniformly at random (the original's shuffle), then the original's greedy walk runs;
     - the 80/10/10 split uses one uniform per position ([MASK] below 0.8, kept below 0.9, else a
       uniform random vocabulary id): the same probabilities as the original's two coin flips.
+      `mask_token_prob` and `random_token_prob` move the two thresholds (the paper's Table 8
+      mixes); at 0.8 and 0.1 the records are the same bytes as without them.
   The order in which randomness is consumed differs from the original (so records differ for the
   same seed), but every distribution is the original's.
 
@@ -71,6 +73,25 @@ from bert_tf.tokenization import tokenizer_rules
 # byte matrices of one chunk stay at a few tens of MB. Does not change the output.
 INSTANCE_CHUNK = 4096
 REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[MASK]")
+# How masked positions are chosen: single WordPieces (the original), whole words (the original's
+# --do_whole_word_mask), or spans of whole words (SpanBERT's, see InstanceBuilder._span_positions).
+MASKING_KINDS = ("token", "whole_word", "span")
+# SpanBERT's span lengths, in words: Geometric(p=0.2) truncated to 1..10 and renormalised, as its
+# code does (mean 3.8 words, the figure its paper gives).
+SPAN_GEOMETRIC_P = 0.2
+MAX_SPAN_WORDS = 10
+
+
+def span_length_probabilities(p=SPAN_GEOMETRIC_P, max_words=MAX_SPAN_WORDS):
+    """P(span of k words) for k = 1..max_words: the truncated, renormalised geometric."""
+    weights = p * (1.0 - p) ** np.arange(max_words)
+    return weights / weights.sum()
+
+
+def mean_span_words():
+    """The mean span length in words (3.797 at SpanBERT's settings)."""
+    probabilities = span_length_probabilities()
+    return float(np.dot(np.arange(1, len(probabilities) + 1), probabilities))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +266,23 @@ class InstanceBuilder:
         short_seq_prob=0.1,
         do_whole_word_mask=False,
         random_next_prob=0.5,
+        mask_token_prob=0.8,
+        random_token_prob=0.1,
+        masking=None,
     ):
+        if masking is None:
+            masking = "whole_word" if do_whole_word_mask else "token"
+        if masking not in MASKING_KINDS:
+            raise ValueError(f"masking must be one of {', '.join(MASKING_KINDS)}, got {masking!r}")
+        if do_whole_word_mask and masking != "whole_word":
+            raise ValueError(f"do_whole_word_mask contradicts masking={masking!r}")
+        if not (0 <= mask_token_prob <= 1 and 0 <= random_token_prob <= 1):
+            raise ValueError("mask_token_prob and random_token_prob must be in [0, 1]")
+        if mask_token_prob + random_token_prob > 1 + 1e-9:
+            raise ValueError(
+                f"mask_token_prob + random_token_prob must be at most 1, got "
+                f"{mask_token_prob} + {random_token_prob}"
+            )
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length must be at least 5, got {max_seq_length}")
         if max_predictions_per_seq > max_seq_length:
@@ -259,7 +296,13 @@ class InstanceBuilder:
         self.max_predictions_per_seq = max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
         self.short_seq_prob = short_seq_prob
-        self.do_whole_word_mask = do_whole_word_mask
+        self.masking = masking
+        self.do_whole_word_mask = masking == "whole_word"
+        # Of the chosen positions: [MASK] below mask_token_prob, a random id from
+        # 1 - random_token_prob up, the token kept between (the original's 0.8 and 0.1).
+        self.mask_token_prob = mask_token_prob
+        self.random_token_prob = random_token_prob
+        self._span_cdf = np.cumsum(span_length_probabilities())
         # The original's hard-coded 0.5: the chance that B is a random segment (label 1).
         self.random_next_prob = random_next_prob
         self._is_continuation = np.asarray(vocab.is_continuation, dtype=bool)
@@ -413,17 +456,25 @@ class InstanceBuilder:
         position_bits = max(int(seq - 1).bit_length(), 1)
         keys = rng.integers(0, 1 << (62 - position_bits), size=(n, seq), dtype=np.int64)
         keys = np.where(is_token, (keys << position_bits) | position, np.iinfo(np.int64).max)
-        if self.do_whole_word_mask:
+        span_first = None
+        if self.masking == "whole_word":
             positions, chosen = self._whole_word_positions(input_ids, lengths, keys, num_to_predict)
+        elif self.masking == "span":
+            positions, chosen, span_first = self._span_positions(
+                input_ids, lengths, num_to_predict, rng
+            )
         else:
             positions, chosen = self._token_positions(keys, num_to_predict, position_bits)
 
-        # 80% [MASK], 10% the original token, 10% a random vocabulary id: one uniform per position.
+        # 80% [MASK], 10% the original token, 10% a random vocabulary id: one uniform per position
+        # (per span with span masking, as SpanBERT decides them).
         labels = np.where(chosen, input_ids[rows[:, None], positions], 0)
         uniform = rng.random(positions.shape)
         random_ids = rng.integers(0, self.vocab.size, size=positions.shape)
-        as_mask = chosen & (uniform < 0.8)
-        as_random = chosen & (uniform >= 0.9)
+        if span_first is not None:
+            uniform = np.take_along_axis(uniform, span_first, axis=1)
+        as_mask = chosen & (uniform < self.mask_token_prob)
+        as_random = chosen & ~as_mask & (uniform >= 1.0 - self.random_token_prob)
         changed = as_mask | as_random
         input_ids[np.nonzero(changed)[0], positions[changed]] = np.where(
             as_mask, self.vocab.mask_id, random_ids
@@ -479,6 +530,68 @@ class InstanceBuilder:
             positions[row, : len(masked)] = masked
             chosen[row, : len(masked)] = True
         return positions, chosen
+
+    def _span_positions(self, input_ids, lengths, num_to_predict, rng):
+        """Span masking, SpanBERT's rule on whole words: returns (positions, chosen, span_first).
+
+        Until num_to_predict tokens are chosen: an anchor token is drawn uniformly from the unchosen
+        tokens whose word still fits the budget (SpanBERT draws from every token and redraws a
+        chosen one: the same law); a length of k words is drawn from span_length_probabilities();
+        the span takes the anchor's word and the words after it, up to k, stopping before a chosen
+        word, the end of the segment, or a word that would overshoot the budget. Unlike SpanBERT,
+        which cuts the last word at the budget, no word is ever partly masked, as with whole-word
+        masking. `span_first[r, j]` is the column of the first position of the span holding
+        `positions[r, j]`, so that a span is replaced as one.
+        """
+        n, predictions = len(lengths), self.max_predictions_per_seq
+        positions = np.zeros((n, predictions), np.int64)
+        chosen = np.zeros((n, predictions), bool)
+        span_first = np.zeros((n, predictions), np.int64)
+        sep_id = self.vocab.sep_id
+        continuation = self._is_continuation[input_ids].tolist()
+        cdf = self._span_cdf
+        for row in range(n):
+            ids, is_piece = input_ids[row].tolist(), continuation[row]
+            # Words as [first, end) token ranges and their segment; a `##` piece that opens a
+            # segment starts a word of its own.
+            starts, ends, segments = [], [], []
+            segment = 0
+            for index in range(1, int(lengths[row])):
+                if ids[index] == sep_id:
+                    segment += 1
+                elif ends and is_piece[index] and ends[-1] == index:
+                    ends[-1] = index + 1
+                else:
+                    starts.append(index)
+                    ends.append(index + 1)
+                    segments.append(segment)
+            sizes = [end - start for start, end in zip(starts, ends)]
+            taken = [False] * len(starts)
+            budget = int(num_to_predict[row])
+            spans = []
+            while budget > 0:
+                eligible = [w for w, size in enumerate(sizes) if not taken[w] and size <= budget]
+                if not eligible:
+                    break
+                # A uniform token of the eligible words: a word by its number of pieces.
+                weights = np.cumsum([sizes[w] for w in eligible])
+                word = eligible[int(np.searchsorted(weights, rng.integers(weights[-1]), "right"))]
+                length = int(np.searchsorted(cdf, rng.random() * cdf[-1], "right")) + 1
+                span = []
+                for w in range(word, min(word + length, len(starts))):
+                    if taken[w] or segments[w] != segments[word] or sizes[w] > budget:
+                        break
+                    taken[w] = True
+                    budget -= sizes[w]
+                    span.extend(range(starts[w], ends[w]))
+                spans.append(span)
+            first_of = {p: span[0] for span in spans for p in span}
+            masked = sorted(first_of)
+            column = {p: j for j, p in enumerate(masked)}
+            positions[row, : len(masked)] = masked
+            chosen[row, : len(masked)] = True
+            span_first[row, : len(masked)] = [column[first_of[p]] for p in masked]
+        return positions, chosen, span_first
 
     def create_instances_from_document(self, block, document_index, rng):
         """All instances of one pass over `block`'s document `document_index` (TrainingInstances),

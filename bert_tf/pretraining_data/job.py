@@ -28,7 +28,15 @@ import time
 
 from absl import logging
 
-from bert_tf.pretraining_data import documents, example_codec, files, schema, tfrecord, worker
+from bert_tf.pretraining_data import (
+    documents,
+    example_codec,
+    files,
+    instances,
+    schema,
+    tfrecord,
+    worker,
+)
 from bert_tf.pretraining_data import plan as planning  # `plan` names the run's Plan here
 from bert_tf.pretraining_data.instances import VocabInfo
 from bert_tf.runtime import io_utils, quiet
@@ -81,7 +89,25 @@ class PretrainingDataArgs:
         "False for cased models.",
     )
     do_whole_word_mask: bool = arg(
-        False, "Whether to use whole word masking rather than per-WordPiece masking."
+        False,
+        "Whether to use whole word masking rather than per-WordPiece masking (the same as "
+        "--masking=whole_word).",
+    )
+    masking: str = arg(
+        "token",
+        "What is masked: single WordPieces (`token`, the original's default), whole words "
+        "(`whole_word`, the original's --do_whole_word_mask), or spans of whole words (`span`: "
+        "SpanBERT's lengths, Geometric(0.2) over 1 to 10 words, mean 3.8; each span gets one "
+        "replacement).",
+        choices=instances.MASKING_KINDS,
+    )
+    mask_token_prob: float = arg(
+        0.8, "Of the masked positions, the share replaced by [MASK] (the original's 0.8)."
+    )
+    random_token_prob: float = arg(
+        0.1,
+        "Of the masked positions, the share replaced by a random token (the original's 0.1); "
+        "the rest keep their token.",
     )
     max_seq_length: int = arg(128, "Maximum sequence length.")
     max_predictions_per_seq: int = arg(20, "Maximum number of masked LM predictions per sequence.")
@@ -144,6 +170,20 @@ def validate(args, pipeline_args=()):
         raise io_utils.UsageError(f"--dupe_factor must be at least 1, got {args.dupe_factor}")
     if not 0.0 < args.masked_lm_prob <= 1.0:
         raise io_utils.UsageError(f"--masked_lm_prob must be in (0, 1], got {args.masked_lm_prob}")
+    for flag in ("mask_token_prob", "random_token_prob"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            raise io_utils.UsageError(f"--{flag} must be in [0, 1], got {getattr(args, flag)}")
+    if args.mask_token_prob + args.random_token_prob > 1.0 + 1e-9:
+        raise io_utils.UsageError(
+            f"--mask_token_prob + --random_token_prob must be at most 1 (the rest keep their "
+            f"token), got {args.mask_token_prob} + {args.random_token_prob}"
+        )
+    if args.masking not in instances.MASKING_KINDS:
+        raise io_utils.UsageError(
+            f"--masking must be one of {', '.join(instances.MASKING_KINDS)}, got {args.masking!r}"
+        )
+    if args.do_whole_word_mask and args.masking == "span":
+        raise io_utils.UsageError("--do_whole_word_mask and --masking=span contradict each other")
     if not 0.0 <= args.short_seq_prob <= 1.0:
         raise io_utils.UsageError(f"--short_seq_prob must be in [0, 1], got {args.short_seq_prob}")
     if not 0.0 <= args.random_next_prob <= 1.0:
@@ -201,7 +241,9 @@ def generation_config(args, vocab_file=None):
     return planning.GenerationConfig(
         vocab_file=os.path.abspath(vocab_file or args.vocab_file),
         do_lower_case=args.do_lower_case,
-        do_whole_word_mask=args.do_whole_word_mask,
+        masking="whole_word" if args.do_whole_word_mask else args.masking,
+        mask_token_prob=args.mask_token_prob,
+        random_token_prob=args.random_token_prob,
         max_seq_length=args.max_seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq,
         random_seed=args.random_seed,
@@ -536,6 +578,7 @@ def summarize(stats, plan, elapsed, run_text_bytes, resumed_outputs):
         "instance_tokens": stats.get("instance_tokens", 0),
         "masked_positions": masked,
         "masked_lm": {
+            **masking_summary(plan.settings["config"]),
             "as_mask": stats.get("masked_as_mask", 0),
             "kept": stats.get("masked_kept", 0),
             "random": stats.get("masked_random", 0),
@@ -566,6 +609,24 @@ def summarize(stats, plan, elapsed, run_text_bytes, resumed_outputs):
         else None,
         "fingerprint": plan.fingerprint,
     }
+
+
+def masking_summary(config):
+    """How positions were masked and replaced, from a run's recorded settings (plan.settings)."""
+    get = lambda key: config.get(key, planning.UNRECORDED_DEFAULTS.get(key))
+    masking = config.get("masking") or ("whole_word" if config["do_whole_word_mask"] else "token")
+    summary = {
+        "masking": masking,
+        "mask_token_prob": get("mask_token_prob"),
+        "random_token_prob": get("random_token_prob"),
+    }
+    if masking == "span":
+        summary["span_words"] = {
+            "geometric_p": instances.SPAN_GEOMETRIC_P,
+            "max": instances.MAX_SPAN_WORDS,
+            "mean": round(float(instances.mean_span_words()), 4),
+        }
+    return summary
 
 
 def warn_about_input(summary):

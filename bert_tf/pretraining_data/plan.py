@@ -47,6 +47,16 @@ FORMAT_VERSION = 3
 
 # The original's chance that sentence B is a random one (its hard-coded 0.5).
 ORIGINAL_RANDOM_NEXT_PROB = 0.5
+# The original's replacements of a masked position: [MASK] 80% of the time, a random token 10%.
+ORIGINAL_MASK_TOKEN_PROB = 0.8
+ORIGINAL_RANDOM_TOKEN_PROB = 0.1
+# Settings a run written before their option existed did not record: left out of `settings` at
+# these values, so that such a run's fingerprint (and its resume) is unchanged.
+UNRECORDED_DEFAULTS = {
+    "random_next_prob": ORIGINAL_RANDOM_NEXT_PROB,
+    "mask_token_prob": ORIGINAL_MASK_TOKEN_PROB,
+    "random_token_prob": ORIGINAL_RANDOM_TOKEN_PROB,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +65,7 @@ class GenerationConfig:
 
     vocab_file: str
     do_lower_case: bool = True
-    do_whole_word_mask: bool = False
+    masking: str = "token"  # instances.MASKING_KINDS
     max_seq_length: int = 128
     max_predictions_per_seq: int = 20
     random_seed: int = 12345
@@ -63,6 +73,8 @@ class GenerationConfig:
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     random_next_prob: float = ORIGINAL_RANDOM_NEXT_PROB
+    mask_token_prob: float = ORIGINAL_MASK_TOKEN_PROB
+    random_token_prob: float = ORIGINAL_RANDOM_TOKEN_PROB
     compression: str = "none"  # or "gzip": each part is a gzip member, so parts concatenate
 
 
@@ -223,10 +235,15 @@ def settings(config, inputs, outputs, work_dir):
     with open(config.vocab_file, "rb") as f:
         vocab_digest = hashlib.sha256(f.read()).hexdigest()
     values = {**dataclasses.asdict(config), "vocab_file": vocab_digest}
-    if values["random_next_prob"] == ORIGINAL_RANDOM_NEXT_PROB:
-        # The original's draw: the settings (and so a resumed run's fingerprint) of a run written
-        # before the option existed.
-        del values["random_next_prob"]
+    for key, value in UNRECORDED_DEFAULTS.items():
+        if values[key] == value:
+            del values[key]
+    # Whole words recorded as the original's flag (so the fingerprints of such runs stay); spans
+    # under `masking`.
+    masking = values.pop("masking")
+    values["do_whole_word_mask"] = masking == "whole_word"
+    if masking == "span":
+        values["masking"] = masking
     return {
         "format_version": FORMAT_VERSION,
         "unit_bytes": UNIT_BYTES,
@@ -245,7 +262,7 @@ def setting_differences(old, new):
     """The settings that differ between two `settings` dicts, named as a user would fix them."""
     differences = []
     old_config, new_config = old.get("config", {}), new["config"]
-    unset = {"random_next_prob": ORIGINAL_RANDOM_NEXT_PROB}  # (settings() leaves it out)
+    unset = {**UNRECORDED_DEFAULTS, "masking": "token"}  # (settings() leaves them out)
     for key in dict.fromkeys([*new_config, *old_config]):
         was, now = old_config.get(key, unset.get(key)), new_config.get(key, unset.get(key))
         if key == "vocab_file":

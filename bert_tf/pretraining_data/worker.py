@@ -87,7 +87,9 @@ class BlockRecordBuilder:
             max_predictions_per_seq=config.max_predictions_per_seq,
             masked_lm_prob=config.masked_lm_prob,
             short_seq_prob=config.short_seq_prob,
-            do_whole_word_mask=config.do_whole_word_mask,
+            masking=config.masking,
+            mask_token_prob=config.mask_token_prob,
+            random_token_prob=config.random_token_prob,
             random_next_prob=config.random_next_prob,
         )
         self.serializer = ExampleSerializer(

