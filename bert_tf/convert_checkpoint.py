@@ -47,7 +47,14 @@ EXPORT_TARGETS = ("huggingface", "keras_hub")
 # export keeps them in its bert_tf_output.json instead.
 FLAGS_FILE = "convert_checkpoint.flags"
 # The flags of each direction, refused in the other.
-IMPORT_FLAGS = ("format", "checkpoint", "bert_config_file", "vocab_file", "do_lower_case")
+IMPORT_FLAGS = (
+    "format",
+    "checkpoint",
+    "bert_config_file",
+    "vocab_file",
+    "do_lower_case",
+    "google_gelu",
+)
 EXPORT_FLAGS = ("to", "model_dir", "allow_gelu_change")
 
 
@@ -79,6 +86,14 @@ class ConvertArgs:
         "Whether the model expects lower-cased input. Required unless the config (or Hugging "
         "Face tokenizer_config.json) records it; it is stored in the model directory. It must "
         "match the name of Google's released checkpoints (false for cased_L-12_H-768_A-12).",
+    )
+    google_gelu: str = arg(
+        conversion.DEFAULT_GOOGLE_GELU,
+        'With --format=google: the GELU a bert_config.json\'s "gelu" is read as. tanh is what '
+        "Google's modeling.py computes today (since 2019-02), so the converted model gives the "
+        "original code's numbers; erf is what it computed when its checkpoints were released "
+        "(2018-10-31), and what Hugging Face reads them as. Recorded in bert_config.json.",
+        choices=tuple(conversion.GOOGLE_GELU_FORMS),
     )
     output_dir: str = arg(
         None,
@@ -122,6 +137,7 @@ def run(args, flags_text=""):
         vocab_file=args.vocab_file,
         do_lower_case=args.do_lower_case,
         task_model=hf_export.task_model,
+        google_gelu=args.google_gelu,
     )
     spec = models.read_task_spec(ModelDir(args.output_dir))
     if spec is not None:
@@ -171,6 +187,8 @@ def run_export(args, flags_text=""):
         print(f"keras-hub's outputs are within {result.max_difference:.3g} of this model's")
     if result.left_out:
         print(f"not in the preset: {result.left_out}")
+    if result.note:
+        print(f"note: {result.note}")
     return result
 
 
@@ -193,6 +211,8 @@ def main(argv):
     for name in required:
         if not getattr(args, name):
             raise UsageError(f"--{name} is required")
+    if _given("google_gelu") and args.format != "google":
+        raise UsageError("--google_gelu: only with --format=google")
     if args.allow_gelu_change and args.to != "keras_hub":
         raise UsageError("--allow_gelu_change: only with --to=keras_hub")
     (run_export if exporting else run)(args, flags.FLAGS.flags_into_string())

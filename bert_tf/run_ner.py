@@ -54,7 +54,9 @@ class NerArgs(FinetuneArgs):
         "With --feature_based, the activations the BiLSTM reads: embeddings (the embedding "
         "layer's output), second_to_last, last, sum_last_four (a learned softmax-weighted sum of "
         "the last four layers, scaled: ELMo's scalar mix), concat_last_four, sum_all (the scalar "
-        "mix of the embedding output and every layer). Recorded in task.json.",
+        "mix of every transformer layer, the paper's Weighted Sum All 12 Layers), "
+        "sum_all_with_embeddings (the same mix with the embedding output too). Recorded in "
+        "task.json.",
         choices=representations.FEATURES,
     )
 

@@ -42,6 +42,11 @@ def _fresh_pooler(config, source):
 
 
 FORMATS = ("google", "huggingface")
+# What a Google bert_config.json's "gelu" is read as: the tanh form Google's modeling.py computes
+# today (since 2019-02, commit bee6030), or the erf form it computed when the checkpoints were
+# released (2018-10-31), which Hugging Face reads. The default keeps the original code's numbers.
+GOOGLE_GELU_FORMS = {"tanh": "gelu", "erf": "gelu_exact"}
+DEFAULT_GOOGLE_GELU = "tanh"
 
 
 def _lower_case_setting(values):
@@ -58,6 +63,7 @@ def convert(
     vocab_file=None,
     do_lower_case=None,
     task_model=None,
+    google_gelu=DEFAULT_GOOGLE_GELU,
 ):
     """Converts a Google or Hugging Face BERT checkpoint into a model directory; returns its ckpt path.
 
@@ -71,6 +77,8 @@ def convert(
     model, encoder) when config.json describes a fine-tuned model it can rebuild (bert_tf.interop.hf_export
     passes one that knows its own exports), else None; the directory then holds that task model and
     its task.json, and the head's weights are mapped like the rest.
+
+    `google_gelu` (a GOOGLE_GELU_FORMS key) is the form a Google config's "gelu" becomes.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -86,6 +94,12 @@ def convert(
                 f"{bert_config_file} has no do_lower_case: pass --do_lower_case=true|false "
                 "(uncased models lower-case, cased and most multilingual ones do not)"
             )
+        if google_gelu not in GOOGLE_GELU_FORMS:
+            raise ValueError(
+                f"google_gelu must be one of {', '.join(GOOGLE_GELU_FORMS)}, got {google_gelu!r}"
+            )
+        if values.get("hidden_act") == "gelu":
+            values = dict(values, hidden_act=GOOGLE_GELU_FORMS[google_gelu])
         config = modeling.BertConfig.from_dict(
             dict(values, do_lower_case=do_lower_case), source=bert_config_file
         )
@@ -162,6 +176,7 @@ def convert_to_model_dir(
     task_model=None,
     overwrite=False,
     extra_files=None,
+    google_gelu=DEFAULT_GOOGLE_GELU,
 ):
     """`convert` (which says what the middle arguments are) into `output_dir`, whole; returns the
     checkpoint path. Bad inputs are UsageErrors.
@@ -193,6 +208,7 @@ def convert_to_model_dir(
                 vocab_file=vocab_file,
                 do_lower_case=do_lower_case,
                 task_model=task_model,
+                google_gelu=google_gelu,
             )
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(str(e)) from e

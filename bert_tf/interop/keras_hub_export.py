@@ -19,7 +19,10 @@ What keras-hub's BERT can hold (keras-hub 0.32, read in keras_hub/src/models/ber
   is refused unless `allow_gelu_change`, and then the output difference measured is reported. A
   model with any other activation is refused.
 - BertTextClassifier is dropout and Dense(num_classes) on pooled_output: our classifier head
-  exactly, and the regressor's (num_classes 1: its logits [b, 1] are our score [b]).
+  exactly, and the regressor's (num_classes 1: its logits [b, 1] are our score [b]). Its
+  `compile()`, though, defaults to sparse categorical cross-entropy, which refuses real-valued
+  labels: a regressor preset is fine-tuned further only when compiled with a regression loss.
+  The preset's metadata.json says so (REGRESSOR_NOTE), and so does the export's result.
 - keras-hub has no BERT task for a squad, ner or multiple_choice head: those are refused (their
   Hugging Face export keeps them).
 - Its BertMaskedLM head applies the exact GELU behind a tanh-GELU backbone, a form none of our
@@ -32,6 +35,8 @@ What keras-hub's BERT can hold (keras-hub 0.32, read in keras_hub/src/models/ber
 """
 
 import dataclasses
+import json
+import os
 
 import keras
 import keras_hub
@@ -44,6 +49,12 @@ from bert_tf.model.model_dir import ModelDir, describe_heads
 from bert_tf.runtime import io_utils
 from bert_tf.tasks import models
 
+# What a regressor preset's user must know: keras-hub has no regression task of its own.
+REGRESSOR_NOTE = (
+    "a regressor: BertTextClassifier(num_classes=1) holds its head, whose single logit is the "
+    "score; compile() defaults to a classification loss that refuses real-valued labels, so "
+    "fine-tune it with task.compile(loss=keras.losses.MeanSquaredError())"
+)
 # task.json kinds keras-hub's BertTextClassifier holds.
 CLASSIFIER_KINDS = ("classifier", "regressor")
 # How far keras-hub's outputs may be from ours when nothing was changed.
@@ -60,6 +71,7 @@ class ExportResult:
     max_difference: float  # the largest output difference measured, over a few inputs
     gelu_changed: bool
     left_out: str  # what the preset does not hold ("" for nothing)
+    note: str = ""  # what using the preset needs beyond from_preset (REGRESSOR_NOTE)
 
 
 def activation_form(activation):
@@ -226,13 +238,24 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, reco
             logits.kernel.assign(head["classifier/kernel"])
             logits.bias.assign(head["classifier/bias"])
             task.save_to_preset(tmp)
+            if spec.kind == "regressor":
+                _add_metadata(tmp, {"bert_tf_task": "regressor", "bert_tf_note": REGRESSOR_NOTE})
             classes.append("BertTextClassifier")
         difference = _check_preset(tmp, config, spec, model, encoder)
         if difference > TOLERANCE and not gelu_changed:
             raise RuntimeError(
                 f"bert_tf bug: keras-hub's outputs differ from this model's by {difference:.3g}"
             )
-    return ExportResult(output_dir, classes, difference, gelu_changed, left_out)
+    note = REGRESSOR_NOTE if spec is not None and spec.kind == "regressor" else ""
+    return ExportResult(output_dir, classes, difference, gelu_changed, left_out, note)
+
+
+def _add_metadata(preset, values):
+    """Adds `values` to the preset's metadata.json (keras-hub reads only the keys it knows)."""
+    path = os.path.join(preset, "metadata.json")
+    with open(path) as f:
+        metadata = json.load(f)
+    io_utils.atomic_write_json(path, {**metadata, **values})
 
 
 def _check_preset(preset, config, spec, model, encoder):

@@ -116,8 +116,13 @@ class PretrainingArgs(LoopArgs):
         "The learning rate and optimizer across the phases. continue (the paper's): one warm-up "
         "and linear decay over both phases, Adam's moments kept. restart (NVIDIA's): phase 1 "
         "decays to 0 at --num_train_steps, phase 2 warms up afresh to --phase2_learning_rate over "
-        "--phase2_warmup_steps, the moments kept.",
+        "--phase2_warmup_steps, the moments kept and bias correction started over.",
         choices=pretraining_phases.RECIPES,
+    )
+    lr_decay_power: float = arg(
+        1.0,
+        "The power of the learning rate's decay after warm-up, lr * (1 - step / steps) ** power: "
+        "1 is the original's linear decay, 0.5 NVIDIA's with LAMB (DeepLearningExamples).",
     )
     phase2_learning_rate: float = arg(
         None,
@@ -172,6 +177,8 @@ def validate(args):
     args.validate()
     if args.bert_config_file and args.model_size:
         raise io_utils.UsageError("give --bert_config_file or --model_size, not both")
+    if not args.lr_decay_power > 0:
+        raise io_utils.UsageError(f"--lr_decay_power must be above 0, got {args.lr_decay_power}")
     for name in (
         "train_batch_size",
         "eval_batch_size",
@@ -306,6 +313,7 @@ def job_config(args, phase=None):
         mixed_precision=args.mixed_precision,
         seed=args.seed,
         schedule_restart=phases.schedule_restart(args.learning_rate),
+        decay_power=args.lr_decay_power,
     )
 
 

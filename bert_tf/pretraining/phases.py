@@ -20,9 +20,12 @@ The learning rate and the optimizer across the boundary (--phase2_recipe):
             their phase 1 decayed towards 0 at N1.
   restart   NVIDIA's (DeepLearningExamples, PyTorch): phase 1's schedule decays to 0 at N1; phase 2
             warms up afresh to --phase2_learning_rate over --phase2_warmup_steps, then decays to 0 at
-            N1+N2. The moments are kept, as NVIDIA loads LAMB's state; NVIDIA also resets LAMB's
-            step, which restarts its bias correction: here the update count runs on (our LAMB and
-            the original's AdamW have no bias correction; --adam_bias_correction's AdamW keeps it).
+            N1+N2. The moments are kept, as NVIDIA loads LAMB's state, and the bias correction of
+            LAMB (and of --adam_bias_correction's AdamW) starts over at N1, as NVIDIA's reset of
+            the optimizer's step makes it. NVIDIA's LAMB schedule decays as (1 - progress) ** 0.5:
+            --lr_decay_power=0.5 (PyTorch's PolyWarmUpScheduler, TensorFlow 2's PolynomialDecay).
+            What still differs: NVIDIA's phases run at different global batch sizes (65,536 then
+            32,768 sequences); here both phases take --train_batch_size.
 Google's other route, a new --output_dir with --init_checkpoint, and NVIDIA's TensorFlow 2 scripts
 restore the weights alone: the moments and the step start at 0. --init_checkpoint does that here.
 

@@ -205,6 +205,18 @@ def finetuned_labels(kind, source, output_dir, unknown):
     raise io_utils.UsageError(unknown)
 
 
+def _features_as_saved(spec, config, prefix):
+    """`spec`, with `sum_all` read as `sum_all_with_embeddings` when the checkpoint's mix has a
+    weight for the embeddings too: what `sum_all` meant in model directories written before it
+    became the paper's mix of the transformer layers alone."""
+    if spec.features != "sum_all":
+        return spec
+    shapes = [shape for name, shape in tf.train.list_variables(prefix) if "mix_weights" in name]
+    if shapes and shapes[0] == [config.num_hidden_layers + 1]:
+        return dataclasses.replace(spec, features="sum_all_with_embeddings")
+    return spec
+
+
 def load_task_model(directory):
     """Rebuilds a fine-tuned model from its model directory alone; returns (model, encoder, config, spec).
 
@@ -219,6 +231,7 @@ def load_task_model(directory):
             "not a fine-tuned one"
         )
     config = directory.read_config()
+    spec = _features_as_saved(spec, config, prefix)
     model, encoder = build_task_model(config, spec)
     # From the object graph: a head variable may be keyed under optimizer/ in a training checkpoint.
     if "model" not in checkpoint_root_children(prefix):

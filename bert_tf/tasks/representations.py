@@ -29,7 +29,8 @@ FEATURES = {
     "last": 1,  # the last layer's output (sequence_output)
     "sum_last_four": 4,  # a learned scalar mix (ScalarMix) of the last four layers
     "concat_last_four": 4,  # the last four layers concatenated on the feature axis
-    "sum_all": 1,  # a learned scalar mix of the embedding output and every layer
+    "sum_all": 1,  # a learned scalar mix of every transformer layer (the paper's "All 12 Layers")
+    "sum_all_with_embeddings": 1,  # the same mix with the embedding output as a 13th member
 }
 FROZEN_ENCODER = "frozen_encoder"
 
@@ -71,6 +72,8 @@ class EncoderFeatures(keras.layers.Layer):
         if self.features == "sum_last_four":
             return encoded["encoder_outputs"][-4:]
         if self.features == "sum_all":
+            return encoded["encoder_outputs"]
+        if self.features == "sum_all_with_embeddings":
             return [encoded["embedding_output"], *encoded["encoder_outputs"]]
         return None
 

@@ -31,14 +31,21 @@ DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 OPTIMIZERS = ("adamw", "lamb")
 
 
-def warmup_linear_decay(step, peak_learning_rate, num_train_steps, num_warmup_steps):
+def warmup_linear_decay(
+    step, peak_learning_rate, num_train_steps, num_warmup_steps, decay_power=1.0
+):
     """The original schedule: linear warmup from 0, then linear decay to 0 at num_train_steps.
 
     As in the original, the decay is measured from step 0 (not from the end of warmup): after
-    warmup the rate is peak * (1 - step / num_train_steps). Works on Python numbers and tensors.
+    warmup the rate is peak * (1 - step / num_train_steps) ** decay_power, the power 1 (a
+    linear decay) as in the original; NVIDIA's LAMB recipes use 0.5. Works on Python numbers and
+    tensors.
     """
     step = tf.cast(step, tf.float32)
-    decayed = peak_learning_rate * tf.maximum(0.0, 1.0 - step / float(max(num_train_steps, 1)))
+    remaining = tf.maximum(0.0, 1.0 - step / float(max(num_train_steps, 1)))
+    if decay_power != 1.0:
+        remaining = tf.pow(remaining, float(decay_power))
+    decayed = peak_learning_rate * remaining
     if num_warmup_steps <= 0:
         return decayed
     warming = peak_learning_rate * step / float(num_warmup_steps)
@@ -49,14 +56,19 @@ def warmup_linear_decay(step, peak_learning_rate, num_train_steps, num_warmup_st
 class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
     """`warmup_linear_decay` as a Keras LearningRateSchedule, keyed on optimizer.iterations."""
 
-    def __init__(self, peak_learning_rate, num_train_steps, num_warmup_steps):
+    def __init__(self, peak_learning_rate, num_train_steps, num_warmup_steps, decay_power=1.0):
         self.peak_learning_rate = float(peak_learning_rate)
         self.num_train_steps = int(num_train_steps)
         self.num_warmup_steps = int(num_warmup_steps)
+        self.decay_power = float(decay_power)
 
     def __call__(self, step):
         return warmup_linear_decay(
-            step, self.peak_learning_rate, self.num_train_steps, self.num_warmup_steps
+            step,
+            self.peak_learning_rate,
+            self.num_train_steps,
+            self.num_warmup_steps,
+            self.decay_power,
         )
 
     def get_config(self):
@@ -64,6 +76,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
             "peak_learning_rate": self.peak_learning_rate,
             "num_train_steps": self.num_train_steps,
             "num_warmup_steps": self.num_warmup_steps,
+            "decay_power": self.decay_power,
         }
 
 
@@ -82,8 +95,10 @@ class RestartedWarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule
     """Two warm-up + linear decay schedules end to end: the first decays to 0 at restart.start_step,
     where the second warms up afresh (NVIDIA's pretraining phase 2, whose schedule restarts)."""
 
-    def __init__(self, peak_learning_rate, num_warmup_steps, restart):
-        self.first = WarmupLinearDecay(peak_learning_rate, restart.start_step, num_warmup_steps)
+    def __init__(self, peak_learning_rate, num_warmup_steps, restart, decay_power=1.0):
+        self.first = WarmupLinearDecay(
+            peak_learning_rate, restart.start_step, num_warmup_steps, decay_power
+        )
         self.restart = restart
 
     def __call__(self, step):
@@ -94,6 +109,7 @@ class RestartedWarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule
             restart.peak_learning_rate,
             restart.num_train_steps,
             restart.num_warmup_steps,
+            self.first.decay_power,
         )
         return tf.where(step < restart.start_step, self.first(step), second)
 
@@ -102,6 +118,7 @@ class RestartedWarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule
             "peak_learning_rate": self.first.peak_learning_rate,
             "num_warmup_steps": self.first.num_warmup_steps,
             "restart": dataclasses.asdict(self.restart),
+            "decay_power": self.first.decay_power,
         }
 
     @classmethod
@@ -110,6 +127,7 @@ class RestartedWarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule
             config["peak_learning_rate"],
             config["num_warmup_steps"],
             ScheduleRestart(**config["restart"]),
+            config.get("decay_power", 1.0),
         )
 
 
@@ -130,9 +148,13 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         epsilon,
         exclude_from_weight_decay,
         name,
+        bias_correction_restart=0,
         **kwargs,
     ):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        # The update count from which bias correction starts over (0: never): NVIDIA's phase 2
+        # resets the optimizer's step, so its bias correction begins again there.
+        self.bias_correction_restart = int(bias_correction_restart)
         self.weight_decay_rate = float(weight_decay_rate)
         self.beta_1 = float(beta_1)
         self.beta_2 = float(beta_2)
@@ -158,6 +180,14 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         """Whether `variable` (one this optimizer was built with) receives weight decay."""
         return self.weight_decay_rate > 0 and not self.is_excluded(variable)
 
+    def bias_correction_step(self, dtype):
+        """t of Adam's bias correction 1 - beta^t for this update: the updates since the last start."""
+        iterations = tf.cast(self.iterations, dtype)
+        if self.bias_correction_restart:
+            restart = float(self.bias_correction_restart)
+            iterations = tf.where(iterations >= restart, iterations - restart, iterations)
+        return iterations + 1.0
+
     def _update_moments(self, gradient, variable):
         """m <- b1 m + (1-b1) g; v <- b2 v + (1-b2) g^2; returns the new (m, v) values."""
         index = self._get_variable_index(variable)
@@ -178,6 +208,7 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
                 "beta_2": self.beta_2,
                 "epsilon": self.epsilon,
                 "exclude_from_weight_decay": list(self.exclude_from_weight_decay),
+                "bias_correction_restart": self.bias_correction_restart,
             }
         )
         return config
@@ -230,7 +261,7 @@ class AdamWeightDecay(_DecoupledWeightDecayOptimizer):
             self._fused_update_step(gradient, variable, learning_rate)
             return
         m, v = self._update_moments(gradient, variable)
-        t = tf.cast(self.iterations + 1, variable.dtype)
+        t = self.bias_correction_step(variable.dtype)
         m = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
         v = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
         update = m / (tf.sqrt(v) + self.epsilon)
@@ -321,9 +352,14 @@ class Lamb(_DecoupledWeightDecayOptimizer):
     """LAMB (You et al. 2019, Algorithm 2): bias-corrected Adam direction, layer-wise trust ratio.
 
     r = m_hat / (sqrt(v_hat) + eps);  u = r + wd * x;  x = x - lr * (||x|| / ||u||) * u, with the
-    ratio 1 when either norm is 0. Variables excluded from weight decay (LayerNorm, biases) are also
-    excluded from the trust ratio (ratio 1), as NVIDIA's and TF-Addons' BERT LAMB do: their norms
-    say nothing about the scale of a layer.
+    ratio 1 when either norm is 0; m_hat and v_hat are bias-corrected, with t counted from
+    `bias_correction_restart` after it. Variables excluded from weight decay (LayerNorm, biases)
+    also get ratio 1: TF-Addons' LAMB does this by default (exclude_from_layer_adaptation falls
+    back to exclude_from_weight_decay), as does NVIDIA's PyTorch BERT (apex's FusedLAMB skips
+    the ratio for parameter groups without weight decay unless use_nvlamb). NVIDIA's TensorFlow 2
+    BERT does not: it passes exclude_from_layer_adaptation=['None'], a pattern no variable
+    name matches, so every variable, LayerNorm and biases included, gets the ratio. Ours keeps
+    the exclusion: the norm of a LayerNorm scale or a bias says nothing about a layer's scale.
     """
 
     def __init__(
@@ -352,7 +388,7 @@ class Lamb(_DecoupledWeightDecayOptimizer):
         """One LAMB update of `variable`."""
         learning_rate = tf.cast(learning_rate, variable.dtype)
         m, v = self._update_moments(gradient, variable)
-        t = tf.cast(self.iterations + 1, variable.dtype)
+        t = self.bias_correction_step(variable.dtype)
         m_hat = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
         v_hat = v / (1.0 - tf.pow(tf.cast(self.beta_2, variable.dtype), t))
         update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
@@ -383,23 +419,27 @@ def create_optimizer(
     epsilon=DEFAULT_EPSILON,
     bias_correction=False,
     restart=None,
+    decay_power=1.0,
 ):
     """`adamw` (the original's, or with `bias_correction` standard AdamW) or `lamb`, on the warmup +
-    linear decay schedule (with a ScheduleRestart `restart`: that schedule to restart.start_step,
-    then the restart's; num_train_steps is then unused)."""
+    decay schedule, linear or of `decay_power` (with a ScheduleRestart `restart`: that schedule to
+    restart.start_step, then the restart's, where bias correction starts over as in NVIDIA's phase
+    2; num_train_steps is then unused)."""
     if restart is None:
-        schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+        schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps, decay_power)
     else:
-        schedule = RestartedWarmupLinearDecay(learning_rate, num_warmup_steps, restart)
+        schedule = RestartedWarmupLinearDecay(learning_rate, num_warmup_steps, restart, decay_power)
+    restart_step = restart.start_step if restart is not None else 0
+    common = dict(
+        learning_rate=schedule,
+        weight_decay_rate=weight_decay_rate,
+        epsilon=epsilon,
+        bias_correction_restart=restart_step,
+    )
     if name == "adamw":
-        return AdamWeightDecay(
-            learning_rate=schedule,
-            weight_decay_rate=weight_decay_rate,
-            epsilon=epsilon,
-            bias_correction=bias_correction,
-        )
+        return AdamWeightDecay(bias_correction=bias_correction, **common)
     if name == "lamb":
         if bias_correction:
             raise ValueError("bias_correction applies to adamw, not lamb")
-        return Lamb(learning_rate=schedule, weight_decay_rate=weight_decay_rate, epsilon=epsilon)
+        return Lamb(**common)
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")

@@ -34,6 +34,8 @@ class JobConfig:
     seed: int = 12345
     # A second schedule taking over mid-run (pretraining's phase 2 under the restart recipe).
     schedule_restart: optimization.ScheduleRestart | None = None
+    # The decay's power after warm-up: 1, linear (the original's); NVIDIA's LAMB recipes use 0.5.
+    decay_power: float = 1.0
 
 
 class TrainingJob:
@@ -58,6 +60,7 @@ class TrainingJob:
                 config.adam_epsilon,
                 config.adam_bias_correction,
                 config.schedule_restart,
+                config.decay_power,
             )
         self.trainer = training_loop.Trainer(
             strategy,

@@ -83,6 +83,29 @@ def test_google_checkpoint_matches_numpy_bert(tmp_path):
     assert (written["hidden_act"], written["config_version"]) == ("gelu", 2)
 
 
+def test_google_gelu_erf_reads_the_checkpoint_as_released(tmp_path):
+    # The erf form Google's code computed at the 2018-10-31 release, and Hugging Face reads.
+    weights = random_weights(GOOGLE_TINY)
+    prefix = write_google_dir(str(tmp_path / "google"), weights)
+    out_dir = str(tmp_path / "model")
+    conversion.convert("google", prefix, out_dir, do_lower_case=True, google_gelu="erf")
+    model, encoder = ModelDir(out_dir).load_pretraining_model()
+    ids, mask, types, positions = google_inputs()
+    inputs = {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
+    got = model({**inputs, "masked_lm_positions": positions})
+    sequence, _, _, mlm, _ = np_bert(
+        weights, GOOGLE_TINY, ids, mask, types, positions, gelu=np_gelu_exact
+    )
+    np.testing.assert_allclose(encoder(inputs)["sequence_output"].numpy(), sequence, atol=1e-5)
+    np.testing.assert_allclose(got["mlm_logits"].numpy(), mlm, atol=1e-5)
+    written = json.load(open(os.path.join(out_dir, "bert_config.json")))
+    assert written["hidden_act"] == "gelu_exact"
+    with pytest.raises(ValueError, match="google_gelu must be one of tanh, erf"):
+        conversion.convert(
+            "google", prefix, str(tmp_path / "x"), do_lower_case=True, google_gelu="x"
+        )
+
+
 def test_google_encoder_only_checkpoint(tmp_path):
     weights = random_weights(GOOGLE_TINY, with_heads=False)
     prefix = write_google_dir(str(tmp_path / "google"), weights)
@@ -320,6 +343,23 @@ def test_cli_converts_google_checkpoint(tmp_path):
         os.listdir(out_dir)
     )
     assert json.loads((out_dir / "bert_config.json").read_text())["do_lower_case"] is False
+    erf_dir = tmp_path / "erf"
+    result = run_cli(
+        "--format=google",
+        f"--checkpoint={prefix}",
+        "--do_lower_case=false",
+        "--google_gelu=erf",
+        f"--output_dir={erf_dir}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((erf_dir / "bert_config.json").read_text())["hidden_act"] == "gelu_exact"
+    result = run_cli(
+        "--format=huggingface",
+        f"--checkpoint={TINY_HF_DIR}",
+        "--google_gelu=erf",
+        f"--output_dir={tmp_path / 'hf'}",
+    )
+    assert result.returncode == 2 and "--google_gelu: only with --format=google" in result.stderr
     # A mismatch is a usage error (exit 2) naming the variable.
     del weights["bert/pooler/dense/bias"]
     prefix = write_google_dir(str(tmp_path / "broken"), weights)

@@ -11,9 +11,11 @@ import glob
 import json
 import os
 
+import keras
 import keras_hub
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import run_module_cli, tiny_config, tiny_inputs, write_tiny_vocab
 from helpers_google import NumpyBert, np_gelu, np_gelu_exact
 from safetensors.numpy import load_file
@@ -656,6 +658,31 @@ def test_keras_hub_text_classifier_holds_our_classifier_head(tmp_path, kind):
     ours = model.get_layer("bert_encoder")(x, training=False)
     for name, value in keras_hub_outputs(preset, x).items():
         np.testing.assert_allclose(value, np.asarray(ours[name]), rtol=0, atol=1e-5)
+
+
+def test_a_keras_hub_regressor_preset_says_how_to_train_it_and_trains_so(tmp_path):
+    model_dir, _ = write_model_dir(tmp_path / "model", "regressor")
+    preset = str(tmp_path / "preset")
+    result = keras_hub_export.export(model_dir, preset)
+    assert result.note == keras_hub_export.REGRESSOR_NOTE
+    metadata = json.loads((tmp_path / "preset" / "metadata.json").read_text())
+    assert metadata["bert_tf_task"] == "regressor"
+    assert "MeanSquaredError" in metadata["bert_tf_note"]
+    task = keras_hub.models.BertTextClassifier.from_preset(preset)
+    task.preprocessor.sequence_length = 16  # the tiny model has 32 positions
+    texts, scores = ["w0 w1 w17", "W3 w12, w4!"], np.array([0.5, 2.0], np.float32)
+    # keras-hub's default compile is a classification loss: real-valued labels are refused.
+    task.compile()
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        task.evaluate(texts, scores, verbose=0)
+    # As the note says: the loss is then the score's squared error, and fit trains the head on it.
+    task.compile(optimizer=keras.optimizers.SGD(1e-3), loss=keras.losses.MeanSquaredError())
+    predicted = task.predict(texts, verbose=0).reshape(-1)
+    loss = task.evaluate(texts, scores, verbose=0, return_dict=True)["loss"]
+    assert loss == pytest.approx(np.mean((predicted - scores) ** 2), rel=1e-5)
+    kernel = task.get_layer("logits").kernel.numpy()
+    task.fit(texts, scores, epochs=1, verbose=0)
+    assert np.abs(task.get_layer("logits").kernel.numpy() - kernel).max() > 0
 
 
 @pytest.mark.parametrize("kind", ["squad", "ner", "multiple_choice"])

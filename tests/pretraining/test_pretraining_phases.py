@@ -156,10 +156,15 @@ def test_the_restart_recipe_warms_phase_2_up_afresh(data, tmp_path):
             phase2_recipe="restart",
             phase2_learning_rate=1e-3,
             phase2_warmup_steps=8,
+            optimizer="lamb",
+            lr_decay_power=0.5,
+            learning_rate=2e-3,
         )
     )
     rates = learning_rates(output_dir)
-    # Phase 1 decays to 0 at its end; phase 2 climbs to 1e-3 over 8 steps, then decays to 0 at 30.
+    # NVIDIA's LAMB recipe: phase 1 decays as the square root to 0 at its end; phase 2 climbs to
+    # 1e-3 over 8 steps, then decays the same way to 0 at 30.
+    assert rates[15] == pytest.approx(2e-3 * (1 - 15 / PHASE1_STEPS) ** 0.5, rel=1e-5)
     assert rates[PHASE1_STEPS] == 0.0
     assert rates[25] == pytest.approx(1e-3 * 5 / 8, rel=1e-5)
     assert rates[TOTAL] == pytest.approx(0.0, abs=1e-9)

@@ -367,10 +367,14 @@ def test_feature_based_head_reads_exactly_the_layers_it_names(features):
         weights, google_config(FEATURE_CONFIG), *(x[n] for n in modeling.ENCODER_INPUTS)
     )
     layers = reference.layers
-    if features in ("sum_last_four", "sum_all"):
-        mixed = (
-            layers[-4:] if features == "sum_last_four" else [reference.embedding_output, *layers]
-        )
+    mixes = {
+        "sum_last_four": layers[-4:],
+        "sum_all": layers,  # the paper's "Weighted Sum All 12 Layers": no embeddings
+        "sum_all_with_embeddings": [reference.embedding_output, *layers],
+    }
+    if features in mixes:
+        mixed = mixes[features]
+        assert selection.mix_weights.shape[0] == len(mixed)
         mix_weights, gamma = selection.get_weights()
         softmax = np.exp(mix_weights) / np.exp(mix_weights).sum()
         expected = gamma * sum(w * layer for w, layer in zip(softmax, mixed))
@@ -395,6 +399,32 @@ def test_feature_based_head_reads_exactly_the_layers_it_names(features):
 def test_a_feature_choice_needs_enough_layers():
     with pytest.raises(io_utils.UsageError, match="sum_last_four needs .* at least 4 layers"):
         models.build_task_model(TINY_CONFIG, bilstm_spec("ner", features="sum_last_four"))
+
+
+def test_a_sum_all_model_written_with_embeddings_in_its_mix_loads_as_it_was_trained(tmp_path):
+    # task.json says sum_all, the checkpoint holds a mix of 1 + num_hidden_layers weights: what
+    # sum_all meant before it became the paper's mix of the transformer layers alone.
+    spec = bilstm_spec("ner", features="sum_all_with_embeddings")
+    model, encoder = models.build_task_model(FEATURE_CONFIG, spec)
+    model.get_layer("encoder_features").set_weights(
+        [
+            np.linspace(-1.0, 2.0, FEATURE_CONFIG.num_hidden_layers + 1, dtype=np.float32),
+            np.float32(1.3),
+        ]
+    )
+    directory = ModelDir(str(tmp_path / "model"))
+    directory.write(
+        FEATURE_CONFIG, write_tiny_vocab(tmp_path / "vocab.txt"), encoder, spec=spec, model=model
+    )
+    values = json.load(open(directory.task_file))
+    values["features"] = "sum_all"
+    json.dump(values, open(directory.task_file, "w"))
+    loaded, _, _, loaded_spec = models.load_task_model(directory)
+    assert loaded_spec.features == "sum_all_with_embeddings"
+    x = tiny_inputs()
+    np.testing.assert_array_equal(
+        loaded(x, training=False)["logits"], model(x, training=False)["logits"]
+    )
 
 
 @pytest.mark.parametrize("features", ["", "sum_all"])

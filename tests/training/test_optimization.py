@@ -58,12 +58,21 @@ def numpy_original_adamw(
     return params
 
 
-def numpy_lamb(params, grads_per_step, lrs, wd=0.01, b1=0.9, b2=0.999, eps=1e-6):
-    """LAMB, Algorithm 2 of You et al. (2019), phi = identity; excluded variables use ratio 1, no decay."""
+def numpy_lamb(
+    params, grads_per_step, lrs, wd=0.01, b1=0.9, b2=0.999, eps=1e-6, step_reset_at=None
+):
+    """LAMB, Algorithm 2 of You et al. (2019), phi = identity; excluded variables use ratio 1, no
+    decay. `step_reset_at`: the update at which t starts again from 1, the moments kept (NVIDIA's
+    phase 2 resets the optimizer's step)."""
     params = {k: v.astype(np.float64) for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in params.items()}
     v = {k: np.zeros_like(x) for k, x in params.items()}
-    for t, (grads, lr) in enumerate(zip(grads_per_step, lrs), start=1):
+    for update, (grads, lr) in enumerate(zip(grads_per_step, lrs)):
+        t = (
+            update + 1
+            if step_reset_at is None or update < step_reset_at
+            else update - step_reset_at + 1
+        )
         for name in params:
             g = grads[name].astype(np.float64)
             m[name] = b1 * m[name] + (1 - b1) * g
@@ -232,6 +241,39 @@ def test_lamb_matches_the_paper(num_steps):
     want = numpy_lamb(INITIAL, GRADIENTS[:num_steps], [0.05] * num_steps)
     for name in INITIAL:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_lamb_restarts_its_bias_correction_where_the_schedule_restarts():
+    # NVIDIA's phase 2: its step count starts again, so t in 1 - beta^t does; the moments stay.
+    restart = optimization.ScheduleRestart(2, 0.05, 2, 0)
+    optimizer = optimization.create_optimizer("lamb", 0.05, 3, 0, restart=restart)
+    got = run_keras_optimizer(optimizer, 3)
+    schedule = optimization.RestartedWarmupLinearDecay(0.05, 0, restart)
+    rates = [float(schedule(step)) for step in range(3)]
+    assert rates[2] > 0
+    want = numpy_lamb(INITIAL, GRADIENTS[:3], rates, step_reset_at=2)
+    unrestarted = numpy_lamb(INITIAL, GRADIENTS[:3], rates)
+    for name in INITIAL:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    # The restart is visible: 100 times the tolerance above.
+    assert max(np.abs(want[n] - unrestarted[n]).max() for n in INITIAL) > 1e-4
+    restored = optimization.Lamb.from_config(optimizer.get_config())
+    assert restored.bias_correction_restart == 2
+
+
+def test_decay_power_bends_the_decay_and_keeps_the_warmup():
+    schedule = optimization.WarmupLinearDecay(0.1, 10, 2, decay_power=0.5)
+    rates = [float(schedule(step)) for step in range(11)]
+    np.testing.assert_allclose(
+        rates, [0.0, 0.05] + [0.1 * (1 - s / 10) ** 0.5 for s in range(2, 11)], atol=1e-7
+    )
+    clone = optimization.WarmupLinearDecay.from_config(schedule.get_config())
+    assert float(clone(7)) == rates[7]
+    restarted = optimization.RestartedWarmupLinearDecay(
+        0.1, 2, optimization.ScheduleRestart(10, 0.2, 4, 0), decay_power=0.5
+    )
+    assert float(restarted(5)) == pytest.approx(0.1 * 0.5**0.5)
+    assert float(restarted(11)) == pytest.approx(0.2 * 0.75**0.5)
 
 
 def test_weight_decay_exclusion_uses_the_original_patterns():
