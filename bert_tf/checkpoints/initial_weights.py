@@ -14,6 +14,8 @@ with the conversion command), then checks that the result fits (`_check_fits`).
   it was trained with), its vocab.txt, and, for a fine-tuned one, its task.json. --bert_config_file
   and --model_size are ignored, with a warning: casing and activation travel with the model. A
   --do_lower_case that contradicts its config is an error.
+- one checkpoint of a model directory, MODEL_DIR/ckpt-N: the same, with that checkpoint's weights
+  instead of the newest (a run's earlier steps, as the experiments' steps study fine-tunes them).
 - an original Google checkpoint: a prefix (`.../bert_model.ckpt`) or the directory holding one.
   The config is --bert_config_file; Google's has no do_lower_case, so --do_lower_case gives it
   (default true), and it must not contradict the name of a Google release
@@ -27,6 +29,8 @@ A --output_dir that holds a model must hold one with the same config.
 """
 
 import dataclasses
+import os
+import re
 
 import tensorflow as tf
 from absl import logging
@@ -183,8 +187,13 @@ def resolve(
     """
     init_dir = ModelDir(init_checkpoint)
     flags = (bert_config_file, vocab_file, do_lower_case, model_size)
+    parent = _model_dir_of_checkpoint(init_checkpoint)
     if init_dir.exists():
         source = _from_model_dir(init_dir, *flags)
+    elif parent is not None:
+        source = dataclasses.replace(
+            _from_model_dir(parent, *flags), init_prefix=init_checkpoint.rstrip("/")
+        )
     elif init_checkpoint:
         source = _from_google_checkpoint(
             init_checkpoint, *flags, output_dir, model_size_attention_direction
@@ -193,6 +202,16 @@ def resolve(
         source = _from_flags(*flags, output_dir, model_size_attention_direction)
     _check_fits(source, max_seq_length, output_dir)
     return source
+
+
+def _model_dir_of_checkpoint(path):
+    """The ModelDir holding checkpoint `path` (MODEL_DIR/ckpt-N with its .index file), else None."""
+    if not path or not re.fullmatch(r"ckpt-\d+", os.path.basename(path.rstrip("/"))):
+        return None
+    parent = ModelDir(os.path.dirname(path.rstrip("/")))
+    if not (parent.exists() and tf.io.gfile.exists(path.rstrip("/") + ".index")):
+        return None
+    return parent
 
 
 def _from_model_dir(init_dir, bert_config_file, vocab_file, do_lower_case, model_size):

@@ -6,8 +6,10 @@
     python -m bert_tf.experiments --study=features --init_checkpoint=my_bert \\
         --tasks=conll:conll2003 --output_dir=...
 
---study: tasks (Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM), sizes (Table 6) or
-features (Table 7: fine-tuning against frozen features into a BiLSTM, on tagging). Without
+--study: tasks (Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM), sizes (Table 6),
+features (Table 7: fine-tuning against frozen features into a BiLSTM, on tagging) or masking
+(Table 8's mixes, whole-word and span masking; 3 seeds a cell) or steps (fine-tuned accuracy
+after each fifth of pretraining, masked LM against left-to-right; 3 seeds a cell). Without
 --input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks are the
 demo's (bert_tf.demo_data: sentiment and multiple choice, or code-name tagging for features).
 The study runs each job as its own process (plan.py lists them) and writes OUTPUT_DIR/RESULTS.md,
@@ -35,7 +37,9 @@ class ExperimentArgs:
 
     study: str = arg(
         None,
-        "The study: tasks (Table 5), sizes (Table 6), features (Table 7).",
+        "The study: tasks (Table 5), sizes (Table 6), features (Table 7), masking (Table 8, "
+        "with whole-word and span masking), steps (fine-tuned accuracy against pretraining "
+        "steps, masked LM against left-to-right).",
         choices=plan.STUDIES,
     )
     output_dir: str = arg("", "Where the data, models, runs, RESULTS.md and charts go.")
@@ -77,6 +81,11 @@ class ExperimentArgs:
     finetune_seq_length: int = arg(0, "Fine-tuning max_seq_length (0: the scale's).")
     lstm_units: int = arg(0, "BiLSTM units per direction (0: the scale's; the paper's is 768).")
     seed: int = arg(12345, "Seeds the data and every run.")
+    finetune_seeds: int = arg(
+        0,
+        "Fine-tuning runs per table cell, seeded --seed, --seed + 1, ...; the table shows their "
+        "mean ± standard deviation. 0: the study's default (3 for masking and steps, 1 for the others).",
+    )
 
     def validate(self):
         if not self.study:
@@ -92,6 +101,7 @@ class ExperimentArgs:
             "lstm_units",
             "dupe_factor",
             "vocab_size",
+            "finetune_seeds",
         ):
             if getattr(self, name) < 0:
                 raise io_utils.UsageError(

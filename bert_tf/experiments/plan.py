@@ -11,11 +11,21 @@ The studies (Devlin et al. 2018, section 5):
 - sizes (Table 6): the same recipe at each of --model_sizes; the table reports the masked LM's
   perplexity on held-out records and the fine-tuned dev scores;
 - features (Table 7): a BERT fine-tuned for tagging, against its frozen activations (each layer
-  choice of run_ner --feature_based) feeding a two-layer BiLSTM.
+  choice of run_ner --feature_based) feeding a two-layer BiLSTM;
+- masking (Table 8, and the masking the paper left open): one model pretrained per masking
+  (Table 8's six MASK/SAME/RND mixes, whole-word and span masking), each fine-tuned on
+  classification and tagging and used frozen for tagging;
+- steps (Appendix C.1's figure): fine-tuned accuracy against pretraining steps, at STEP_CHECKPOINTS
+  checkpoints of one masked LM run and one left-to-right run, both without NSP on the same
+  contiguous records, so that the objective alone differs.
+
+A fine-tuning cell runs --finetune_seeds times (seeds --seed, --seed + 1, ...); the report gives
+the mean, the standard deviation and the count of a cell's runs.
 """
 
 import dataclasses
 import functools
+import math
 import os
 import re
 
@@ -79,7 +89,12 @@ SCALES = {
         lstm_units=768,
     ),
 }
-STUDIES = ("tasks", "sizes", "features")
+STUDIES = ("tasks", "sizes", "features", "masking", "steps")
+# Fine-tuning runs per cell when --finetune_seeds is 0: the newer studies compare rows closer than
+# one seed can tell apart.
+DEFAULT_FINETUNE_SEEDS = {"tasks": 1, "sizes": 1, "features": 1, "masking": 3, "steps": 3}
+# The steps study fine-tunes this many evenly spaced checkpoints of each pretraining run.
+STEP_CHECKPOINTS = 5
 
 GLUE_TASKS = classification.GLUE_TASK_NAMES
 FEATURE_CHOICES = (
@@ -90,6 +105,52 @@ FEATURE_CHOICES = (
     ("concat_last_four", "Concat Last Four Hidden"),
     ("sum_all", "Weighted Sum All Layers"),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Masking:
+    """A row of the masking study: create_pretraining_data's --masking and replacement shares."""
+
+    row: str
+    masking: str
+    mask_token_prob: float
+    random_token_prob: float
+
+    @property
+    def name(self):
+        kept = round(100 * (1 - self.mask_token_prob - self.random_token_prob))
+        shares = f"{round(100 * self.mask_token_prob)}_{kept}_{round(100 * self.random_token_prob)}"
+        return f"{self.masking}_{shares}"
+
+    @property
+    def shares(self):
+        """The MASK / SAME / RND percentages, as the paper's Table 8 columns show them."""
+        mask, random = round(100 * self.mask_token_prob), round(100 * self.random_token_prob)
+        return mask, 100 - mask - random, random
+
+    @property
+    def flags(self):
+        return [
+            f"--masking={self.masking}",
+            f"--mask_token_prob={self.mask_token_prob:g}",
+            f"--random_token_prob={self.random_token_prob:g}",
+        ]
+
+
+# Table 8's rows (MASK / SAME / RND), then whole words and SpanBERT's spans at the original's mix.
+MASKINGS = (
+    Masking("80% / 10% / 10%", "token", 0.8, 0.1),
+    Masking("100% / 0% / 0%", "token", 1.0, 0.0),
+    Masking("80% / 0% / 20%", "token", 0.8, 0.2),
+    Masking("80% / 20% / 0%", "token", 0.8, 0.0),
+    Masking("0% / 20% / 80%", "token", 0.0, 0.8),
+    Masking("0% / 0% / 100%", "token", 0.0, 1.0),
+    Masking("Whole words, 80% / 10% / 10%", "whole_word", 0.8, 0.1),
+    Masking("Spans of words, 80% / 10% / 10%", "span", 0.8, 0.1),
+)
+# The frozen features of the masking study's feature-based column: the paper's Table 8 uses the
+# last four layers concatenated; a model too shallow for them mixes all its layers.
+MASKING_FEATURES = ("concat_last_four", "sum_all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +257,8 @@ class Step:
     row: str = ""  # the table row it fills
     task: TaskData = None  # (fine-tuning steps)
     reason: str = ""  # (skipped steps) why, shown in the table's cell
+    column: str = ""  # (fine-tuning and skipped steps) the table column it fills
+    seed: int = None  # (fine-tuning steps of a cell with several seeds) its run's seed
 
 
 @dataclasses.dataclass
@@ -247,9 +310,12 @@ class Planner:
         self.add(Step("vocab", "build_vocab", flags, vocab))
         return vocab
 
-    def records(self, corpus, vocab, random_next_prob=0.5):
-        """Pretraining records; `random_next_prob` 0 gives contiguous text (the No NSP rows')."""
+    def records(self, corpus, vocab, random_next_prob=0.5, masking=None):
+        """Pretraining records; `random_next_prob` 0 gives contiguous text (the No NSP rows');
+        `masking`, a Masking, masks as its row says."""
         name = "records" if random_next_prob == 0.5 else f"records_random_next_{random_next_prob:g}"
+        if masking is not None:
+            name = f"records_{masking.name}"
         records = os.path.join(self.data_dir, name)
         flags = [
             f"--input_file={corpus}",
@@ -262,6 +328,7 @@ class Planner:
             "--num_shards=4",
             f"--random_seed={self.args.seed}",
             f"--random_next_prob={random_next_prob:g}",
+            *(masking.flags if masking is not None else ()),
             "--overwrite",  # a rerun after a kill starts the data job over
         ]
         self.add(
@@ -312,8 +379,10 @@ class Planner:
             f"--max_eval_steps={args.max_eval_steps}",
             f"--seed={args.seed}",
             *size_flags,
-            *pretraining.flags,
         ]
+        # A row's own flags replace the recipe's of the same name.
+        given = {flag.split("=", 1)[0] for flag in pretraining.flags}
+        flags = [f for f in flags if f.split("=", 1)[0] not in given] + list(pretraining.flags)
         self.add(
             Step(
                 f"pretrain_{os.path.basename(pretraining.model_dir)}",
@@ -325,7 +394,19 @@ class Planner:
             )
         )
 
-    def finetune(self, name, model_dir, task, row, extra_flags=(), epochs=None):
+    def finetune_seeds(self):
+        """The seeds of a fine-tuning cell's runs."""
+        count = self.args.finetune_seeds or DEFAULT_FINETUNE_SEEDS[self.args.study]
+        return [self.args.seed + i for i in range(count)]
+
+    def finetune(self, name, model_dir, task, row, extra_flags=(), epochs=None, column=None):
+        """A fine-tuning cell: one run per seed (named NAME_sSEED when there are several)."""
+        seeds = self.finetune_seeds()
+        for seed in seeds:
+            run = name if len(seeds) == 1 else f"{name}_s{seed}"
+            self._finetune_run(run, model_dir, task, row, extra_flags, epochs, seed, column)
+
+    def _finetune_run(self, name, model_dir, task, row, extra_flags, epochs, seed, column):
         scale, args = self.scale, self.args
         epochs = epochs or args.finetune_epochs or scale["finetune_epochs"]
         output_dir = self.path("runs", name)
@@ -343,7 +424,7 @@ class Planner:
             f"--learning_rate={args.finetune_learning_rate or scale['finetune_learning_rate']}",
             f"--num_train_epochs={epochs:g}",
             f"--adam_bias_correction={str(scale['finetune_bias_correction']).lower()}",
-            f"--seed={args.seed}",
+            f"--seed={seed}",
             *extra_flags,
         ]
         self.add(
@@ -355,6 +436,8 @@ class Planner:
                 kind="finetuning",
                 row=row,
                 task=task,
+                column=column or task.column,
+                seed=seed if len(self.finetune_seeds()) > 1 else None,
             )
         )
 
@@ -475,6 +558,7 @@ def features_study(planner):
                     row=row,
                     task=task,
                     reason=reason,
+                    column=task.column,
                 )
             )
             continue
@@ -489,9 +573,85 @@ def features_study(planner):
     return planner.steps
 
 
+def masking_study(planner):
+    """Table 8: a model pretrained per masking, fine-tuned on classification and tagging, and its
+    frozen features into a BiLSTM for tagging."""
+    corpus = planner.corpus_file()
+    vocab = planner.vocab_file(corpus)
+    tasks = planner.task_data(corpus, ("glue", "conll"))
+    size = [f"--model_size={planner.scale['model_size']}"]
+    num_layers = modeling.NAMED_SIZES[planner.scale["model_size"]][0]
+    features = next(f for f in MASKING_FEATURES if representations.FEATURES[f] <= num_layers)
+    for masking in MASKINGS:
+        records = planner.records(corpus, vocab, masking=masking)
+        model_dir = planner.path("models", masking.name)
+        planner.pretrain(Pretraining(masking.row, model_dir, []), records, vocab, size)
+        for task in tasks:
+            planner.finetune(f"{masking.name}_{task.name}", model_dir, task, masking.row)
+        for task in (t for t in tasks if t.name == "conll"):
+            planner.finetune(
+                f"{masking.name}_features_{task.name}",
+                model_dir,
+                task,
+                masking.row,
+                ["--feature_based", f"--features={features}", *planner.lstm_flags()],
+                epochs=planner.bilstm_epochs(),
+                column=f"{task.name} feature-based, {features} ({task.metric})",
+            )
+    return planner.steps
+
+
+def steps_study(planner):
+    """Appendix C.1: fine-tuned accuracy after each fifth of pretraining, masked LM against
+    left-to-right."""
+    corpus = planner.corpus_file()
+    vocab = planner.vocab_file(corpus)
+    contiguous = planner.records(corpus, vocab, random_next_prob=0.0)
+    tasks = [t for t in planner.task_data(corpus, ("glue",)) if t.job == "run_classifier"]
+    if not tasks:
+        raise io_utils.UsageError("--study=steps needs a GLUE task in --tasks")
+    size = [f"--model_size={planner.scale['model_size']}"]
+    total = planner.args.pretraining_steps or planner.scale["pretraining_steps"]
+    every = max(1, total // STEP_CHECKPOINTS)
+    checkpoints = [every * k for k in range(1, STEP_CHECKPOINTS + 1)]
+    keep = [
+        f"--save_checkpoints_steps={every}",
+        f"--keep_checkpoint_max={STEP_CHECKPOINTS + 1}",
+        f"--num_train_steps={checkpoints[-1]}",
+        # A checkpoint is saved where a loop ends: the loops must end on every `every`th step.
+        f"--steps_per_loop={math.gcd(every, max(1, min(100, total // 20)))}",
+    ]
+    rows = [
+        Pretraining("Masked LM", planner.path("models", "mlm"), ["--nsp=false", *keep]),
+        Pretraining(
+            "Left-to-right",
+            planner.path("models", "ltr"),
+            ["--nsp=false", "--objective=ltr", *keep],
+        ),
+    ]
+    for pretraining in rows:
+        planner.pretrain(pretraining, contiguous, vocab, size)
+    for pretraining in rows:
+        for step in checkpoints:
+            for task in tasks:
+                planner.finetune(
+                    f"{os.path.basename(pretraining.model_dir)}_{step}_{task.name}",
+                    os.path.join(pretraining.model_dir, f"ckpt-{step}"),
+                    task,
+                    str(step),
+                    column=f"{pretraining.row}: {task.column}",
+                )
+    return planner.steps
+
+
 def plan(args):
     """The steps of `args.study`, in order."""
     planner = Planner(args, SCALES[args.scale])
-    return {"tasks": tasks_study, "sizes": sizes_study, "features": features_study}[args.study](
-        planner
-    )
+    studies = {
+        "tasks": tasks_study,
+        "sizes": sizes_study,
+        "features": features_study,
+        "masking": masking_study,
+        "steps": steps_study,
+    }
+    return studies[args.study](planner)

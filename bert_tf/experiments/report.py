@@ -7,8 +7,10 @@
   the run's TensorBoard scalars) and each fine-tuning run's dev score by epoch (eval_history.jsonl).
 """
 
+import dataclasses
 import math
 import os
+import statistics
 
 import matplotlib
 
@@ -27,7 +29,38 @@ TITLES = {
     "tasks": "Table 5: ablation over the pre-training tasks",
     "sizes": "Table 6: ablation over BERT model size",
     "features": "Table 7: the feature-based approach on tagging",
+    "masking": "Table 8: masking strategies, fine-tuned and feature-based",
+    "steps": "Appendix C.1: fine-tuned accuracy against pretraining steps",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedScores:
+    """A cell's dev scores over its seeds: shown as mean ± std (n), charted as the mean."""
+
+    scores: tuple
+
+    @property
+    def mean(self):
+        return statistics.fmean(self.scores)
+
+    @property
+    def std(self):
+        return statistics.stdev(self.scores) if len(self.scores) > 1 else 0.0
+
+    def __str__(self):
+        return f"{self.mean:.3f} ± {self.std:.3f} ({len(self.scores)})"
+
+
+def cell(scores):
+    """A table cell from a cell's runs: None before any finished, a float for one run, else the
+    SeedScores of those finished; a skipped cell's reason as it is."""
+    if isinstance(scores, str):
+        return scores
+    done = tuple(s for s in scores if s is not None)
+    if not done:
+        return None
+    return done[0] if len(scores) == 1 else SeedScores(done)
 
 
 def read_key_values(path):
@@ -85,24 +118,27 @@ def lm_perplexity(model_dir):
 
 
 def finetuning_results(steps):
-    """{row: {task column: dev score}} and {run name: (task column, [(epoch, score)])}."""
-    table, curves = {}, {}
+    """{row: {column: cell}} (see `cell`) and {run name: (column, [(epoch, score)])}."""
+    runs, curves = {}, {}
     for step in steps:
         if step.kind == "skipped":
-            table.setdefault(step.row, {})[step.task.column] = step.reason
+            runs.setdefault(step.row, {})[step.column] = step.reason
         if step.kind != "finetuning":
             continue
         run_dir = os.path.dirname(step.done_file)
         key = step.task.score_key
         score = read_key_values(step.done_file).get(key)
-        table.setdefault(step.row, {})[step.task.column] = score
+        runs.setdefault(step.row, {}).setdefault(step.column, []).append(score)
         history = [(e["epoch"], e[key]) for e in finetuning.read_eval_history(run_dir) if key in e]
-        curves[step.name] = (step.task.column, history)
+        curves[step.name] = (step.column, history)
+    table = {
+        row: {c: cell(scores) for c, scores in columns.items()} for row, columns in runs.items()
+    }
     return table, curves
 
 
 def markdown_table(header, rows):
-    """A markdown table; None cells show as a dash (not run yet)."""
+    """A markdown table; None cells show as a dash (not run yet), SeedScores as mean ± std (n)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = ["–" if c is None else f"{c:.3f}" if isinstance(c, float) else str(c) for c in row]
@@ -113,7 +149,17 @@ def markdown_table(header, rows):
 def study_table(study, steps):
     """(header, rows) of the study's table in the paper's layout."""
     table, _ = finetuning_results(steps)
-    columns = list(dict.fromkeys(s.task.column for s in steps if s.kind == "finetuning"))
+    columns = list(dict.fromkeys(s.column for s in steps if s.kind == "finetuning"))
+    if study == "masking":
+        shares = {m.row: m.shares for m in plan.MASKINGS}
+        return ["Masking", "MASK", "SAME", "RND", *columns], [
+            [row, *(f"{p}%" for p in shares[row]), *(scores.get(c) for c in columns)]
+            for row, scores in table.items()
+        ]
+    if study == "steps":
+        return ["Pretraining steps", *columns], [
+            [int(row), *(scores.get(c) for c in columns)] for row, scores in table.items()
+        ]
     if study == "tasks":
         return ["Tasks", *columns], [
             [row, *(scores.get(c) for c in columns)] for row, scores in table.items()
@@ -138,17 +184,25 @@ def study_table(study, steps):
     return ["System", "Dev F1"], rows
 
 
+def chart_value(table_cell):
+    """The bar of a table cell: its score, or its seeds' mean; 0 for anything else."""
+    if isinstance(table_cell, SeedScores):
+        return table_cell.mean
+    return table_cell if isinstance(table_cell, float) else 0.0
+
+
 def bar_chart(path, title, header, rows, first_score_column):
     """The table's scores as grouped bars, one group per row."""
     columns = header[first_score_column:]
-    scored = [r for r in rows if any(isinstance(c, float) for c in r[first_score_column:])]
+    scored = [r for r in rows if any(chart_value(c) for c in r[first_score_column:])]
     figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(scored) + 2), 4.5))
     width = 0.8 / max(1, len(columns))
     for index, column in enumerate(columns):
-        values = [r[first_score_column + index] for r in scored]
-        values = [v if isinstance(v, float) else 0.0 for v in values]
+        cells = [r[first_score_column + index] for r in scored]
+        values = [chart_value(c) for c in cells]
+        errors = [c.std if isinstance(c, SeedScores) else 0.0 for c in cells]
         positions = [i + index * width for i in range(len(scored))]
-        bars = axes.bar(positions, values, width, label=column)
+        bars = axes.bar(positions, values, width, label=column, yerr=errors, capsize=2)
         axes.bar_label(bars, fmt="%.3f", fontsize=7)
     labels = [" / ".join(str(c) for c in r[:first_score_column]) for r in scored]
     axes.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(scored))])
@@ -156,6 +210,25 @@ def bar_chart(path, title, header, rows, first_score_column):
     axes.set_ylabel("dev score")
     axes.set_ylim(0, 1.05)
     axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8)
+    save(figure, path)
+
+
+def line_chart(path, title, header, rows):
+    """Each score column against the first column (pretraining steps), with the seeds' spread."""
+    figure, axes = plt.subplots(figsize=(6.5, 4.5))
+    for index, column in enumerate(header[1:], start=1):
+        points = [(r[0], r[index]) for r in rows if chart_value(r[index])]
+        if not points:
+            continue
+        x = [step for step, _ in points]
+        y = [chart_value(c) for _, c in points]
+        errors = [c.std if isinstance(c, SeedScores) else 0.0 for _, c in points]
+        axes.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=column)
+    axes.set_xlabel(header[0])
+    axes.set_ylabel("dev score")
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     save(figure, path)
 
@@ -200,9 +273,10 @@ def curves(output_dir, steps):
     for step in steps:
         if step.kind == "finetuning" and finetuned[step.name][1]:
             column, points = finetuned[step.name]
-            by_task.setdefault(column, {})[step.row] = points
+            label = step.row if step.seed is None else f"{step.row}, seed {step.seed}"
+            by_task.setdefault(column, {})[label] = points
             path = os.path.join(output_dir, "curves", f"{step.name}.png")
-            plot_curve(path, f"{step.row}: {column}", "epoch", "dev score", {step.row: points})
+            plot_curve(path, f"{label}: {column}", "epoch", "dev score", {label: points})
             paths.append(path)
     panels = ([("pretraining", pretraining)] if pretraining else []) + sorted(by_task.items())
     if panels:
@@ -221,12 +295,26 @@ def curves(output_dir, steps):
     return paths
 
 
+def seeds_text(args):
+    """How many seeds each fine-tuning cell ran, for the recipe line."""
+    count = args.finetune_seeds or plan.DEFAULT_FINETUNE_SEEDS[args.study]
+    if count == 1:
+        return f", seed {args.seed}."
+    return (
+        f", seeds {args.seed} to {args.seed + count - 1} for every cell (mean ± standard deviation "
+        "(runs))."
+    )
+
+
 def write_report(args, steps, times, command):
     """RESULTS.md and the charts; returns RESULTS.md's path."""
     header, rows = study_table(args.study, steps)
-    first_score = 4 if args.study == "sizes" else 1
+    first_score = {"sizes": 4, "masking": 4}.get(args.study, 1)
     chart = os.path.join(args.output_dir, f"{args.study}.png")
-    bar_chart(chart, TITLES[args.study], header, rows, first_score)
+    if args.study == "steps":
+        line_chart(chart, TITLES[args.study], header, rows)
+    else:
+        bar_chart(chart, TITLES[args.study], header, rows, first_score)
     curve_files = curves(args.output_dir, steps)
     recipe = plan.SCALES[args.scale]
     total = sum(times.get(s.name, 0.0) for s in steps)
@@ -251,7 +339,7 @@ def write_report(args, steps, times, command):
         )
         + f", batch {recipe['finetune_batch']}, "
         + ("standard AdamW" if recipe["finetune_bias_correction"] else "the original's AdamW")
-        + f", seed {args.seed}.",
+        + seeds_text(args),
         "",
         f"Command: `{command}`",
         "",

@@ -5,12 +5,14 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from helpers import (
     OLD_CLASSIFIER_SPEC,
     assert_matches_reference,
     old_model_dir,
     reference_inputs,
     tiny_config,
+    write_tiny_vocab,
 )
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
 
@@ -84,6 +86,27 @@ def test_a_model_directory_brings_its_config_vocab_and_weights(reference, tmp_pa
     ):
         initial_weights.resolve(init, do_lower_case=False)
     assert initial_weights.resolve(init, do_lower_case=True).config.do_lower_case is True
+
+
+def test_one_checkpoint_of_a_model_directory_gives_that_checkpoints_weights(tmp_path):
+    config = tiny_config()
+    encoder = modeling.build_encoder(config)
+    directory = ModelDir(str(tmp_path / "run"))
+    first = directory.write(config, write_tiny_vocab(tmp_path / "vocab.txt"), encoder)
+    first_weights = [w.copy() for w in encoder.get_weights()]
+    encoder.set_weights([w + 1.0 for w in first_weights])
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(encoder=encoder), directory.path, 5)
+    latest = manager.save(checkpoint_number=2)  # a later step of the same run
+    assert latest != first and directory.latest_checkpoint() == latest
+    source = initial_weights.resolve(first)
+    assert source.init_prefix == first and source.config == config
+    loaded = modeling.build_encoder(config)
+    assert source.load_weights(loaded) == ["encoder"]
+    for got, want in zip(loaded.get_weights(), first_weights):
+        np.testing.assert_array_equal(got, want)
+    # A checkpoint that is not there is not taken for one.
+    with pytest.raises(io_utils.UsageError, match="--init_checkpoint"):
+        initial_weights.resolve(str(tmp_path / "run" / "ckpt-9"))
 
 
 def test_a_legacy_model_directory_keeps_its_erf_gelu(reference, tmp_path):

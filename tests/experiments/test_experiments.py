@@ -1,5 +1,6 @@
 """python -m bert_tf.experiments: the paper's studies as real jobs, their tables, charts and resuming."""
 
+import dataclasses
 import io
 import math
 import os
@@ -105,6 +106,107 @@ def test_the_tasks_study_is_table_5s_rows_with_the_real_jobs_flags(tmp_path):
     assert all("--eval_every_epoch" in s.flags for s in steps if s.kind == "finetuning")
     # At the tiny scale's learning rate (1e-3) the runs fine-tune with standard AdamW.
     assert all("--adam_bias_correction=true" in s.flags for s in steps if s.kind == "finetuning")
+
+
+def test_the_masking_study_pretrains_one_model_per_masking_with_three_seeds_a_cell(tmp_path):
+    args = ExperimentArgs(study="masking", output_dir=str(tmp_path), scale="tiny")
+    steps = plan.plan(args)
+    data = {s.name: s for s in steps if s.module == "create_pretraining_data"}
+    pretraining = {s.row: s for s in steps if s.kind == "pretraining"}
+    assert list(pretraining) == [m.row for m in plan.MASKINGS] and len(pretraining) == 8
+    # Each row's records are masked as its row says; the first is the original's mix.
+    for masking in plan.MASKINGS:
+        records = data[f"records_{masking.name}"]
+        assert set(masking.flags) <= set(records.flags)
+        model = pretraining[masking.row]
+        assert f"--input_file={tmp_path}/data/records_{masking.name}/*.tfrecord" in model.flags
+    assert {"--masking=token", "--mask_token_prob=0", "--random_token_prob=1"} <= set(
+        data["records_token_0_0_100"].flags
+    )
+    assert "--masking=span" in data["records_span_80_10_10"].flags
+    # Every cell (sst2, conll, conll feature-based) runs 3 seeds; the tiny model's 2 layers are
+    # too few for the paper's concatenated last four, so its frozen layers are mixed.
+    runs = [s for s in steps if s.kind == "finetuning" and s.row == plan.MASKINGS[6].row]
+    assert [s.name for s in runs] == [
+        f"whole_word_80_10_10_{cell}_s{seed}"
+        for cell in ("sst2", "conll", "features_conll")
+        for seed in (12345, 12346, 12347)
+    ]
+    assert [f for s in runs for f in s.flags if f.startswith("--seed=")] == [
+        f"--seed={seed}" for _ in range(3) for seed in (12345, 12346, 12347)
+    ]
+    assert all("--features=sum_all" in s.flags for s in runs if "features" in s.name)
+    assert len({s.column for s in runs}) == 3
+    # --finetune_seeds=1: one run a cell, named as the other studies' are.
+    single = plan.plan(dataclasses.replace(args, finetune_seeds=1))
+    assert "token_80_10_10_sst2" in {s.name for s in single}
+
+
+def test_the_steps_study_fine_tunes_five_checkpoints_of_a_masked_and_a_left_to_right_run(
+    tmp_path,
+):
+    args = ExperimentArgs(study="steps", output_dir=str(tmp_path), pretraining_steps=1000)
+    steps = plan.plan(args)
+    pretraining = {s.row: s for s in steps if s.kind == "pretraining"}
+    assert list(pretraining) == ["Masked LM", "Left-to-right"]
+    for row, step in pretraining.items():
+        # Both without NSP on the same contiguous text: the objective alone differs.
+        assert "--nsp=false" in step.flags
+        assert f"--input_file={tmp_path}/data/records_random_next_0/*.tfrecord" in step.flags
+        # One value a flag: the row's checkpoints replace the recipe's.
+        names = [f.split("=")[0] for f in step.flags]
+        assert len(names) == len(set(names))
+        assert {"--save_checkpoints_steps=200", "--keep_checkpoint_max=6"} <= set(step.flags)
+        assert "--steps_per_loop=50" in step.flags and "--num_train_steps=1000" in step.flags
+    assert "--objective=ltr" in pretraining["Left-to-right"].flags
+    runs = [s for s in steps if s.kind == "finetuning"]
+    assert len(runs) == 2 * 5 * 3  # two runs, five checkpoints, three seeds
+    inits = sorted({f for s in runs for f in s.flags if f.startswith("--init_checkpoint=")})
+    assert inits == sorted(
+        f"--init_checkpoint={tmp_path}/models/{model}/ckpt-{step}"
+        for model in ("mlm", "ltr")
+        for step in (200, 400, 600, 800, 1000)
+    )
+    header, rows = report.study_table("steps", steps)
+    assert header == [
+        "Pretraining steps",
+        "Masked LM: sst2 (accuracy)",
+        "Left-to-right: sst2 (accuracy)",
+    ]
+    assert [r[0] for r in rows] == [200, 400, 600, 800, 1000]
+    # The chart: score against steps, a line a model.
+    for step in runs[:3]:
+        os.makedirs(os.path.dirname(step.done_file))
+        with open(step.done_file, "w") as f:
+            f.write(f"eval_accuracy = {0.6 + (step.seed - 12345) / 100}\n")
+    header, rows = report.study_table("steps", steps)
+    assert str(rows[0][1]) == "0.610 ± 0.010 (3)"
+    chart = str(tmp_path / "steps.png")
+    report.line_chart(chart, report.TITLES["steps"], header, rows)
+    assert png_size(chart)[0] > 300
+
+
+def test_a_cell_of_several_seeds_shows_mean_std_and_count_and_charts_error_bars(tmp_path):
+    args = ExperimentArgs(study="masking", output_dir=str(tmp_path), scale="tiny")
+    steps = plan.plan(args)
+    first = plan.MASKINGS[0]
+    scores = {12345: 0.70, 12346: 0.80, 12347: 0.90}
+    for step in steps:
+        if step.name.startswith(f"{first.name}_sst2_s"):
+            os.makedirs(os.path.dirname(step.done_file))
+            with open(step.done_file, "w") as f:
+                f.write(f"eval_accuracy = {scores[step.seed]}\n")
+    header, rows = report.study_table("masking", steps)
+    assert header[:4] == ["Masking", "MASK", "SAME", "RND"]
+    row = rows[0]
+    assert row[:4] == [first.row, "80%", "10%", "10%"]
+    sst2 = header.index("sst2 (accuracy)")
+    assert str(row[sst2]) == "0.800 ± 0.100 (3)"
+    assert row[sst2 + 1] is None  # conll: not run yet
+    assert "| 0.800 ± 0.100 (3) |" in report.markdown_table(header, rows)
+    chart = str(tmp_path / "masking.png")
+    report.bar_chart(chart, report.TITLES["masking"], header, rows, 4)
+    assert png_size(chart)[0] > 300
 
 
 @pytest.mark.parametrize(
