@@ -55,9 +55,8 @@ class NerArgs(FinetuneArgs):
         "layer's output), second_to_last, last, sum_last_four (a learned softmax-weighted sum of "
         "the last four layers, scaled: ELMo's scalar mix), concat_last_four, sum_all (the scalar "
         "mix of every transformer layer, the paper's Weighted Sum All 12 Layers), "
-        "sum_all_with_embeddings (the same mix with the embedding output too). Recorded in "
-        "task.json.",
-        choices=representations.FEATURES,
+        "sum_all_with_embeddings (the same mix with the embedding output too), or layer_K (the "
+        "K-th transformer layer's output alone, K from 1). Recorded in task.json.",
     )
 
     def validate(self):
@@ -67,11 +66,11 @@ class NerArgs(FinetuneArgs):
             raise io_utils.UsageError("--features applies to --feature_based only")
         if self.feature_based and self.features is None:
             raise io_utils.UsageError(
-                f"--feature_based needs --features (one of {', '.join(representations.FEATURES)})"
+                f"--feature_based needs --features (one of {representations.FEATURES_HELP})"
             )
-        if self.features is not None and self.features not in representations.FEATURES:
+        if self.features is not None and not representations.is_feature_choice(self.features):
             raise io_utils.UsageError(
-                f"--features={self.features} is not one of {', '.join(representations.FEATURES)}"
+                f"--features={self.features} is not one of {representations.FEATURES_HELP}"
             )
         if self.feature_based and self.head not in (None, "bilstm"):
             raise io_utils.UsageError(

@@ -9,7 +9,8 @@
 --study: tasks (Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM), sizes (Table 6),
 features (Table 7: fine-tuning against frozen features into a BiLSTM, on tagging) or masking
 (Table 8's mixes, whole-word and span masking; 3 seeds a cell) or steps (fine-tuned accuracy
-after each fifth of pretraining, masked LM against left-to-right; 3 seeds a cell). Without
+after each fifth of pretraining, masked LM against left-to-right; 3 seeds a cell) or layers (the
+same BiLSTM probe on the frozen embeddings and on each layer's output, on tagging; 3 seeds). Without
 --input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks are the
 demo's (bert_tf.demo_data: sentiment and multiple choice, or code-name tagging for features).
 The study runs each job as its own process (plan.py lists them) and writes OUTPUT_DIR/RESULTS.md,
@@ -38,8 +39,9 @@ class ExperimentArgs:
     study: str = arg(
         None,
         "The study: tasks (Table 5), sizes (Table 6), features (Table 7), masking (Table 8, "
-        "with whole-word and span masking), steps (fine-tuned accuracy against pretraining "
-        "steps, masked LM against left-to-right).",
+        "with whole-word and span masking), layers (a frozen-feature probe on every layer), "
+        "steps (fine-tuned accuracy against pretraining steps, masked LM against "
+        "left-to-right).",
         choices=plan.STUDIES,
     )
     output_dir: str = arg("", "Where the data, models, runs, RESULTS.md and charts go.")
@@ -66,7 +68,9 @@ class ExperimentArgs:
         "L<layers>_H<hidden>_A<heads>.",
     )
     init_checkpoint: str = arg(
-        "", "--study=features: study this pretrained model directory instead of pretraining one."
+        "",
+        "--study=features and --study=layers: study this pretrained model directory instead of "
+        "pretraining one.",
     )
     pretraining_steps: int = arg(0, "Pretraining steps (0: the scale's).")
     dupe_factor: int = arg(5, "How many maskings of the corpus the pretraining records hold.")
@@ -84,7 +88,7 @@ class ExperimentArgs:
     finetune_seeds: int = arg(
         0,
         "Fine-tuning runs per table cell, seeded --seed, --seed + 1, ...; the table shows their "
-        "mean ± standard deviation. 0: the study's default (3 for masking and steps, 1 for the others).",
+        "mean ± standard deviation. 0: the study's default (3 for masking, layers and steps, 1 for the others).",
     )
 
     def validate(self):
@@ -107,9 +111,9 @@ class ExperimentArgs:
                 raise io_utils.UsageError(
                     f"--{name} must not be negative, got {getattr(self, name)}"
                 )
-        if self.init_checkpoint and self.study != "features":
+        if self.init_checkpoint and self.study not in ("features", "layers"):
             raise io_utils.UsageError(
-                "--init_checkpoint is for --study=features (the others pretrain)"
+                "--init_checkpoint is for --study=features and --study=layers (the others pretrain)"
             )
         if self.study == "sizes":
             for size in self.model_sizes:

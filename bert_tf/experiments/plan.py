@@ -15,6 +15,8 @@ The studies (Devlin et al. 2018, section 5):
 - masking (Table 8, and the masking the paper left open): one model pretrained per masking
   (Table 8's six MASK/SAME/RND mixes, whole-word and span masking), each fine-tuned on
   classification and tagging and used frozen for tagging;
+- layers (Table 7's question, for every layer): the frozen embeddings and each layer's output
+  alone, read by the same two-layer BiLSTM probe, on tagging;
 - steps (Appendix C.1's figure): fine-tuned accuracy against pretraining steps, at STEP_CHECKPOINTS
   checkpoints of one masked LM run and one left-to-right run, both without NSP on the same
   contiguous records, so that the objective alone differs.
@@ -89,10 +91,17 @@ SCALES = {
         lstm_units=768,
     ),
 }
-STUDIES = ("tasks", "sizes", "features", "masking", "steps")
+STUDIES = ("tasks", "sizes", "features", "masking", "layers", "steps")
 # Fine-tuning runs per cell when --finetune_seeds is 0: the newer studies compare rows closer than
 # one seed can tell apart.
-DEFAULT_FINETUNE_SEEDS = {"tasks": 1, "sizes": 1, "features": 1, "masking": 3, "steps": 3}
+DEFAULT_FINETUNE_SEEDS = {
+    "tasks": 1,
+    "sizes": 1,
+    "features": 1,
+    "masking": 3,
+    "layers": 3,
+    "steps": 3,
+}
 # The steps study fine-tunes this many evenly spaced checkpoints of each pretraining run.
 STEP_CHECKPOINTS = 5
 
@@ -148,6 +157,8 @@ MASKINGS = (
     Masking("Whole words, 80% / 10% / 10%", "whole_word", 0.8, 0.1),
     Masking("Spans of words, 80% / 10% / 10%", "span", 0.8, 0.1),
 )
+# What a masking masks, as the masking study's table names it.
+MASKING_UNITS = {"token": "WordPieces", "whole_word": "Whole words", "span": "Spans of words"}
 # The frozen features of the masking study's feature-based column: the paper's Table 8 uses the
 # last four layers concatenated; a model too shallow for them mixes all its layers.
 MASKING_FEATURES = ("concat_last_four", "sum_all")
@@ -520,6 +531,48 @@ def sizes_study(planner):
     return planner.steps
 
 
+def study_model(planner, corpus):
+    """(model directory, its number of layers): --init_checkpoint's, else one the study
+    pretrains (MLM + NSP) at the scale's size."""
+    args = planner.args
+    if args.init_checkpoint:
+        return args.init_checkpoint, ModelDir(args.init_checkpoint).load_config().num_hidden_layers
+    vocab = planner.vocab_file(corpus)
+    records = planner.records(corpus, vocab)
+    model_dir = planner.path("models", "bert")
+    size = [f"--model_size={planner.scale['model_size']}"]
+    planner.pretrain(Pretraining("BERT (MLM + NSP)", model_dir, []), records, vocab, size)
+    return model_dir, modeling.NAMED_SIZES[planner.scale["model_size"]][0]
+
+
+def tagging_task(planner, corpus, study):
+    """The conll task of --tasks (or the demo's); a UsageError without one."""
+    tasks = [t for t in planner.task_data(corpus, ("conll",)) if t.name == "conll"]
+    if not tasks:
+        raise io_utils.UsageError(f"--study={study} needs a conll:DIR entry in --tasks")
+    return tasks[0]
+
+
+def layers_study(planner):
+    """Every layer's frozen output, and the embeddings', read by the same BiLSTM probe on tagging."""
+    args = planner.args
+    corpus = None if (args.init_checkpoint and args.tasks) else planner.corpus_file()
+    task = tagging_task(planner, corpus, "layers")
+    model_dir, num_layers = study_model(planner, corpus)
+    for layer in range(num_layers + 1):
+        features = f"layer_{layer}" if layer else "embeddings"
+        planner.finetune(
+            f"probe_{features}_{task.name}",
+            model_dir,
+            task,
+            str(layer),
+            ["--feature_based", f"--features={features}", *planner.lstm_flags()],
+            epochs=planner.bilstm_epochs(),
+            column=f"{task.name} frozen-feature probe ({task.metric})",
+        )
+    return planner.steps
+
+
 def features_study(planner):
     """Table 7: fine-tuning against the feature-based approach, on tagging.
 
@@ -527,25 +580,12 @@ def features_study(planner):
     says so rather than a run.
     """
     args = planner.args
-    needs_corpus = not (args.init_checkpoint and args.tasks)
-    corpus = planner.corpus_file() if needs_corpus else None
-    tasks = [t for t in planner.task_data(corpus, ("conll",)) if t.name == "conll"]
-    if not tasks:
-        raise io_utils.UsageError("--study=features needs a conll:DIR entry in --tasks")
-    task = tasks[0]
-    if args.init_checkpoint:
-        model_dir = args.init_checkpoint
-        num_layers = ModelDir(model_dir).load_config().num_hidden_layers
-    else:
-        num_layers = modeling.NAMED_SIZES[planner.scale["model_size"]][0]
-        vocab = planner.vocab_file(corpus)
-        records = planner.records(corpus, vocab)
-        model_dir = planner.path("models", "bert")
-        size = [f"--model_size={planner.scale['model_size']}"]
-        planner.pretrain(Pretraining("BERT (MLM + NSP)", model_dir, []), records, vocab, size)
+    corpus = None if (args.init_checkpoint and args.tasks) else planner.corpus_file()
+    task = tagging_task(planner, corpus, "features")
+    model_dir, num_layers = study_model(planner, corpus)
     planner.finetune("finetuned_conll", model_dir, task, "Fine-tuning approach")
     for choice, row in FEATURE_CHOICES:
-        needed = representations.FEATURES[choice]
+        needed = representations.layers_needed(choice)
         if num_layers < needed:
             reason = f"n/a: needs {needed} layers, the model has {num_layers}"
             planner.add(
@@ -581,7 +621,7 @@ def masking_study(planner):
     tasks = planner.task_data(corpus, ("glue", "conll"))
     size = [f"--model_size={planner.scale['model_size']}"]
     num_layers = modeling.NAMED_SIZES[planner.scale["model_size"]][0]
-    features = next(f for f in MASKING_FEATURES if representations.FEATURES[f] <= num_layers)
+    features = next(f for f in MASKING_FEATURES if representations.layers_needed(f) <= num_layers)
     for masking in MASKINGS:
         records = planner.records(corpus, vocab, masking=masking)
         model_dir = planner.path("models", masking.name)
@@ -652,6 +692,7 @@ def plan(args):
         "sizes": sizes_study,
         "features": features_study,
         "masking": masking_study,
+        "layers": layers_study,
         "steps": steps_study,
     }
     return studies[args.study](planner)

@@ -30,6 +30,7 @@ TITLES = {
     "sizes": "Table 6: ablation over BERT model size",
     "features": "Table 7: the feature-based approach on tagging",
     "masking": "Table 8: masking strategies, fine-tuned and feature-based",
+    "layers": "What each layer knows: a frozen-feature probe on every layer",
     "steps": "Appendix C.1: fine-tuned accuracy against pretraining steps",
 }
 
@@ -151,13 +152,18 @@ def study_table(study, steps):
     table, _ = finetuning_results(steps)
     columns = list(dict.fromkeys(s.column for s in steps if s.kind == "finetuning"))
     if study == "masking":
-        shares = {m.row: m.shares for m in plan.MASKINGS}
-        return ["Masking", "MASK", "SAME", "RND", *columns], [
-            [row, *(f"{p}%" for p in shares[row]), *(scores.get(c) for c in columns)]
+        maskings = {m.row: m for m in plan.MASKINGS}
+        return ["Masked", "MASK", "SAME", "RND", *columns], [
+            [
+                plan.MASKING_UNITS[maskings[row].masking],
+                *(f"{p}%" for p in maskings[row].shares),
+                *(scores.get(c) for c in columns),
+            ]
             for row, scores in table.items()
         ]
-    if study == "steps":
-        return ["Pretraining steps", *columns], [
+    if study in ("steps", "layers"):
+        first = "Pretraining steps" if study == "steps" else "Layer (0: embeddings)"
+        return [first, *columns], [
             [int(row), *(scores.get(c) for c in columns)] for row, scores in table.items()
         ]
     if study == "tasks":
@@ -311,7 +317,7 @@ def write_report(args, steps, times, command):
     header, rows = study_table(args.study, steps)
     first_score = {"sizes": 4, "masking": 4}.get(args.study, 1)
     chart = os.path.join(args.output_dir, f"{args.study}.png")
-    if args.study == "steps":
+    if args.study in ("steps", "layers"):
         line_chart(chart, TITLES[args.study], header, rows)
     else:
         bar_chart(chart, TITLES[args.study], header, rows, first_score)

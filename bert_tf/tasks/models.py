@@ -58,7 +58,7 @@ class TaskSpec:
     head: str = "dense"
     lstm_units: int = representations.DEFAULT_LSTM_UNITS
     # Empty: the encoder is fine-tuned. Else the feature-based approach: the frozen encoder's
-    # activations (a representations.FEATURES key) that the BiLSTM head reads.
+    # activations (a representations.FEATURES key or layer_K) that the BiLSTM head reads.
     features: str = ""
 
     def __post_init__(self):
@@ -97,10 +97,10 @@ class TaskSpec:
                 f"head must be one of {', '.join(representations.HEADS)}, got {self.head!r}"
             )
         if not isinstance(self.features, str) or (
-            self.features and self.features not in representations.FEATURES
+            self.features and not representations.is_feature_choice(self.features)
         ):
             raise TaskSpecError(
-                f"features must be empty or one of {', '.join(representations.FEATURES)}, "
+                f"features must be empty or one of {representations.FEATURES_HELP}, "
                 f"got {self.features!r}"
             )
         if self.features and self.head != "bilstm":

@@ -16,6 +16,8 @@ in the export, a graph XLA can compile (--jit_compile), and a SavedModel that CP
 runs (cuDNN's op has no CPU kernel).
 """
 
+import re
+
 import keras
 
 from bert_tf.runtime import io_utils
@@ -32,7 +34,27 @@ FEATURES = {
     "sum_all": 1,  # a learned scalar mix of every transformer layer (the paper's "All 12 Layers")
     "sum_all_with_embeddings": 1,  # the same mix with the embedding output as a 13th member
 }
+# Besides FEATURES' names, `layer_K` names the K-th transformer layer's output (1 the first):
+# a probe on every layer (the experiments' layers study) reads each one alone.
+LAYER_PREFIX = "layer_"
+FEATURES_HELP = f"{', '.join(FEATURES)}, or {LAYER_PREFIX}K (the K-th layer's output, K from 1)"
 FROZEN_ENCODER = "frozen_encoder"
+
+
+def layer_number(features):
+    """K of a `layer_K` name, or None for any other."""
+    match = re.fullmatch(rf"{LAYER_PREFIX}([1-9]\d*)", features or "")
+    return int(match.group(1)) if match else None
+
+
+def is_feature_choice(features):
+    """Whether `features` names encoder activations: a FEATURES key or `layer_K`."""
+    return features in FEATURES or layer_number(features) is not None
+
+
+def layers_needed(features):
+    """How many transformer layers the encoder needs for `features` (a feature choice)."""
+    return FEATURES[features] if features in FEATURES else layer_number(features)
 
 
 class FrozenEncoder(keras.layers.Layer):
@@ -63,8 +85,8 @@ class EncoderFeatures(keras.layers.Layer):
     def __init__(self, features, **kwargs):
         kwargs.setdefault("name", "encoder_features")
         super().__init__(**kwargs)
-        if features not in FEATURES:
-            raise ValueError(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+        if not is_feature_choice(features):
+            raise ValueError(f"features must be one of {FEATURES_HELP}, got {features!r}")
         self.features = features
 
     def _mixed_layers(self, encoded):
@@ -93,6 +115,8 @@ class EncoderFeatures(keras.layers.Layer):
             return layers[-2]
         if self.features == "last":
             return layers[-1]
+        if layer_number(self.features) is not None:
+            return layers[layer_number(self.features) - 1]
         if self.features == "concat_last_four":
             return keras.ops.concatenate(layers[-4:], axis=-1)
         mixed = self._mixed_layers(encoded)
@@ -133,10 +157,10 @@ def _encoded_for_bilstm(spec, encoder, inputs):
         return encoder(inputs)["sequence_output"]
     encoded = FrozenEncoder(encoder)(inputs)
     num_layers = len(encoded["encoder_outputs"])
-    if num_layers < FEATURES[spec.features]:
+    if num_layers < layers_needed(spec.features):
         raise io_utils.UsageError(
             f"features {spec.features} needs an encoder with at least "
-            f"{FEATURES[spec.features]} layers; this one has {num_layers}"
+            f"{layers_needed(spec.features)} layers; this one has {num_layers}"
         )
     return EncoderFeatures(spec.features)(encoded)
 

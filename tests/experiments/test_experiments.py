@@ -16,6 +16,7 @@ from PIL import Image
 from bert_tf.experiments import plan, report, runner
 from bert_tf.experiments.__main__ import ExperimentArgs, study_settings
 from bert_tf.experiments.__main__ import run as run_study
+from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import demo_datasets
 
@@ -186,6 +187,28 @@ def test_the_steps_study_fine_tunes_five_checkpoints_of_a_masked_and_a_left_to_r
     assert png_size(chart)[0] > 300
 
 
+def test_the_layers_study_probes_the_embeddings_and_every_layer_of_the_model(tmp_path):
+    vocab = write_vocab(tmp_path / "vocab.txt", ["the cat sat"])
+    model_dir = write_tiny_model_dir(tmp_path / "bert", vocab)
+    os.makedirs(tmp_path / "conll")
+    args = ExperimentArgs(
+        study="layers",
+        output_dir=str(tmp_path / "study"),
+        init_checkpoint=model_dir,
+        tasks=[f"conll:{tmp_path / 'conll'}"],
+    )
+    steps = plan.plan(args)
+    assert {s.kind for s in steps} == {"finetuning"}  # the model given: nothing to pretrain
+    layers = ModelDir(model_dir).load_config().num_hidden_layers
+    features = [f for s in steps for f in s.flags if f.startswith("--features=")]
+    want = ["embeddings", *(f"layer_{k}" for k in range(1, layers + 1))]
+    assert features == [f"--features={f}" for f in want for _ in range(3)]  # three seeds each
+    assert all(f"--init_checkpoint={model_dir}" in s.flags for s in steps)
+    header, rows = report.study_table("layers", steps)
+    assert header == ["Layer (0: embeddings)", "conll frozen-feature probe (f1)"]
+    assert [r[0] for r in rows] == list(range(layers + 1))
+
+
 def test_a_cell_of_several_seeds_shows_mean_std_and_count_and_charts_error_bars(tmp_path):
     args = ExperimentArgs(study="masking", output_dir=str(tmp_path), scale="tiny")
     steps = plan.plan(args)
@@ -197,9 +220,10 @@ def test_a_cell_of_several_seeds_shows_mean_std_and_count_and_charts_error_bars(
             with open(step.done_file, "w") as f:
                 f.write(f"eval_accuracy = {scores[step.seed]}\n")
     header, rows = report.study_table("masking", steps)
-    assert header[:4] == ["Masking", "MASK", "SAME", "RND"]
+    assert header[:4] == ["Masked", "MASK", "SAME", "RND"]
     row = rows[0]
-    assert row[:4] == [first.row, "80%", "10%", "10%"]
+    assert row[:4] == ["WordPieces", "80%", "10%", "10%"]
+    assert [r[0] for r in rows[-2:]] == ["Whole words", "Spans of words"]
     sst2 = header.index("sst2 (accuracy)")
     assert str(row[sst2]) == "0.800 ± 0.100 (3)"
     assert row[sst2 + 1] is None  # conll: not run yet

@@ -352,7 +352,7 @@ def test_bilstm_multiple_choice_scores_each_choice_by_its_summary():
 FEATURE_CONFIG = tiny_config(num_hidden_layers=5)  # enough layers for every choice
 
 
-@pytest.mark.parametrize("features", list(representations.FEATURES))
+@pytest.mark.parametrize("features", [*representations.FEATURES, "layer_1", "layer_4"])
 def test_feature_based_head_reads_exactly_the_layers_it_names(features):
     spec = bilstm_spec("ner", features=features)
     model, encoder = models.build_task_model(FEATURE_CONFIG, spec)
@@ -384,6 +384,8 @@ def test_feature_based_head_reads_exactly_the_layers_it_names(features):
             "second_to_last": layers[-2],
             "last": layers[-1],
             "concat_last_four": np.concatenate(layers[-4:], axis=-1),
+            "layer_1": layers[0],
+            "layer_4": layers[3],
         }[features]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     # Only the head trains: the frozen encoder has no trainable variable.
@@ -399,6 +401,13 @@ def test_feature_based_head_reads_exactly_the_layers_it_names(features):
 def test_a_feature_choice_needs_enough_layers():
     with pytest.raises(io_utils.UsageError, match="sum_last_four needs .* at least 4 layers"):
         models.build_task_model(TINY_CONFIG, bilstm_spec("ner", features="sum_last_four"))
+    layers = FEATURE_CONFIG.num_hidden_layers
+    with pytest.raises(io_utils.UsageError, match=f"layer_{layers + 1} needs .* at least"):
+        models.build_task_model(FEATURE_CONFIG, bilstm_spec("ner", features=f"layer_{layers + 1}"))
+    for name in ("layer_0", "layer_x", "layer_01", "layers_2"):
+        assert not representations.is_feature_choice(name)
+        with pytest.raises(models.TaskSpecError, match="or layer_K"):
+            bilstm_spec("ner", features=name)
 
 
 def test_a_sum_all_model_written_with_embeddings_in_its_mix_loads_as_it_was_trained(tmp_path):
