@@ -6,13 +6,16 @@
     python -m bert_tf.experiments --study=features --init_checkpoint=my_bert \\
         --tasks=conll:conll2003 --output_dir=...
 
---study: tasks (Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM), sizes (Table 6),
-features (Table 7: fine-tuning against frozen features into a BiLSTM, on tagging) or masking
-(Table 8's mixes, whole-word and span masking; 3 seeds a cell) or steps (fine-tuned accuracy
-after each fifth of pretraining, masked LM against left-to-right; 3 seeds a cell) or layers (the
-same BiLSTM probe on the frozen embeddings and on each layer's output, on tagging; 3 seeds). Without
---input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks are the
-demo's (bert_tf.demo_data: sentiment and multiple choice, or code-name tagging for features).
+--study is one of
+  tasks     Table 5: MLM + NSP, No NSP, LTR & No NSP, + BiLSTM;
+  sizes     Table 6;
+  features  Table 7: fine-tuning against frozen features into a BiLSTM, on tagging;
+  masking   Table 8's mixes, whole-word and span masking (3 seeds a cell);
+  layers    the same BiLSTM probe on the frozen embeddings and each layer's output (3 seeds);
+  steps     fine-tuned accuracy after each fifth of pretraining, masked LM against
+            left-to-right (3 seeds a point).
+Without --input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks
+are the demo's (bert_tf.demo_data: sentiment, multiple choice, or code-name tagging).
 The study runs each job as its own process (plan.py lists them) and writes OUTPUT_DIR/RESULTS.md,
 OUTPUT_DIR/<study>.png and the learning curves (report.py). Run the same command again after a
 kill: finished steps are skipped and a cut-short one resumes from its checkpoints.
