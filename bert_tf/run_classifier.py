@@ -24,11 +24,11 @@ from bert_tf.runtime.cli import arg
 from bert_tf.tasks.classification import data as classification
 from bert_tf.tasks.classification import job as classification_job
 from bert_tf.training import finetuning
-from bert_tf.training.training_flags import FinetuneArgs
+from bert_tf.training.training_flags import FeatureBasedArgs
 
 
 @dataclasses.dataclass
-class ClassifierArgs(FinetuneArgs):
+class ClassifierArgs(FeatureBasedArgs):
     """A run_classifier run: the common fine-tuning arguments plus the task and its data."""
 
     task_name: str = arg("", f"The task: {', '.join(classification.TASK_NAMES)}.")

@@ -24,16 +24,16 @@ import dataclasses
 from bert_tf.checkpoints import saves
 from bert_tf.runtime import cli, io_utils
 from bert_tf.runtime.cli import arg
-from bert_tf.tasks import data_files, representations
+from bert_tf.tasks import data_files
 from bert_tf.tasks.ner import job as ner_job
 from bert_tf.training import finetuning
-from bert_tf.training.training_flags import FinetuneArgs
+from bert_tf.training.training_flags import FeatureBasedArgs
 
 SPLIT_FILES = {"train": "train.txt", "dev": "dev.txt", "test": "test.txt"}
 
 
 @dataclasses.dataclass
-class NerArgs(FinetuneArgs):
+class NerArgs(FeatureBasedArgs):
     """A run_ner run: the common fine-tuning arguments plus the CoNLL files."""
 
     data_dir: str = arg(
@@ -42,52 +42,6 @@ class NerArgs(FinetuneArgs):
     train_file: str = arg("", "The CoNLL training file (default: DATA_DIR/train.txt).")
     dev_file: str = arg("", "The CoNLL dev file (default: DATA_DIR/dev.txt).")
     test_file: str = arg("", "The CoNLL test file (default: DATA_DIR/test.txt).")
-    feature_based: bool = arg(
-        False,
-        "The feature-based approach (the paper's Table 7): the encoder stays frozen (its weights "
-        "are not trained, and it runs without dropout) and a randomly initialised two-layer "
-        "BiLSTM (--lstm_units) with a classification layer is trained on the activations "
-        "--features names. Implies --head=bilstm.",
-    )
-    features: str = arg(
-        None,
-        "With --feature_based, the activations the BiLSTM reads: embeddings (the embedding "
-        "layer's output), second_to_last, last, sum_last_four (a learned softmax-weighted sum of "
-        "the last four layers, scaled: ELMo's scalar mix), concat_last_four, sum_all (the scalar "
-        "mix of every transformer layer, the paper's Weighted Sum All 12 Layers), "
-        "sum_all_with_embeddings (the same mix with the embedding output too), or layer_K (the "
-        "K-th transformer layer's output alone, K from 1). Recorded in task.json.",
-    )
-
-    def validate(self):
-        """The common checks, and --feature_based with its --features and --head."""
-        super().validate()
-        if self.features is not None and not self.feature_based:
-            raise io_utils.UsageError("--features applies to --feature_based only")
-        if self.feature_based and self.features is None:
-            raise io_utils.UsageError(
-                f"--feature_based needs --features (one of {representations.FEATURES_HELP})"
-            )
-        if self.features is not None and not representations.is_feature_choice(self.features):
-            raise io_utils.UsageError(
-                f"--features={self.features} is not one of {representations.FEATURES_HELP}"
-            )
-        if self.feature_based and self.head not in (None, "bilstm"):
-            raise io_utils.UsageError(
-                f"--feature_based trains a BiLSTM head on the frozen encoder: --head={self.head} "
-                "contradicts it (leave --head out)"
-            )
-
-    LSTM_FLAGS = "--head=bilstm or --feature_based"
-
-    def builds_lstm(self):
-        return self.feature_based or super().builds_lstm()
-
-    def head_fields(self):
-        """The TaskSpec fields of --head, --lstm_units and --feature_based's --features."""
-        if not self.feature_based:
-            return super().head_fields()
-        return dict(super().head_fields(), head="bilstm", features=self.features)
 
 
 def split_file(args, split):

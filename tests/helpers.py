@@ -308,3 +308,13 @@ def wait_for(condition, seconds=10):
             return True
         time.sleep(0.05)
     return condition()
+
+
+def checkpoint_values(directory, prefix):
+    """{checkpoint key: value} of the variables under root object `prefix` in DIRECTORY's newest ckpt."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
+    return {
+        key: reader.get_tensor(key)
+        for key in reader.get_variable_to_shape_map()
+        if key.startswith(prefix + "/") and key.endswith(".ATTRIBUTES/VARIABLE_VALUE")
+    }

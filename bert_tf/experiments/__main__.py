@@ -11,7 +11,8 @@
   sizes     Table 6;
   features  Table 7: fine-tuning against frozen features into a BiLSTM, on tagging;
   masking   Table 8's mixes, whole-word and span masking (3 seeds a cell);
-  layers    the same BiLSTM probe on the frozen embeddings and each layer's output (3 seeds);
+  layers    the same BiLSTM probe on the frozen embeddings and each layer's output, on tagging
+            and the GLUE tasks given (3 seeds);
   steps     fine-tuned accuracy after each fifth of pretraining, masked LM against
             left-to-right (3 seeds a point).
 Without --input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks

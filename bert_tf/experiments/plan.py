@@ -16,7 +16,7 @@ The studies (Devlin et al. 2018, section 5):
   (Table 8's six MASK/SAME/RND mixes, whole-word and span masking), each fine-tuned on
   classification and tagging and used frozen for tagging;
 - layers (Table 7's question, for every layer): the frozen embeddings and each layer's output
-  alone, read by the same two-layer BiLSTM probe, on tagging;
+  alone, read by the same two-layer BiLSTM probe, on tagging and on the GLUE tasks given;
 - steps (Appendix C.1's figure): fine-tuned accuracy against pretraining steps, at STEP_CHECKPOINTS
   checkpoints of one masked LM run and one left-to-right run, both without NSP on the same
   contiguous records, so that the objective alone differs.
@@ -554,22 +554,28 @@ def tagging_task(planner, corpus, study):
 
 
 def layers_study(planner):
-    """Every layer's frozen output, and the embeddings', read by the same BiLSTM probe on tagging."""
+    """Every layer's frozen output, and the embeddings', read by the same BiLSTM probe, on tagging
+    and on every GLUE task given (a sentence pair task such as mrpc among them)."""
     args = planner.args
     corpus = None if (args.init_checkpoint and args.tasks) else planner.corpus_file()
-    task = tagging_task(planner, corpus, "layers")
+    tasks = [
+        t for t in planner.task_data(corpus, ("glue", "conll")) if t.job != "run_multiple_choice"
+    ]
+    if not any(t.name == "conll" for t in tasks):
+        raise io_utils.UsageError("--study=layers needs a conll:DIR entry in --tasks")
     model_dir, num_layers = study_model(planner, corpus)
     for layer in range(num_layers + 1):
         features = f"layer_{layer}" if layer else "embeddings"
-        planner.finetune(
-            f"probe_{features}_{task.name}",
-            model_dir,
-            task,
-            str(layer),
-            ["--feature_based", f"--features={features}", *planner.lstm_flags()],
-            epochs=planner.bilstm_epochs(),
-            column=f"{task.name} frozen-feature probe ({task.metric})",
-        )
+        for task in tasks:
+            planner.finetune(
+                f"probe_{features}_{task.name}",
+                model_dir,
+                task,
+                str(layer),
+                ["--feature_based", f"--features={features}", *planner.lstm_flags()],
+                epochs=planner.bilstm_epochs(),
+                column=f"{task.name} frozen-feature probe ({task.metric})",
+            )
     return planner.steps
 
 

@@ -191,22 +191,32 @@ def test_the_layers_study_probes_the_embeddings_and_every_layer_of_the_model(tmp
     vocab = write_vocab(tmp_path / "vocab.txt", ["the cat sat"])
     model_dir = write_tiny_model_dir(tmp_path / "bert", vocab)
     os.makedirs(tmp_path / "conll")
+    os.makedirs(tmp_path / "mrpc")
     args = ExperimentArgs(
         study="layers",
         output_dir=str(tmp_path / "study"),
         init_checkpoint=model_dir,
-        tasks=[f"conll:{tmp_path / 'conll'}"],
+        tasks=[f"conll:{tmp_path / 'conll'}", f"mrpc:{tmp_path / 'mrpc'}"],
     )
     steps = plan.plan(args)
     assert {s.kind for s in steps} == {"finetuning"}  # the model given: nothing to pretrain
     layers = ModelDir(model_dir).load_config().num_hidden_layers
-    features = [f for s in steps for f in s.flags if f.startswith("--features=")]
     want = ["embeddings", *(f"layer_{k}" for k in range(1, layers + 1))]
-    assert features == [f"--features={f}" for f in want for _ in range(3)]  # three seeds each
+    for task, job in (("conll", "run_ner"), ("mrpc", "run_classifier")):
+        runs = [s for s in steps if s.task.name == task]
+        assert {s.module for s in runs} == {job}
+        features = [f for s in runs for f in s.flags if f.startswith("--features=")]
+        assert features == [f"--features={f}" for f in want for _ in range(3)]  # 3 seeds each
     assert all(f"--init_checkpoint={model_dir}" in s.flags for s in steps)
     header, rows = report.study_table("layers", steps)
-    assert header == ["Layer (0: embeddings)", "conll frozen-feature probe (f1)"]
+    assert header == [
+        "Layer (0: embeddings)",
+        "conll frozen-feature probe (f1)",
+        "mrpc frozen-feature probe (accuracy)",
+    ]
     assert [r[0] for r in rows] == list(range(layers + 1))
+    with pytest.raises(UsageError, match="--study=layers needs a conll:DIR entry"):
+        plan.plan(dataclasses.replace(args, tasks=[f"mrpc:{tmp_path / 'mrpc'}"]))
 
 
 def test_a_cell_of_several_seeds_shows_mean_std_and_count_and_charts_error_bars(tmp_path):

@@ -1,5 +1,6 @@
 """python -m bert_tf.run_classifier end to end: a real subprocess on 2 mirrored CPUs, GLUE layouts, bad input."""
 
+import dataclasses
 import glob
 import os
 import re
@@ -9,7 +10,14 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import CLI_ENV, DEMO_TRAINING, run_module_cli, write_tiny_model_dir, write_vocab
+from helpers import (
+    CLI_ENV,
+    DEMO_TRAINING,
+    checkpoint_values,
+    run_module_cli,
+    write_tiny_model_dir,
+    write_vocab,
+)
 
 from bert_tf import run_classifier
 from bert_tf.model.model_dir import ModelDir
@@ -137,10 +145,9 @@ def test_sigterm_on_two_mirrored_cpus_saves_the_step_reached_and_the_rerun_goes_
     assert tf.train.latest_checkpoint(output_dir).endswith("ckpt-125")
 
 
-@pytest.mark.slow
-def test_cli_head_bilstm_is_recorded_and_a_rerun_with_another_head_is_refused(demo, tmp_path):
-    output_dir = str(tmp_path / "bilstm")
-    common = dict(
+def demo_sst2(demo, output_dir):
+    """ClassifierArgs fields of a short training run on the demo's sst2 from its tiny model."""
+    return dict(
         task_name="sst2",
         data_dir=demo["glue_dir"],
         init_checkpoint=demo["model_dir"],
@@ -148,6 +155,12 @@ def test_cli_head_bilstm_is_recorded_and_a_rerun_with_another_head_is_refused(de
         max_seq_length=24,
         do_train=True,
     )
+
+
+@pytest.mark.slow
+def test_cli_head_bilstm_is_recorded_and_a_rerun_with_another_head_is_refused(demo, tmp_path):
+    output_dir = str(tmp_path / "bilstm")
+    common = demo_sst2(demo, output_dir)
     process = run_cli(
         *(f"--{name}={value}" for name, value in common.items() if name != "do_train"),
         "--do_train",
@@ -165,6 +178,31 @@ def test_cli_head_bilstm_is_recorded_and_a_rerun_with_another_head_is_refused(de
     # The checkpoints hold a BiLSTM head: resuming them as a dense head would mix two models.
     with pytest.raises(io_utils.UsageError, match="bilstm head .*, not a classifier with labels"):
         run_classifier.run(run_classifier.ClassifierArgs(head="dense", **common))
+
+
+def test_feature_based_classification_trains_a_bilstm_on_one_frozen_layer(demo, tmp_path):
+    output_dir = str(tmp_path / "features")
+    args = run_classifier.ClassifierArgs(
+        **demo_sst2(demo, output_dir),
+        do_eval=True,
+        feature_based=True,
+        features="layer_1",
+        lstm_units=8,
+        num_train_epochs=1,
+        weight_decay=0.5,
+    )
+    run_classifier.run(args)
+    assert "eval_accuracy" in read_key_values(os.path.join(output_dir, "eval_results.txt"))
+    spec = models.read_task_spec(ModelDir(output_dir))
+    assert (spec.kind, spec.head, spec.features) == ("classifier", "bilstm", "layer_1")
+    # The encoder stays as it came, under heavy weight decay.
+    before = checkpoint_values(demo["model_dir"], "encoder")
+    after = checkpoint_values(output_dir, "encoder")
+    assert len(before) > 20 and set(after) == set(before)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    with pytest.raises(io_utils.UsageError, match="--features applies to --feature_based only"):
+        dataclasses.replace(args, feature_based=False, lstm_units=None).validate()
 
 
 def test_cli_missing_split_file_exits_2_naming_it(demo, tmp_path):

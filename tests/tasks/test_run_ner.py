@@ -5,8 +5,7 @@ import random
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from helpers import run_module_cli, write_tiny_model_dir, write_vocab
+from helpers import checkpoint_values, run_module_cli, write_tiny_model_dir, write_vocab
 
 from bert_tf import run_ner
 from bert_tf.model.model_dir import ModelDir
@@ -213,16 +212,6 @@ def test_cli_flags_reach_the_run_and_a_missing_split_exits_2(conll, tmp_path):
         f"--output_dir={tmp_path / 'bad'}",
     )
     assert missing.returncode == 2 and "nowhere/dev.txt" in missing.stderr + missing.stdout
-
-
-def checkpoint_values(directory, prefix):
-    """{checkpoint key: value} of the variables under root object `prefix` in DIRECTORY's newest ckpt."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(directory))
-    return {
-        key: reader.get_tensor(key)
-        for key in reader.get_variable_to_shape_map()
-        if key.startswith(prefix + "/") and key.endswith(".ATTRIBUTES/VARIABLE_VALUE")
-    }
 
 
 @pytest.mark.slow
