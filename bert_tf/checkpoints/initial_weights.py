@@ -187,13 +187,12 @@ def resolve(
     """
     init_dir = ModelDir(init_checkpoint)
     flags = (bert_config_file, vocab_file, do_lower_case, model_size)
-    parent = _model_dir_of_checkpoint(init_checkpoint)
+    prefix = _checkpoint_of_model_dir(init_checkpoint)
     if init_dir.exists():
         source = _from_model_dir(init_dir, *flags)
-    elif parent is not None:
-        source = dataclasses.replace(
-            _from_model_dir(parent, *flags), init_prefix=init_checkpoint.rstrip("/")
-        )
+    elif prefix is not None:
+        parent = ModelDir(os.path.dirname(prefix))
+        source = dataclasses.replace(_from_model_dir(parent, *flags), init_prefix=prefix)
     elif init_checkpoint:
         source = _from_google_checkpoint(
             init_checkpoint, *flags, output_dir, model_size_attention_direction
@@ -204,14 +203,26 @@ def resolve(
     return source
 
 
-def _model_dir_of_checkpoint(path):
-    """The ModelDir holding checkpoint `path` (MODEL_DIR/ckpt-N with its .index file), else None."""
-    if not path or not re.fullmatch(r"ckpt-\d+", os.path.basename(path.rstrip("/"))):
+def _checkpoint_of_model_dir(path):
+    """`path` when it names one checkpoint of a model directory (MODEL_DIR/ckpt-N), else None; a
+    ckpt-N that the model directory does not hold is a UsageError naming the ones it does."""
+    path = (path or "").rstrip("/")
+    parent = ModelDir(os.path.dirname(path))
+    if not re.fullmatch(r"ckpt-\d+", os.path.basename(path)) or not parent.exists():
         return None
-    parent = ModelDir(os.path.dirname(path.rstrip("/")))
-    if not (parent.exists() and tf.io.gfile.exists(path.rstrip("/") + ".index")):
-        return None
-    return parent
+    if not tf.io.gfile.exists(path + ".index"):
+        held = sorted(
+            (
+                os.path.basename(p)[: -len(".index")]
+                for p in tf.io.gfile.glob(f"{parent.path}/ckpt-*.index")
+            ),
+            key=lambda name: int(name.split("-")[1]),
+        )
+        raise io_utils.UsageError(
+            f"--init_checkpoint={path}: {parent.path} holds no {os.path.basename(path)} (it holds "
+            f"{', '.join(held) or 'no checkpoint'})"
+        )
+    return path
 
 
 def _from_model_dir(init_dir, bert_config_file, vocab_file, do_lower_case, model_size):

@@ -102,6 +102,7 @@ DEFAULT_FINETUNE_SEEDS = {
     "layers": 3,
     "steps": 3,
 }
+
 # The steps study fine-tunes this many evenly spaced checkpoints of each pretraining run.
 STEP_CHECKPOINTS = 5
 
@@ -385,7 +386,7 @@ class Planner:
             f"--num_train_steps={steps}",
             f"--num_warmup_steps={max(1, steps // 10)}",
             f"--learning_rate={scale['pretraining_learning_rate']}",
-            f"--steps_per_loop={max(1, min(100, steps // 20))}",
+            f"--steps_per_loop={steps_per_loop(steps)}",
             f"--save_checkpoints_steps={max(1, steps // 4)}",
             f"--max_eval_steps={args.max_eval_steps}",
             f"--seed={args.seed}",
@@ -405,19 +406,15 @@ class Planner:
             )
         )
 
-    def finetune_seeds(self):
-        """The seeds of a fine-tuning cell's runs."""
-        count = self.args.finetune_seeds or DEFAULT_FINETUNE_SEEDS[self.args.study]
-        return [self.args.seed + i for i in range(count)]
-
     def finetune(self, name, model_dir, task, row, extra_flags=(), epochs=None, column=None):
         """A fine-tuning cell: one run per seed (named NAME_sSEED when there are several)."""
-        seeds = self.finetune_seeds()
-        for seed in seeds:
-            run = name if len(seeds) == 1 else f"{name}_s{seed}"
-            self._finetune_run(run, model_dir, task, row, extra_flags, epochs, seed, column)
+        count = finetune_seed_count(self.args)
+        for seed in range(self.args.seed, self.args.seed + count):
+            run = name if count == 1 else f"{name}_s{seed}"
+            self._finetune_run(run, model_dir, task, row, extra_flags, epochs, seed, column, count)
 
-    def _finetune_run(self, name, model_dir, task, row, extra_flags, epochs, seed, column):
+    def _finetune_run(self, name, model_dir, task, row, extra_flags, epochs, seed, column, seeds):
+        """One of a cell's `seeds` fine-tuning runs, with `seed`."""
         scale, args = self.scale, self.args
         epochs = epochs or args.finetune_epochs or scale["finetune_epochs"]
         output_dir = self.path("runs", name)
@@ -448,7 +445,7 @@ class Planner:
                 row=row,
                 task=task,
                 column=column or task.column,
-                seed=seed if len(self.finetune_seeds()) > 1 else None,
+                seed=seed if seeds > 1 else None,
             )
         )
 
@@ -457,6 +454,16 @@ class Planner:
 
     def bilstm_epochs(self):
         return self.args.bilstm_epochs or self.scale["bilstm_epochs"]
+
+
+def finetune_seed_count(args):
+    """How many seeds each fine-tuning cell of the study runs."""
+    return args.finetune_seeds or DEFAULT_FINETUNE_SEEDS[args.study]
+
+
+def steps_per_loop(steps):
+    """A pretraining run's --steps_per_loop: about 20 loops, of at most 100 steps."""
+    return max(1, min(100, steps // 20))
 
 
 def write_size_config(path, layers, hidden, heads, vocab_file):
@@ -665,7 +672,7 @@ def steps_study(planner):
         f"--keep_checkpoint_max={STEP_CHECKPOINTS + 1}",
         f"--num_train_steps={checkpoints[-1]}",
         # A checkpoint is saved where a loop ends: the loops must end on every `every`th step.
-        f"--steps_per_loop={math.gcd(every, max(1, min(100, total // 20)))}",
+        f"--steps_per_loop={math.gcd(every, steps_per_loop(total))}",
     ]
     rows = [
         Pretraining("Masked LM", planner.path("models", "mlm"), ["--nsp=false", *keep]),

@@ -190,6 +190,11 @@ def study_table(study, steps):
     return ["System", "Dev F1"], rows
 
 
+def is_scored(table_cell):
+    """Whether a table cell holds a score (a 0.0 too), not a dash or a skipped run's reason."""
+    return isinstance(table_cell, (float, SeedScores))
+
+
 def chart_value(table_cell):
     """The bar of a table cell: its score, or its seeds' mean; 0 for anything else."""
     if isinstance(table_cell, SeedScores):
@@ -197,16 +202,21 @@ def chart_value(table_cell):
     return table_cell if isinstance(table_cell, float) else 0.0
 
 
+def chart_error(table_cell):
+    """The error bar of a table cell: its seeds' standard deviation, else 0."""
+    return table_cell.std if isinstance(table_cell, SeedScores) else 0.0
+
+
 def bar_chart(path, title, header, rows, first_score_column):
     """The table's scores as grouped bars, one group per row."""
     columns = header[first_score_column:]
-    scored = [r for r in rows if any(chart_value(c) for c in r[first_score_column:])]
+    scored = [r for r in rows if any(is_scored(c) for c in r[first_score_column:])]
     figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(scored) + 2), 4.5))
     width = 0.8 / max(1, len(columns))
     for index, column in enumerate(columns):
         cells = [r[first_score_column + index] for r in scored]
         values = [chart_value(c) for c in cells]
-        errors = [c.std if isinstance(c, SeedScores) else 0.0 for c in cells]
+        errors = [chart_error(c) for c in cells]
         positions = [i + index * width for i in range(len(scored))]
         bars = axes.bar(positions, values, width, label=column, yerr=errors, capsize=2)
         axes.bar_label(bars, fmt="%.3f", fontsize=7)
@@ -221,15 +231,15 @@ def bar_chart(path, title, header, rows, first_score_column):
 
 
 def line_chart(path, title, header, rows):
-    """Each score column against the first column (pretraining steps), with the seeds' spread."""
+    """Each score column against the first column (steps, layers), with the seeds' spread."""
     figure, axes = plt.subplots(figsize=(6.5, 4.5))
     for index, column in enumerate(header[1:], start=1):
-        points = [(r[0], r[index]) for r in rows if chart_value(r[index])]
+        points = [(r[0], r[index]) for r in rows if is_scored(r[index])]
         if not points:
             continue
         x = [step for step, _ in points]
         y = [chart_value(c) for _, c in points]
-        errors = [c.std if isinstance(c, SeedScores) else 0.0 for _, c in points]
+        errors = [chart_error(c) for _, c in points]
         axes.errorbar(x, y, yerr=errors, marker="o", capsize=3, label=column)
     axes.set_xlabel(header[0])
     axes.set_ylabel("dev score")
@@ -303,7 +313,7 @@ def curves(output_dir, steps):
 
 def seeds_text(args):
     """How many seeds each fine-tuning cell ran, for the recipe line."""
-    count = args.finetune_seeds or plan.DEFAULT_FINETUNE_SEEDS[args.study]
+    count = plan.finetune_seed_count(args)
     if count == 1:
         return f", seed {args.seed}."
     return (

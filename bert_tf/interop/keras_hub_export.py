@@ -220,6 +220,7 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, reco
             strip_accents=config.do_lower_case,  # the original strips accents when it lower-cases
         )
         classes = ["BertBackbone", "BertTokenizer"]
+        note = REGRESSOR_NOTE if spec is not None and spec.kind == "regressor" else ""
         if spec is None:
             backbone.save_to_preset(tmp)
             tokenizer.save_to_preset(tmp)
@@ -238,15 +239,14 @@ def export(model_dir, output_dir, overwrite=False, allow_gelu_change=False, reco
             logits.kernel.assign(head["classifier/kernel"])
             logits.bias.assign(head["classifier/bias"])
             task.save_to_preset(tmp)
-            if spec.kind == "regressor":
-                _add_metadata(tmp, {"bert_tf_task": "regressor", "bert_tf_note": REGRESSOR_NOTE})
+            if note:
+                _add_metadata(tmp, {"bert_tf_task": spec.kind, "bert_tf_note": note})
             classes.append("BertTextClassifier")
         difference = _check_preset(tmp, config, spec, model, encoder)
         if difference > TOLERANCE and not gelu_changed:
             raise RuntimeError(
                 f"bert_tf bug: keras-hub's outputs differ from this model's by {difference:.3g}"
             )
-    note = REGRESSOR_NOTE if spec is not None and spec.kind == "regressor" else ""
     return ExportResult(output_dir, classes, difference, gelu_changed, left_out, note)
 
 

@@ -57,10 +57,12 @@ writes the same records. At 0 every B is the text that follows A, for the paper'
 random B).
 """
 
+import bisect
 import collections
 import contextlib
 import dataclasses
 import gc
+import itertools
 
 import numpy as np
 
@@ -451,20 +453,24 @@ class InstanceBuilder:
             np.maximum(1, np.round(lengths * self.masked_lm_prob).astype(np.int64)),
         )
         num_to_predict = np.minimum(num_to_predict, lengths - 3)
-        # The original shuffles the candidates and takes them in order: here the candidates with the
-        # smallest random keys. The low bits of a key are its position, so keys never tie.
-        position_bits = max(int(seq - 1).bit_length(), 1)
-        keys = rng.integers(0, 1 << (62 - position_bits), size=(n, seq), dtype=np.int64)
-        keys = np.where(is_token, (keys << position_bits) | position, np.iinfo(np.int64).max)
         span_first = None
-        if self.masking == "whole_word":
-            positions, chosen = self._whole_word_positions(input_ids, lengths, keys, num_to_predict)
-        elif self.masking == "span":
+        if self.masking == "span":
             positions, chosen, span_first = self._span_positions(
-                input_ids, lengths, num_to_predict, rng
+                input_ids, lengths, is_token, num_to_predict, rng
             )
         else:
-            positions, chosen = self._token_positions(keys, num_to_predict, position_bits)
+            # The original shuffles the candidates and takes them in order: here the candidates
+            # with the smallest random keys. The low bits of a key are its position, so keys never
+            # tie.
+            position_bits = max(int(seq - 1).bit_length(), 1)
+            keys = rng.integers(0, 1 << (62 - position_bits), size=(n, seq), dtype=np.int64)
+            keys = np.where(is_token, (keys << position_bits) | position, np.iinfo(np.int64).max)
+            if self.masking == "whole_word":
+                positions, chosen = self._whole_word_positions(
+                    input_ids, lengths, keys, num_to_predict
+                )
+            else:
+                positions, chosen = self._token_positions(keys, num_to_predict, position_bits)
 
         # 80% [MASK], 10% the original token, 10% a random vocabulary id: one uniform per position
         # (per span with span masking, as SpanBERT decides them).
@@ -531,7 +537,7 @@ class InstanceBuilder:
             chosen[row, : len(masked)] = True
         return positions, chosen
 
-    def _span_positions(self, input_ids, lengths, num_to_predict, rng):
+    def _span_positions(self, input_ids, lengths, is_token, num_to_predict, rng):
         """Span masking, SpanBERT's rule on whole words: returns (positions, chosen, span_first).
 
         Until num_to_predict tokens are chosen: an anchor token is drawn uniformly from the unchosen
@@ -547,17 +553,20 @@ class InstanceBuilder:
         positions = np.zeros((n, predictions), np.int64)
         chosen = np.zeros((n, predictions), bool)
         span_first = np.zeros((n, predictions), np.int64)
-        sep_id = self.vocab.sep_id
         continuation = self._is_continuation[input_ids].tolist()
-        cdf = self._span_cdf
+        candidates = is_token.tolist()
+        cdf = self._span_cdf.tolist()
+        # Each span masks a token at least and takes two uniforms (anchor, length): drawn for the
+        # whole chunk at once, since one NumPy call per draw cost more than the rest of the loop.
+        draws = rng.random((n, 2 * predictions)).tolist()
         for row in range(n):
-            ids, is_piece = input_ids[row].tolist(), continuation[row]
-            # Words as [first, end) token ranges and their segment; a `##` piece that opens a
-            # segment starts a word of its own.
+            is_piece, candidate, uniforms = continuation[row], candidates[row], iter(draws[row])
+            # Words as [first, end) ranges of candidate tokens, and their segment: a token that is
+            # no candidate ([CLS], [SEP]) ends one, and a `##` piece after it starts a word.
             starts, ends, segments = [], [], []
             segment = 0
-            for index in range(1, int(lengths[row])):
-                if ids[index] == sep_id:
+            for index in range(int(lengths[row])):
+                if not candidate[index]:
                     segment += 1
                 elif ends and is_piece[index] and ends[-1] == index:
                     ends[-1] = index + 1
@@ -574,9 +583,9 @@ class InstanceBuilder:
                 if not eligible:
                     break
                 # A uniform token of the eligible words: a word by its number of pieces.
-                weights = np.cumsum([sizes[w] for w in eligible])
-                word = eligible[int(np.searchsorted(weights, rng.integers(weights[-1]), "right"))]
-                length = int(np.searchsorted(cdf, rng.random() * cdf[-1], "right")) + 1
+                weights = list(itertools.accumulate(sizes[w] for w in eligible))
+                word = eligible[bisect.bisect_right(weights, next(uniforms) * weights[-1])]
+                length = bisect.bisect_right(cdf, next(uniforms) * cdf[-1]) + 1
                 span = []
                 for w in range(word, min(word + length, len(starts))):
                     if taken[w] or segments[w] != segments[word] or sizes[w] > budget:

@@ -613,12 +613,12 @@ def summarize(stats, plan, elapsed, run_text_bytes, resumed_outputs):
 
 def masking_summary(config):
     """How positions were masked and replaced, from a run's recorded settings (plan.settings)."""
-    get = lambda key: config.get(key, planning.UNRECORDED_DEFAULTS.get(key))
+    config = {**planning.UNRECORDED_DEFAULTS, **config}
     masking = config.get("masking") or ("whole_word" if config["do_whole_word_mask"] else "token")
     summary = {
         "masking": masking,
-        "mask_token_prob": get("mask_token_prob"),
-        "random_token_prob": get("random_token_prob"),
+        "mask_token_prob": config["mask_token_prob"],
+        "random_token_prob": config["random_token_prob"],
     }
     if masking == "span":
         summary["span_words"] = {

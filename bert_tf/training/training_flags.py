@@ -78,7 +78,7 @@ class FinetuneArgs(LoopArgs):
         "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
         "example.",
     )
-    # None: dense, or bilstm with a feature-based run_ner (which refuses an explicit dense).
+    # None: dense, or bilstm with --feature_based (FeatureBasedArgs, which refuses an explicit dense).
     head: str = arg(
         None,
         "What the task's output layer reads: dense, the encoder's output as the paper fine-tunes "

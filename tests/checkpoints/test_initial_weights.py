@@ -105,8 +105,9 @@ def test_one_checkpoint_of_a_model_directory_gives_that_checkpoints_weights(tmp_
     for got, want in zip(loaded.get_weights(), first_weights):
         np.testing.assert_array_equal(got, want)
     # A checkpoint that is not there is not taken for one.
-    with pytest.raises(io_utils.UsageError, match="--init_checkpoint"):
+    with pytest.raises(io_utils.UsageError, match="--init_checkpoint") as refused:
         initial_weights.resolve(str(tmp_path / "run" / "ckpt-9"))
+    assert str(refused.value).endswith("holds no ckpt-9 (it holds ckpt-1, ckpt-2)")
 
 
 def test_a_legacy_model_directory_keeps_its_erf_gelu(reference, tmp_path):

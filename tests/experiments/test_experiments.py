@@ -238,6 +238,8 @@ def test_a_cell_of_several_seeds_shows_mean_std_and_count_and_charts_error_bars(
     assert str(row[sst2]) == "0.800 ± 0.100 (3)"
     assert row[sst2 + 1] is None  # conll: not run yet
     assert "| 0.800 ± 0.100 (3) |" in report.markdown_table(header, rows)
+    # A score of 0 (an F1 at chance) is charted as a score, not left out as a dash is.
+    assert report.is_scored(0.0) and not report.is_scored(None) and not report.is_scored("n/a")
     chart = str(tmp_path / "masking.png")
     report.bar_chart(chart, report.TITLES["masking"], header, rows, 4)
     assert png_size(chart)[0] > 300
