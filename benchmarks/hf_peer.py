@@ -1,8 +1,9 @@
-"""bench_inference's Hugging Face peer: run by a Python with torch + transformers (`--torch_python`).
+"""bench_inference's Hugging Face and ONNX Runtime peer: run by a Python with torch + transformers
+(+ onnxruntime and onnx for the ONNX Runtime rows): `--torch_python`.
 
     TORCH_PYTHON benchmarks/hf_peer.py '{"task": ..., ...}'
 
-It writes one JSON line (its torch and transformers versions), then serves latency.serve_timed_calls
+It writes one JSON line (the versions of what it runs), then serves latency.serve_timed_calls
 on stdin/stdout: one JSON list of texts in, the seconds its call took out, until stdin closes.
 Tasks (the request's "task"), on the request's "threads" (default 2):
   - classifier: BertForSequenceClassification (MiniLM's weights, or BERT-base's shape at random),
@@ -12,6 +13,13 @@ Tasks (the request's "task"), on the request's "threads" (default 2):
     (softmax), on the request task_requests.py makes from each text;
   - fill_mask_model: BertForMaskedLM from "hf_dir" called directly with its fast tokenizer
     (padding=True), the [MASK] positions' logits gathered, softmax, top 5;
+  - with "runtime": "onnxruntime", the classifier, ner, squad, multiple_choice and fill_mask_model
+    rows on ONNX Runtime instead: the same model (the attention's eager implementation, which
+    ONNX Runtime's optimizer recognizes) exported with torch.onnx.export (dynamic batch and
+    length), fused by onnxruntime.transformers.optimizer (model_type "bert": embedding and skip
+    LayerNorms, attention with its mask, bias + GELU), checked within 1e-4 of PyTorch on two
+    texts, run in an InferenceSession on "threads" intra-op threads (0: ONNX Runtime's default),
+    the same fast tokenizer (NumPy tensors) and the same post-processing in NumPy;
   - fill_mask_pipeline: transformers.pipeline("fill-mask", model=hf_dir, top_k=5), a list of texts
     as one batch;
   - pretraining (bench_pretraining's peer; a number of steps in, not texts): BertForPreTraining of
@@ -30,7 +38,12 @@ import os
 import shutil
 import sys
 
+import numpy as np
+
 TOP_K = 5
+ORT = "onnxruntime"  # a request's "runtime" for the ONNX Runtime rows (default: PyTorch)
+# The texts a fused ONNX model is exported with and checked on against PyTorch.
+CHECK_TEXTS = ["the quick brown fox jumps over the lazy dog .", "return the [MASK] of the module ."]
 
 
 def main(request):
@@ -41,21 +54,28 @@ def main(request):
     import torch
     import transformers
 
-    torch.set_num_threads(request.get("threads", 2))
+    torch.set_num_threads(request.get("threads") or 2)  # 0 asks ONNX Runtime for its default
     task = request["task"]
     if task == "prepare_fill_mask":
         ids = prepare_fill_mask(request)
         print(json.dumps(ids), file=protocol, flush=True)
         return
-    call = {
-        **{kind: task_model for kind in TASK_MODELS},
-        "fill_mask_model": fill_mask_model,
-        "fill_mask_pipeline": fill_mask_pipeline,
-        "pretraining": pretraining,
-    }[task](request)
+    if request.get("runtime") == ORT:
+        import onnxruntime
+
+        versions = f"onnxruntime {onnxruntime.__version__}"
+        call = {**{kind: ort_task_call for kind in TASK_MODELS}, "fill_mask_model": ort_fill_mask}
+    else:
+        versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+        call = {
+            **{kind: task_call for kind in TASK_MODELS},
+            "fill_mask_model": fill_mask_model,
+            "fill_mask_pipeline": fill_mask_pipeline,
+            "pretraining": pretraining,
+        }
+    call = call[task](request)
     from latency import serve_timed_calls
 
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
     print(json.dumps(versions), file=protocol, flush=True)
     serve_timed_calls(call, stdout=protocol)
 
@@ -70,43 +90,151 @@ TASK_MODELS = {
 
 
 def task_model(request):
+    """(model, tokenizer) of the request's kind: MiniLM's weights, or BERT-base's shape at random
+    (seeded, so the ONNX Runtime rows run the very weights the PyTorch row does)."""
     import torch
     import transformers
-    from task_requests import request as task_request
 
-    kind = request["task"]
-    class_name, num_labels = TASK_MODELS[kind]
+    class_name, num_labels = TASK_MODELS[request["task"]]
     model_class = getattr(transformers, class_name)
     tokenizer = transformers.BertTokenizerFast(request["vocab"], do_lower_case=True)
+    # ONNX Runtime's optimizer fuses attention only from the eager implementation's graph.
+    options = dict(attn_implementation="eager") if request.get("runtime") == ORT else {}
+    torch.manual_seed(0)
     if request["size"] == "minilm":
-        model = model_class.from_pretrained(request["minilm"], num_labels=num_labels)
+        model = model_class.from_pretrained(request["minilm"], num_labels=num_labels, **options)
     else:
-        model = model_class(transformers.BertConfig(num_labels=num_labels, **request["shape"]))
-    model.eval()
-    encode = dict(padding=True, max_length=request["seq_length"], return_tensors="pt")
+        config = transformers.BertConfig(num_labels=num_labels, **request["shape"], **options)
+        model = model_class(config)
+    return model.eval(), tokenizer
 
-    def call(texts):
+
+def task_encoder(kind, tokenizer, seq_length, tensors):
+    """texts -> the tokenizer's inputs for `kind` (`tensors`: "pt" or "np"), made from the request
+    task_requests.py builds of each text, padded to the batch's longest."""
+    from task_requests import request as task_request
+
+    encode = dict(padding=True, max_length=seq_length, return_tensors=tensors)
+
+    def encoder(texts):
         inputs = task_request(kind, texts)
         if kind == "squad":
-            encoded = tokenizer(
+            return tokenizer(
                 inputs["question"], inputs["context"], truncation="only_second", **encode
             )
-        elif kind == "multiple_choice":
+        if kind == "multiple_choice":
             pairs = [(c, e) for c, ends in zip(inputs["context"], inputs["endings"]) for e in ends]
             encoded = tokenizer(*zip(*pairs), truncation=True, **encode)
             choices = len(inputs["endings"][0])
-            encoded = {name: value.view(len(texts), choices, -1) for name, value in encoded.items()}
-        else:
-            encoded = tokenizer(inputs["text"], truncation=True, **encode)
+            return {name: value.reshape(len(texts), choices, -1) for name, value in encoded.items()}
+        return tokenizer(inputs["text"], truncation=True, **encode)
+
+    return encoder
+
+
+def task_answer(kind, outputs):
+    """What each row computes from the task model's outputs {name: numpy array}."""
+    if kind == "squad":
+        return outputs["start_logits"].argmax(-1), outputs["end_logits"].argmax(-1)
+    if kind == "ner":
+        return outputs["logits"].argmax(-1)
+    return softmax(outputs["logits"])
+
+
+def softmax(logits):
+    exp = np.exp(logits - logits.max(-1, keepdims=True))
+    return exp / exp.sum(-1, keepdims=True)
+
+
+def task_call(request):
+    """The PyTorch row of an export kind."""
+    import torch
+
+    kind = request["task"]
+    model, tokenizer = task_model(request)
+    encoder = task_encoder(kind, tokenizer, request["seq_length"], "pt")
+
+    def call(texts):
         with torch.inference_mode():
-            outputs = model(**encoded)
-        if kind == "squad":
-            return outputs.start_logits.argmax(-1).numpy(), outputs.end_logits.argmax(-1).numpy()
-        if kind == "ner":
-            return outputs.logits.argmax(-1).numpy()
-        return outputs.logits.softmax(-1).numpy()
+            outputs = model(**encoder(texts))
+        return task_answer(kind, {name: value.numpy() for name, value in outputs.items()})
 
     return call
+
+
+def ort_task_call(request):
+    """The ONNX Runtime row of an export kind: the PyTorch row's model exported and fused."""
+    kind = request["task"]
+    model, tokenizer = task_model(request)
+    encoder = task_encoder(kind, tokenizer, request["seq_length"], "np")
+    outputs = ("start_logits", "end_logits") if kind == "squad" else ("logits",)
+    run = ort_session(model, encoder, outputs, request)
+    return lambda texts: task_answer(kind, run(encoder(texts)))
+
+
+def ort_session(model, encoder, output_names, request):
+    """inputs {name: numpy} -> {output name: numpy} of `model` exported to ONNX with dynamic batch
+    and length (torch.onnx's TorchScript exporter), fused by onnxruntime.transformers' BERT
+    optimizer, in an InferenceSession of the request's "threads" (0: ONNX Runtime's default),
+    profiling its kernels when the request says "profile". Checks the fused model against `model`
+    on a few texts first: more than 1e-4 apart is an error."""
+    import tempfile
+
+    import onnxruntime
+    import torch
+    from onnxruntime.transformers import optimizer
+
+    example = encoder(CHECK_TEXTS)
+    names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in example]
+    axes = {0: "batch", 1: "choices", 2: "sequence"} if example["input_ids"].ndim == 3 else None
+    axes = axes or {0: "batch", 1: "sequence"}
+    work = tempfile.mkdtemp(prefix="ort_peer_")
+    exported, fused = os.path.join(work, "model.onnx"), os.path.join(work, "fused.onnx")
+    torch.onnx.export(
+        model,
+        tuple(torch.from_numpy(example[name]) for name in names),
+        exported,
+        input_names=names,
+        output_names=list(output_names),
+        dynamic_axes={name: axes for name in names} | {name: {0: "batch"} for name in output_names},
+        opset_version=17,
+        dynamo=False,
+    )
+    config = model.config
+    optimized = optimizer.optimize_model(
+        exported,
+        model_type="bert",
+        num_heads=config.num_attention_heads,
+        hidden_size=config.hidden_size,
+    )
+    optimized.save_model_to_file(fused)
+    fusions = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = request["threads"]
+    options.enable_profiling = bool(request.get("profile"))
+    session = onnxruntime.InferenceSession(fused, options, providers=["CPUExecutionProvider"])
+    shutil.rmtree(work)
+
+    def run(inputs):
+        values = session.run(list(output_names), {name: inputs[name] for name in names})
+        return dict(zip(output_names, values))
+
+    run.session = session  # profile_onnxruntime.py ends its profile
+
+    with torch.inference_mode():
+        expected = model(**{name: torch.from_numpy(example[name]) for name in names})
+    difference = max(
+        float(np.abs(run(example)[name] - expected[name].numpy()).max()) for name in output_names
+    )
+    fused_ops = ", ".join(f"{op} {n}" for op, n in fusions.items())
+    print(
+        f"ONNX Runtime {request['task']} {request.get('size', '')}: fused {fused_ops}; "
+        f"max |ONNX Runtime - PyTorch| {difference:.1e}",
+        file=sys.stderr,
+    )
+    if difference > 1e-4:
+        raise SystemExit(f"the fused ONNX model is {difference:.1e} away from PyTorch's")
+    return run
 
 
 def masked_lm_call(model, tokenizer, max_length):
@@ -132,6 +260,38 @@ def fill_mask_model(request):
     tokenizer = transformers.AutoTokenizer.from_pretrained(request["hf_dir"])
     model = transformers.BertForMaskedLM.from_pretrained(request["hf_dir"]).eval()
     return masked_lm_call(model, tokenizer, request["seq_length"])
+
+
+def ort_fill_mask(request):
+    """The fill_mask_model row on ONNX Runtime: the same BertForMaskedLM exported and fused; the
+    [MASK] positions' logits gathered, softmax and top 5 in NumPy."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(request["hf_dir"])
+    model = transformers.BertForMaskedLM.from_pretrained(
+        request["hf_dir"], attn_implementation="eager"
+    ).eval()
+
+    def encoder(texts):
+        return tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=request["seq_length"],
+            return_tensors="np",
+        )
+
+    run = ort_session(model, encoder, ("logits",), request)
+
+    def call(texts):
+        inputs = encoder(texts)
+        masked = run(inputs)["logits"][inputs["input_ids"] == tokenizer.mask_token_id]
+        ids = np.argpartition(-masked, TOP_K, axis=-1)[:, :TOP_K]
+        probabilities = np.take_along_axis(softmax(masked), ids, -1)
+        order = np.argsort(-probabilities, axis=-1)
+        return np.take_along_axis(probabilities, order, -1), np.take_along_axis(ids, order, -1)
+
+    return call
 
 
 def fill_mask_pipeline(request):
