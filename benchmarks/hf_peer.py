@@ -212,6 +212,7 @@ def ort_session(model, encoder, output_names, request):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = request["threads"]
     options.enable_profiling = bool(request.get("profile"))
+    options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "onnxruntime_profile")
     session = onnxruntime.InferenceSession(fused, options, providers=["CPUExecutionProvider"])
     shutil.rmtree(work)
 

@@ -55,8 +55,10 @@ def main():
     for _ in range(args.calls):
         encoder([SENTENCE])
     tokenizer_ms = (time.perf_counter() - start) / args.calls * 1e3
-    with open(run.session.end_profiling()) as f:
+    profile = run.session.end_profiling()
+    with open(profile) as f:
         events = json.load(f)
+    os.remove(profile)
     # The checks against PyTorch ran through the same session: count every call profiled.
     profiled = sum(1 for e in events if e.get("cat") == "Session" and e["name"] == "model_run")
     by_op = collections.Counter()
