@@ -79,6 +79,7 @@ from absl import app, flags, logging  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import latency  # noqa: E402
 import task_requests  # noqa: E402
+from hf_peer import BASE_SHAPE, ORT  # noqa: E402  (hf_peer imports no torch at module level)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list(
@@ -130,12 +131,12 @@ CHECK_SENTENCES = 4  # fill-mask: our top-5 ids are compared with the HF model's
 HF_ROW = "HF PyTorch, dynamic padding"
 HF_MASKED_LM_ROW = "HF BertForMaskedLM + fast tokenizer, dynamic padding"
 HF_PIPELINE_ROW = 'HF pipeline("fill-mask")'
-# ONNX Runtime's rows: its intra-op threads (0: its default, one a physical core) and row name.
+# ONNX Runtime's rows: its intra-op threads (0: its default) and row name; the first is a reference.
 ORT_ROWS = {2: "ONNX Runtime, fused, 2 threads", 0: "ONNX Runtime, fused, its default threads"}
 ORT_REFERENCE = ORT_ROWS[2]
+ORT_LABEL = "ORT 2 threads"  # the reference's column label
 HF_PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_peer.py")
 NUM_LABELS = 2
-BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
 
 
 def minilm_dir():
@@ -346,7 +347,7 @@ def main(argv):
 def task_table(kind, sizes, seq_lengths, sentences, work):
     """Times the rows of an export of `kind` and prints their table."""
     print(f"\n{kind}:\n")
-    print_header(["HF", "ORT 2 threads"])
+    print_header(["HF", ORT_LABEL])
     # The padded rows take seconds per batch at 512; then every row times the same few batches.
     slow = {"static", "keras_hub"} & set(FLAGS.rows)
     max_batches = FLAGS.static_batches if slow else None
@@ -364,7 +365,7 @@ def fill_mask_table(sizes, seq_lengths, sentences, work):
         print("fill_mask skipped: its model is built with --torch_python", file=sys.stderr)
         return
     print("\nfill_mask:\n")
-    print_header(["HF model", "HF pipeline", "ORT 2 threads"])
+    print_header(["HF model", "HF pipeline", ORT_LABEL])
     texts = masked_sentences(sentences)
     check_texts = texts[:CHECK_SENTENCES]
     notes = []
@@ -380,7 +381,8 @@ def fill_mask_table(sizes, seq_lengths, sentences, work):
 
 def row_calls(kind, size, seq_length, model_dir, config, work):
     """The rows of an export of `kind` that FLAGS.rows asks for (keras_hub: classifier only):
-    ({row name: texts -> seconds}, HF's last; [HF's row name or None])."""
+    ({row name: texts -> seconds}, the peers' last; [HF's row name, ONNX Runtime's 2-thread row
+    name], None for one not run)."""
     calls = {}
     if "ours" in FLAGS.rows:
         for precision in FLAGS.precisions:
@@ -416,9 +418,10 @@ def row_calls(kind, size, seq_length, model_dir, config, work):
 
 
 def fill_mask_row_calls(size, seq_length, model_dir, hf_dir, work, check_texts, hf_ids, notes):
-    """The fill-mask rows that FLAGS.rows asks for (ours, hf): ({row name: texts -> seconds}, HF's
-    last; [the HF model's row name or None, the HF pipeline's]). Appends to `notes` whether our
-    top-5 ids on `check_texts` equal the HF model's `hf_ids`."""
+    """The fill-mask rows that FLAGS.rows asks for (ours, hf, ort): ({row name: texts -> seconds},
+    the peers' last; [the HF model's row name, the HF pipeline's, ONNX Runtime's 2-thread row's],
+    None for one not run). Appends to `notes` whether our top-5 ids on `check_texts` equal the HF
+    model's `hf_ids`."""
     calls = {}
     if "ours" in FLAGS.rows:
         for precision in FLAGS.precisions:
@@ -453,7 +456,7 @@ def onnx_runtime(**request):
     if "ort" not in FLAGS.rows or not FLAGS.torch_python:
         return {}
     return {
-        row: hugging_face(row, runtime="onnxruntime", threads=threads, **request)
+        row: hugging_face(row, runtime=ORT, threads=threads, **request)
         for threads, row in ORT_ROWS.items()
     }
 

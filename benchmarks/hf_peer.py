@@ -42,6 +42,7 @@ import numpy as np
 
 TOP_K = 5
 ORT = "onnxruntime"  # a request's "runtime" for the ONNX Runtime rows (default: PyTorch)
+BASE_SHAPE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
 # The texts a fused ONNX model is exported with and checked on against PyTorch.
 CHECK_TEXTS = ["the quick brown fox jumps over the lazy dog .", "return the [MASK] of the module ."]
 
@@ -54,7 +55,8 @@ def main(request):
     import torch
     import transformers
 
-    torch.set_num_threads(request.get("threads") or 2)  # 0 asks ONNX Runtime for its default
+    # "threads" are ONNX Runtime's on its rows (0: its default); torch then only exports.
+    torch.set_num_threads(2 if request.get("runtime") == ORT else request.get("threads", 2))
     task = request["task"]
     if task == "prepare_fill_mask":
         ids = prepare_fill_mask(request)
@@ -162,14 +164,20 @@ def task_call(request):
     return call
 
 
-def ort_task_call(request):
-    """The ONNX Runtime row of an export kind: the PyTorch row's model exported and fused."""
+def ort_task(request):
+    """(run, encoder) of the ONNX Runtime row of an export kind: the PyTorch row's model exported
+    and fused (ort_session), and texts -> its inputs."""
     kind = request["task"]
     model, tokenizer = task_model(request)
     encoder = task_encoder(kind, tokenizer, request["seq_length"], "np")
     outputs = ("start_logits", "end_logits") if kind == "squad" else ("logits",)
-    run = ort_session(model, encoder, outputs, request)
-    return lambda texts: task_answer(kind, run(encoder(texts)))
+    return ort_session(model, encoder, outputs, request), encoder
+
+
+def ort_task_call(request):
+    """The ONNX Runtime row of an export kind."""
+    run, encoder = ort_task(request)
+    return lambda texts: task_answer(request["task"], run(encoder(texts)))
 
 
 def ort_session(model, encoder, output_names, request):
@@ -188,33 +196,32 @@ def ort_session(model, encoder, output_names, request):
     names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in example]
     axes = {0: "batch", 1: "choices", 2: "sequence"} if example["input_ids"].ndim == 3 else None
     axes = axes or {0: "batch", 1: "sequence"}
-    work = tempfile.mkdtemp(prefix="ort_peer_")
-    exported, fused = os.path.join(work, "model.onnx"), os.path.join(work, "fused.onnx")
-    torch.onnx.export(
-        model,
-        tuple(torch.from_numpy(example[name]) for name in names),
-        exported,
-        input_names=names,
-        output_names=list(output_names),
-        dynamic_axes={name: axes for name in names} | {name: {0: "batch"} for name in output_names},
-        opset_version=17,
-        dynamo=False,
-    )
-    config = model.config
-    optimized = optimizer.optimize_model(
-        exported,
-        model_type="bert",
-        num_heads=config.num_attention_heads,
-        hidden_size=config.hidden_size,
-    )
-    optimized.save_model_to_file(fused)
-    fusions = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = request["threads"]
+    options.intra_op_num_threads = request.get("threads", 2)
     options.enable_profiling = bool(request.get("profile"))
     options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "onnxruntime_profile")
-    session = onnxruntime.InferenceSession(fused, options, providers=["CPUExecutionProvider"])
-    shutil.rmtree(work)
+    with tempfile.TemporaryDirectory(prefix="ort_peer_") as work:
+        exported, fused = os.path.join(work, "model.onnx"), os.path.join(work, "fused.onnx")
+        torch.onnx.export(
+            model,
+            tuple(torch.from_numpy(example[name]) for name in names),
+            exported,
+            input_names=names,
+            output_names=list(output_names),
+            dynamic_axes={name: axes for name in names}
+            | {name: {0: "batch"} for name in output_names},
+            opset_version=17,
+            dynamo=False,
+        )
+        optimized = optimizer.optimize_model(
+            exported,
+            model_type="bert",
+            num_heads=model.config.num_attention_heads,
+            hidden_size=model.config.hidden_size,
+        )
+        optimized.save_model_to_file(fused)
+        fusions = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+        session = onnxruntime.InferenceSession(fused, options, providers=["CPUExecutionProvider"])
 
     def run(inputs):
         values = session.run(list(output_names), {name: inputs[name] for name in names})
@@ -238,14 +245,21 @@ def ort_session(model, encoder, output_names, request):
     return run
 
 
+def masked_lm_encoder(tokenizer, max_length, tensors):
+    """texts -> the fill-mask rows' inputs (`tensors`: "pt" or "np"), padded to the longest."""
+    return lambda texts: tokenizer(
+        texts, padding=True, truncation=True, max_length=max_length, return_tensors=tensors
+    )
+
+
 def masked_lm_call(model, tokenizer, max_length):
     """texts -> (top-k probabilities, top-k ids) [masks, k] of every [MASK], as numpy."""
     import torch
 
+    encoder = masked_lm_encoder(tokenizer, max_length, "pt")
+
     def call(texts):
-        encoded = tokenizer(
-            texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        )
+        encoded = encoder(texts)
         with torch.inference_mode():
             logits = model(**encoded).logits
             masked = logits[encoded["input_ids"] == tokenizer.mask_token_id]
@@ -273,15 +287,7 @@ def ort_fill_mask(request):
         request["hf_dir"], attn_implementation="eager"
     ).eval()
 
-    def encoder(texts):
-        return tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=request["seq_length"],
-            return_tensors="np",
-        )
-
+    encoder = masked_lm_encoder(tokenizer, request["seq_length"], "np")
     run = ort_session(model, encoder, ("logits",), request)
 
     def call(texts):

@@ -1,6 +1,7 @@
 """Where ONNX Runtime's batch-1 time goes: bench_inference's ONNX Runtime row, profiled per op.
 
-    TORCH_PYTHON benchmarks/profile_onnxruntime.py [--size=minilm|base] [--kind=classifier] [--calls=200]
+    TORCH_PYTHON benchmarks/profile_onnxruntime.py --minilm=MINILM_DIR [--size=minilm|base] \
+        [--kind=classifier] [--calls=200]
 
 Builds the ONNX Runtime row's model exactly as hf_peer.py does (exported, fused, checked against
 PyTorch), at 2 threads with ONNX Runtime's profiler on, calls it on one real sentence, and prints
@@ -34,16 +35,13 @@ def main():
         size=args.size,
         minilm=args.minilm,
         vocab=os.path.join(args.minilm, "vocab.txt"),
-        shape=dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12),
+        shape=hf_peer.BASE_SHAPE,
         seq_length=512,
         runtime=hf_peer.ORT,
         threads=2,
         profile=True,
     )
-    model, tokenizer = hf_peer.task_model(request)
-    encoder = hf_peer.task_encoder(args.kind, tokenizer, request["seq_length"], "np")
-    outputs = ("start_logits", "end_logits") if args.kind == "squad" else ("logits",)
-    run = hf_peer.ort_session(model, encoder, outputs, request)
+    run, encoder = hf_peer.ort_task(request)
     inputs = encoder([SENTENCE])
     for _ in range(WARMUP_CALLS):
         run(inputs)
