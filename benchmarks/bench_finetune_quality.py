@@ -484,11 +484,12 @@ def peers_study(args, work, results):
         )
     model_dir = converted_minilm(work, args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
+    variants = [v for v in args.variants.split(",") if v]  # --variants= runs the peer alone
     table = {}
     for task in tasks:
         rows = {}
         for seed in seeds:  # seeds outermost: a partial run still compares every variant
-            for variant in args.variants.split(","):
+            for variant in variants:
                 out = os.path.join(work, "runs", f"{task}_{variant}_{seed}")
                 rows.setdefault(variant, []).append(
                     results.get(

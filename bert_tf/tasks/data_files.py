@@ -23,6 +23,14 @@ def run_splits(do_train, do_eval, do_predict, eval_splits=("dev",), test_splits=
     )
 
 
+def dev_score(key, has_dev_scores, needs="--do_eval"):
+    """`key`, the dev score that ranks restarts (--num_restarts), or a usage error naming what the
+    run lacks to compute it."""
+    if not has_dev_scores:
+        raise io_utils.UsageError(f"--num_restarts keeps the run best on dev: it needs {needs}")
+    return key
+
+
 def require_examples(examples, path, split):
     """Returns `examples`; an empty train or eval split is a UsageError naming the file and flag.
 

@@ -39,7 +39,7 @@ from absl import logging
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
 from bert_tf.tasks import heads, models, packing, registry
-from bert_tf.training import optimization, training_loop
+from bert_tf.training import optimization, restarts, training_loop
 from bert_tf.training.training_job import JobConfig, TrainingJob
 
 EXAMPLE_INDEX = heads.EXAMPLE_INDEX
@@ -65,6 +65,8 @@ class FinetuneConfig:
     adam_bias_correction: bool = False
     mixed_precision: str = "none"
     seed: int = 12345
+    # Runs from seeds seed, seed + 1, ...; the best on dev is kept (bert_tf.training.restarts).
+    num_restarts: int = 1
     # What batch lengths are rounded up to (see `length_bucket`); None: padded to the records' length.
     length_bucket: int = 1
     # Training batches of similar lengths (with a length_bucket); off: plain shuffled batches.
@@ -382,7 +384,7 @@ def print_results(title, results, log_fn=print):
         log_fn(f"  {key} = {results[key]}")
 
 
-def run(config, strategy, source, job, log_fn=print):
+def run(config, strategy, source, job, log_fn=print, after_prepare=None):
     """Fine-tunes the model of a task `job` as `config` says, then evaluates and predicts; returns a
     RunResult.
 
@@ -390,9 +392,27 @@ def run(config, strategy, source, job, log_fn=print):
     finetuner, final)` returns (eval results, files written): non-empty results get the global
     step, go to eval_results.txt and are printed under `job.eval_title`. With
     config.eval_every_epoch it is also called after each epoch but the last with final=False:
-    evaluate only, write nothing.
+    evaluate only, write nothing. `after_prepare()` is called once the data is read, before any
+    training. With config.num_restarts > 1 the run is made once per seed and the best on dev is
+    kept (bert_tf.training.restarts; `job.selection_key()` names the score that ranks them).
     """
+    if config.num_restarts > 1:
+        kept, eval_results = restarts.run(
+            config,
+            lambda sub_config, after_prepare: run(
+                sub_config, strategy, source, job, log_fn, after_prepare
+            ),
+            job.selection_key,
+            log_fn,
+        )
+        if kept is None:  # the kept run finished in an earlier process
+            kept = RunResult(
+                ModelDir(config.output_dir).latest_step() or 0, {}, eval_results, [], None
+            )
+        return kept
     spec, train = job.prepare(config, source)
+    if after_prepare is not None:
+        after_prepare()
     train_steps, make_train_dataset = 0, None
     if config.do_train:
         train_steps = num_train_steps(

@@ -78,6 +78,13 @@ class FinetuneArgs(LoopArgs):
         "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
         "example.",
     )
+    num_restarts: int = arg(
+        1,
+        "Fine-tune this many times, with seeds --seed, --seed+1, ..., and keep the run best on dev "
+        "as --output_dir (the BERT paper's random restarts on small data); eval_results.txt gives "
+        "every run's seed and score. Needs --do_train and the dev set (--do_eval; SQuAD: a "
+        "predict file with answers).",
+    )
     # None: dense, or bilstm with --feature_based (FeatureBasedArgs, which refuses an explicit dense).
     head: str = arg(
         None,
@@ -110,6 +117,15 @@ class FinetuneArgs(LoopArgs):
         if self.do_train and self.num_train_epochs <= 0:
             raise io_utils.UsageError(
                 f"--num_train_epochs must be positive, got {self.num_train_epochs}"
+            )
+        if self.num_restarts < 1:
+            raise io_utils.UsageError(f"--num_restarts must be at least 1, got {self.num_restarts}")
+        if self.num_restarts > 1 and not self.do_train:
+            raise io_utils.UsageError("--num_restarts trains several runs: it needs --do_train")
+        if self.num_restarts > 1 and self.strategy == "multi_worker_mirrored":
+            raise io_utils.UsageError(
+                "--num_restarts runs on one machine (any other --strategy): with "
+                "--strategy=multi_worker_mirrored, run the job once per --seed"
             )
         if self.eval_every_epoch and not (self.do_train and self.do_eval):
             raise io_utils.UsageError("--eval_every_epoch needs --do_train and --do_eval")
@@ -199,6 +215,7 @@ class FinetuneArgs(LoopArgs):
             adam_bias_correction=self.adam_bias_correction_value(),
             mixed_precision=self.mixed_precision,
             seed=self.seed,
+            num_restarts=self.num_restarts,
             length_bucket=finetuning.length_bucket(
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile
             ),

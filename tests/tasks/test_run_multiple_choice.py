@@ -247,3 +247,24 @@ def test_a_bilstm_head_trains_and_its_export_serves_the_same_probabilities(swag,
         endings=tf.constant([e.endings for e in test]),
     )
     np.testing.assert_allclose(outputs["probabilities"].numpy(), probabilities[:10], atol=1e-5)
+
+
+def test_restarts_rank_multiple_choice_runs_by_dev_accuracy(swag, tmp_path):
+    output_dir = tmp_path / "restarts"
+    result = run_multiple_choice.run(
+        run_multiple_choice.MultipleChoiceArgs(
+            task_name="swag",
+            data_dir=swag["data_dir"],
+            init_checkpoint=swag["model_dir"],
+            output_dir=str(output_dir),
+            do_train=True,
+            do_eval=True,
+            max_seq_length=24,
+            num_train_epochs=0.5,
+            num_restarts=2,
+        )
+    )
+    scores = [result.eval_results[f"restart_{i}_eval_accuracy"] for i in (1, 2)]
+    assert result.eval_results["eval_accuracy"] == max(scores)
+    assert result.eval_results["restart_2_seed"] == result.eval_results["restart_1_seed"] + 1
+    assert ModelDir(str(output_dir)).latest_step() == result.step

@@ -281,3 +281,23 @@ def test_feature_based_implies_the_bilstm_head():
     ).validate()
     assert run_ner.NerArgs(head="bilstm").head_fields() == dict(head="bilstm", lstm_units=768)
     assert run_ner.NerArgs().head_fields() == dict(head="dense", lstm_units=768)
+
+
+def test_restarts_rank_tagging_runs_by_entity_f1(conll, tmp_path):
+    output_dir = tmp_path / "restarts"
+    base = dict(
+        data_dir=conll["data_dir"],
+        init_checkpoint=conll["model_dir"],
+        output_dir=str(output_dir),
+        do_train=True,
+        max_seq_length=24,
+        train_batch_size=16,
+        num_train_epochs=0.5,
+        num_restarts=2,
+    )
+    with pytest.raises(io_utils.UsageError, match="it needs --do_eval"):
+        run_ner.run(run_ner.NerArgs(**base))
+    result = run_ner.run(run_ner.NerArgs(do_eval=True, **base))
+    scores = [result.eval_results[f"restart_{i}_eval_f1"] for i in (1, 2)]
+    assert result.eval_results["eval_f1"] == max(scores)
+    assert (output_dir / "eval_predictions.txt").exists()

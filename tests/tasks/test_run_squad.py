@@ -288,3 +288,14 @@ def test_cli_flags_reach_the_run_and_a_missing_file_exits_2(squad_data, tmp_path
         f"--init_checkpoint={squad_data['model_dir']}",
     )
     assert missing.returncode == 2 and "nope.json" in missing.stderr + missing.stdout
+
+
+def test_restarts_rank_squad_runs_by_the_official_f1(squad_data, tmp_path):
+    output_dir = tmp_path / "restarts"
+    args = squad_args(squad_data, output_dir, False, num_train_epochs=2, num_restarts=2)
+    with pytest.raises(io_utils.UsageError, match="it needs --do_predict"):
+        run_squad.run(squad_args(squad_data, output_dir, False, num_restarts=2, do_predict=False))
+    result = run_squad.run(args)
+    scores = [result.eval_results[f"restart_{i}_f1"] for i in (1, 2)]
+    assert result.eval_results["f1"] == max(scores)
+    assert (output_dir / "predictions.json").exists()

@@ -71,6 +71,9 @@ class ClassificationJob:
     `tfds` (see read_splits); `head_fields` are the TaskSpec's head, lstm_units (and features)."""
 
     eval_title = "Eval results"
+    # The score the paper's Table 1 gives per task, in this order of preference: MCC (CoLA), F1
+    # (MRPC, QQP), Spearman (STS-B), else accuracy.
+    SELECTION_METRICS = ("mcc", "f1", "spearman", "accuracy")
 
     def __init__(
         self,
@@ -117,6 +120,15 @@ class ClassificationJob:
         if not config.do_train:
             return spec, None
         return spec, packing.TrainData(self.features_of("train"), len(train.examples))
+
+    def selection_key(self):
+        """The eval result that ranks restarts (--num_restarts): the task's score on its first
+        dev set; a usage error without --do_eval."""
+        metric = next(m for m in self.SELECTION_METRICS if m in self.task.metric_names)
+        split = self.eval_splits[0] if self.eval_splits else "dev"
+        return data_files.dev_score(
+            f"{classification.eval_prefix(split)}_{metric}", bool(self.eval_splits)
+        )
 
     def features_of(self, split):
         return classification.convert_examples(

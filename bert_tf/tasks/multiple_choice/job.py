@@ -58,6 +58,10 @@ class MultipleChoiceJob:
             return spec, None
         return spec, packing.TrainData(self.features_of("train"), len(self.splits["train"]))
 
+    def selection_key(self):
+        """The eval result that ranks restarts (--num_restarts); a usage error without --do_eval."""
+        return data_files.dev_score("eval_accuracy", self.config.do_eval)
+
     def features_of(self, split):
         return multiple_choice.convert_examples(
             self.splits[split], self.tokenizer, self.max_seq_length

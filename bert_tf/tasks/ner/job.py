@@ -63,6 +63,10 @@ class NerJob:
         features = ner.convert_sentences(train, self.tokenizer, self.max_seq_length, self.labels)
         return spec, packing.TrainData(features.arrays, len(train))
 
+    def selection_key(self):
+        """The eval result that ranks restarts (--num_restarts); a usage error without --do_eval."""
+        return data_files.dev_score("eval_f1", self.config.do_eval)
+
     def predict_tags(self, tuner, split, batch_size, has_labels):
         """(per-sentence word tags, model outputs) of a split; words cut by max_seq_length are tagged O."""
         sentences = self.sentences[split]

@@ -10,7 +10,7 @@ when the predict data has answers, scores them with the official scripts' metric
 import dataclasses
 
 from bert_tf.runtime import io_utils
-from bert_tf.tasks import models, packing
+from bert_tf.tasks import data_files, models, packing
 from bert_tf.tasks.squad import data as squad
 from bert_tf.tasks.squad import metrics as squad_metrics
 from bert_tf.tasks.squad import postprocess as squad_postprocess
@@ -91,6 +91,14 @@ class SquadJob:
         # The original counts steps in questions, not windows.
         return spec, packing.TrainData(
             squad.feature_arrays(features, is_training=True), len(examples)
+        )
+
+    def selection_key(self):
+        """The official F1 on the predict file, which ranks restarts (--num_restarts): a usage error
+        unless the run predicts a file with answers."""
+        has_answers = self.predicting and bool(self.gold and any(self.gold.values()))
+        return data_files.dev_score(
+            "f1", has_answers, needs="--do_predict (or --do_eval) on a predict file with answers"
         )
 
     def evaluate_and_predict(self, tuner, final=True):
