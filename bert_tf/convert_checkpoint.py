@@ -15,8 +15,9 @@ The other way, any model directory (pretrained or fine-tuned):
 
     python -m bert_tf.convert_checkpoint --to=huggingface --model_dir=models/mrpc --output_dir=hf/mrpc
     python -m bert_tf.convert_checkpoint --to=keras_hub --model_dir=models/sst2 --output_dir=presets/sst2
+    python -m bert_tf.convert_checkpoint --to=onnx --model_dir=models/sst2 --output_dir=onnx/sst2
 
-bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export say what each writes and what each refuses. Either
+bert_tf.interop's hf_export, keras_hub_export and onnx_export say what each writes and what each refuses. Either
 way the output directory appears only once complete, with bert_tf_output.json naming this job and
 the files it wrote (an export's also holds the flags, which an imported model directory keeps in
 convert_checkpoint.flags). It must be new or empty; --overwrite replaces one that holds this job's earlier
@@ -34,15 +35,15 @@ import dataclasses
 from absl import flags
 
 from bert_tf.checkpoints import conversion
-from bert_tf.interop import hf_export, keras_hub_export
+from bert_tf.interop import hf_export, keras_hub_export, onnx_export
 from bert_tf.model.model_dir import ModelDir, describe_heads
 from bert_tf.runtime import cli
 from bert_tf.runtime.cli import arg
 from bert_tf.runtime.io_utils import UsageError
 from bert_tf.tasks import models
 
-# --to's choices: bert_tf.interop.hf_export and bert_tf.interop.keras_hub_export write them.
-EXPORT_TARGETS = ("huggingface", "keras_hub")
+# --to's choices: bert_tf.interop's hf_export, keras_hub_export and onnx_export write them.
+EXPORT_TARGETS = ("huggingface", "keras_hub", "onnx")
 # The resolved flags, written into an imported model directory (reusable with --flagfile); an
 # export keeps them in its bert_tf_output.json instead.
 FLAGS_FILE = "convert_checkpoint.flags"
@@ -103,7 +104,8 @@ class ConvertArgs:
         None,
         "Export instead of import: 'huggingface' writes --model_dir as a Hugging Face BERT "
         "directory (config.json, model.safetensors, tokenizer files), 'keras_hub' as a keras-hub "
-        "preset (BertBackbone, BertTokenizer, BertTextClassifier for a classifier).",
+        "preset (BertBackbone, BertTokenizer, BertTextClassifier for a classifier), 'onnx' as an "
+        "ONNX model with ONNX Runtime's BERT fusions plus tokenizer.json.",
         choices=EXPORT_TARGETS,
     )
     model_dir: str = arg(None, "With --to: the model directory to export.")
@@ -167,6 +169,16 @@ def run_export(args, flags_text=""):
         print(
             f"wrote {result.architecture} to {result.output_dir} ({result.num_weights} weights): "
             f"{result.description}"
+        )
+        return result
+    if args.to == "onnx":
+        result = onnx_export.export(
+            args.model_dir, args.output_dir, overwrite=args.overwrite, record=record
+        )
+        print(
+            f"wrote {result.output_dir}/{onnx_export.MODEL_FILE} ({result.description}; outputs "
+            f"{', '.join(result.outputs)}): ONNX Runtime's outputs are within "
+            f"{result.max_difference:.3g} of this model's"
         )
         return result
     result = keras_hub_export.export(
