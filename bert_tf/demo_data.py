@@ -26,16 +26,38 @@ class DemoDataArgs:
     glue_dir: str = arg("", "Write the sentiment task here, in GLUE SST-2's layout.")
     swag_dir: str = arg("", "Write the multiple choice task here, in SWAG's layout.")
     conll_dir: str = arg("", "Write the tagging task here, in CoNLL-2003's layout (--corpus_file).")
-    corpus_file: str = arg("", "The sentences --conll_dir tags, one per line (bert_tf.corpus).")
+    pair_dir: str = arg(
+        "",
+        "Write a sentence-pair task here, in GLUE MRPC's layout (--corpus_file): does the second "
+        "sentence follow the first in its document?",
+    )
+    squad_dir: str = arg(
+        "",
+        "Write a span task here, in SQuAD v1.1's layout (--corpus_file): a sentence with a word "
+        "blanked out asks for that word in its document.",
+    )
+    corpus_file: str = arg(
+        "",
+        "The corpus the --conll_dir, --pair_dir and --squad_dir tasks are made of: a sentence a "
+        "line, a blank line between documents (bert_tf.corpus).",
+    )
 
 
 def run(args):
     """Writes the task directories `args` name."""
-    if not (args.glue_dir or args.swag_dir or args.conll_dir):
-        raise io_utils.UsageError("give one or more of --glue_dir, --swag_dir and --conll_dir")
-    if bool(args.conll_dir) != bool(args.corpus_file):
+    corpus_tasks = {
+        "--conll_dir": (args.conll_dir, demo_datasets.write_demo_conll_dir),
+        "--pair_dir": (args.pair_dir, demo_datasets.write_demo_pair_dir),
+        "--squad_dir": (args.squad_dir, demo_datasets.write_demo_squad_dir),
+    }
+    wanted = [flag for flag, (path, _) in corpus_tasks.items() if path]
+    if not (args.glue_dir or args.swag_dir or wanted):
         raise io_utils.UsageError(
-            "--conll_dir and --corpus_file (the sentences to tag) go together"
+            "give one or more of --glue_dir, --swag_dir, --conll_dir, --pair_dir and --squad_dir"
+        )
+    if bool(wanted) != bool(args.corpus_file):
+        raise io_utils.UsageError(
+            "--conll_dir, --pair_dir and --squad_dir are made of --corpus_file: give them together"
         )
     if args.corpus_file and not os.path.isfile(args.corpus_file):
         raise io_utils.UsageError(f"--corpus_file={args.corpus_file} is not a file")
@@ -45,11 +67,9 @@ def run(args):
     ):
         if path:
             print(f"wrote {write(path)}", flush=True)
-    if args.conll_dir:
-        print(
-            f"wrote {demo_datasets.write_demo_conll_dir(args.conll_dir, args.corpus_file)}",
-            flush=True,
-        )
+    for path, write in corpus_tasks.values():
+        if path:
+            print(f"wrote {write(path, args.corpus_file)}", flush=True)
 
 
 if __name__ == "__main__":

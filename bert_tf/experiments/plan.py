@@ -91,7 +91,7 @@ SCALES = {
         lstm_units=768,
     ),
 }
-STUDIES = ("tasks", "sizes", "features", "masking", "layers", "steps")
+STUDIES = ("tasks", "sizes", "features", "masking", "layers", "steps", "nsp")
 # Fine-tuning runs per cell when --finetune_seeds is 0: the newer studies compare rows closer than
 # one seed can tell apart.
 DEFAULT_FINETUNE_SEEDS = {
@@ -101,12 +101,14 @@ DEFAULT_FINETUNE_SEEDS = {
     "masking": 3,
     "layers": 3,
     "steps": 3,
+    "nsp": 3,
 }
 
 # The steps study fine-tunes this many evenly spaced checkpoints of each pretraining run.
 STEP_CHECKPOINTS = 5
 
 GLUE_TASKS = classification.GLUE_TASK_NAMES
+OTHER_TASKS = ("swag", "conll", "squad")
 FEATURE_CHOICES = (
     ("embeddings", "Embeddings"),
     ("second_to_last", "Second-to-Last Hidden"),
@@ -167,7 +169,8 @@ MASKING_FEATURES = ("concat_last_four", "sum_all")
 
 @dataclasses.dataclass(frozen=True)
 class TaskData:
-    """One fine-tuning task: its name (a GLUE task, swag or conll) and its data directory."""
+    """One fine-tuning task: its name (a GLUE task, swag, conll or squad) and its data directory
+    (squad: train.json and dev.json in SQuAD v1.1's layout)."""
 
     name: str
     data_dir: str
@@ -176,11 +179,19 @@ class TaskData:
     def job(self):
         if self.name in GLUE_TASKS:
             return "run_classifier"
-        return {"swag": "run_multiple_choice", "conll": "run_ner"}[self.name]
+        return {"swag": "run_multiple_choice", "conll": "run_ner", "squad": "run_squad"}[self.name]
 
-    @property
-    def flags(self):
-        return [f"--task_name={self.name}"] if self.name != "conll" else []
+    def flags(self, max_seq_length):
+        """The task's flags for its job: its name and data, and SQuAD's windows for the length."""
+        if self.name == "squad":
+            return [
+                f"--train_file={os.path.join(self.data_dir, 'train.json')}",
+                f"--predict_file={self.dev_file}",
+                f"--max_query_length={max_seq_length // 3}",
+                f"--doc_stride={max_seq_length // 2}",
+            ]
+        name = [f"--task_name={self.name}"] if self.name != "conll" else []
+        return [*name, f"--data_dir={self.data_dir}"]
 
     @property
     def _glue(self):
@@ -192,11 +203,13 @@ class TaskData:
         MNLI's matched accuracy), F1 for tagging, else accuracy."""
         if self._glue:
             return self._glue.metric_names[0]
-        return "f1" if self.name == "conll" else "accuracy"
+        return "f1" if self.name in ("conll", "squad") else "accuracy"
 
     @property
     def score_key(self):
-        """The dev score's key in eval_results.txt."""
+        """The dev score's key in eval_results.txt (SQuAD's: the official script's)."""
+        if self.name == "squad":
+            return "f1"
         split = self._glue.eval_splits[0] if self._glue else "dev"
         return f"{classification.eval_prefix(split)}_{self.metric}"
 
@@ -206,7 +219,8 @@ class TaskData:
         if self._glue:
             split = self._glue.eval_splits[0]
             return os.path.join(self.data_dir, (self._glue.files or {}).get(split, f"{split}.tsv"))
-        return os.path.join(self.data_dir, "val.csv" if self.name == "swag" else "dev.txt")
+        files = {"swag": "val.csv", "squad": "dev.json"}
+        return os.path.join(self.data_dir, files.get(self.name, "dev.txt"))
 
     @property
     def column(self):
@@ -214,14 +228,14 @@ class TaskData:
 
 
 def parse_tasks(entries):
-    """`NAME:DIR` entries (NAME a GLUE task, swag or conll) -> TaskData, naming a bad entry."""
+    """`NAME:DIR` entries (NAME a GLUE task, swag, conll or squad) -> TaskData, naming a bad entry."""
     tasks = []
     for entry in entries:
         name, _, data_dir = entry.partition(":")
-        if name not in (*GLUE_TASKS, "swag", "conll") or not data_dir:
+        if name not in (*GLUE_TASKS, *OTHER_TASKS) or not data_dir:
             raise io_utils.UsageError(
                 f"--tasks entry {entry!r}: expected NAME:DIR with NAME one of "
-                f"{', '.join(GLUE_TASKS)}, swag, conll"
+                f"{', '.join(GLUE_TASKS + OTHER_TASKS)}"
             )
         if not os.path.isdir(data_dir):
             raise io_utils.UsageError(f"--tasks entry {entry!r}: {data_dir} is not a directory")
@@ -349,20 +363,26 @@ class Planner:
         return os.path.join(records, "*.tfrecord")
 
     def task_data(self, corpus, kinds):
-        """The --tasks given, else the demo's tasks of `kinds` (glue: sst2, swag, conll)."""
+        """The --tasks given, else the demo's tasks of `kinds` (glue: sst2, swag, conll, and of the
+        corpus's documents pair: a sentence-pair task in MRPC's layout, squad: spans)."""
         if self.args.tasks:
             return parse_tasks(self.args.tasks)
         demo = os.path.join(self.data_dir, "tasks")
+        # kind -> (demo_data's flag, the task's name, its folder)
+        demo_tasks = {
+            "glue": ("--glue_dir", "sst2", "sst2"),
+            "pair": ("--pair_dir", "mrpc", "pair"),
+            "swag": ("--swag_dir", "swag", "swag"),
+            "conll": ("--conll_dir", "conll", "conll"),
+            "squad": ("--squad_dir", "squad", "squad"),
+        }
         flags, tasks = [], []
-        if "glue" in kinds:
-            flags.append(f"--glue_dir={demo}/sst2")
-            tasks.append(TaskData("sst2", f"{demo}/sst2"))
-        if "swag" in kinds:
-            flags.append(f"--swag_dir={demo}/swag")
-            tasks.append(TaskData("swag", f"{demo}/swag"))
-        if "conll" in kinds:
-            flags += [f"--conll_dir={demo}/conll", f"--corpus_file={corpus}"]
-            tasks.append(TaskData("conll", f"{demo}/conll"))
+        for kind, (flag, name, folder) in demo_tasks.items():
+            if kind in kinds:
+                flags.append(f"{flag}={demo}/{folder}")
+                tasks.append(TaskData(name, f"{demo}/{folder}"))
+        if {"conll", "pair", "squad"} & set(kinds):
+            flags.append(f"--corpus_file={corpus}")
         self.add(Step("tasks", "demo_data", flags, tasks[-1].dev_file))
         return tasks
 
@@ -418,15 +438,15 @@ class Planner:
         scale, args = self.scale, self.args
         epochs = epochs or args.finetune_epochs or scale["finetune_epochs"]
         output_dir = self.path("runs", name)
+        seq_length = args.finetune_seq_length or scale["finetune_seq_length"]
         flags = [
-            *task.flags,
-            f"--data_dir={task.data_dir}",
+            *task.flags(seq_length),
             f"--init_checkpoint={model_dir}",
             f"--output_dir={output_dir}",
             "--do_train",
             "--do_eval",
             "--eval_every_epoch",
-            f"--max_seq_length={args.finetune_seq_length or scale['finetune_seq_length']}",
+            f"--max_seq_length={seq_length}",
             f"--train_batch_size={scale['finetune_batch']}",
             "--eval_batch_size=64",
             f"--learning_rate={args.finetune_learning_rate or scale['finetune_learning_rate']}",
@@ -697,6 +717,29 @@ def steps_study(planner):
     return planner.steps
 
 
+def nsp_study(planner):
+    """Table 5's NSP question across every task kind: a model pretrained with and without NSP,
+    fine-tuned on classification, sentence pairs, multiple choice, tagging and spans."""
+    corpus = planner.corpus_file()
+    vocab = planner.vocab_file(corpus)
+    records = planner.records(corpus, vocab)
+    # Without NSP, B is always the text that follows A: the row trains on contiguous text.
+    contiguous = planner.records(corpus, vocab, random_next_prob=0.0)
+    tasks = planner.task_data(corpus, ("glue", "pair", "swag", "conll", "squad"))
+    size = [f"--model_size={planner.scale['model_size']}"]
+    rows = [
+        (Pretraining("BERT (MLM + NSP)", planner.path("models", "bert"), []), records),
+        (Pretraining("No NSP", planner.path("models", "no_nsp"), ["--nsp=false"]), contiguous),
+    ]
+    for pretraining, row_records in rows:
+        planner.pretrain(pretraining, row_records, vocab, size)
+    for pretraining, _ in rows:
+        for task in tasks:
+            name = f"{os.path.basename(pretraining.model_dir)}_{task.name}"
+            planner.finetune(name, pretraining.model_dir, task, pretraining.row)
+    return planner.steps
+
+
 def plan(args):
     """The steps of `args.study`, in order."""
     planner = Planner(args, SCALES[args.scale])
@@ -707,5 +750,6 @@ def plan(args):
         "masking": masking_study,
         "layers": layers_study,
         "steps": steps_study,
+        "nsp": nsp_study,
     }
     return studies[args.study](planner)

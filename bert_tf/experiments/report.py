@@ -32,6 +32,7 @@ TITLES = {
     "masking": "Table 8: masking strategies, fine-tuned and feature-based",
     "layers": "What each layer knows: a frozen-feature probe on every layer",
     "steps": "Appendix C.1: fine-tuned accuracy against pretraining steps",
+    "nsp": "Table 5's NSP ablation across every task kind",
 }
 
 
@@ -166,7 +167,7 @@ def study_table(study, steps):
         return [first, *columns], [
             [int(row), *(scores.get(c) for c in columns)] for row, scores in table.items()
         ]
-    if study == "tasks":
+    if study in ("tasks", "nsp"):
         return ["Tasks", *columns], [
             [row, *(scores.get(c) for c in columns)] for row, scores in table.items()
         ]

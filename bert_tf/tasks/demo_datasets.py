@@ -2,10 +2,15 @@
 
 `make demo` and the tests fine-tune on these: a sentiment task in GLUE SST-2's layout
 (train/dev/test.tsv) and a multiple choice task in SWAG's (train/val/test.csv), both templated
-from small word lists and learnable by a tiny model in seconds; and a tagging task in CoNLL-2003's
-layout (train/dev/test.txt) on a corpus's own sentences: the standard library's module names (MOD)
-and the built-in type names (TYPE) where the sentences use them. All are deterministic for a seed
-(the tagging task for a seed and a Python version: the module names are its standard library's).
+from small word lists and learnable by a tiny model in seconds; and, on a corpus's own sentences
+(bert_tf.corpus's format: a sentence a line, a blank line between documents), a tagging task in
+CoNLL-2003's layout (train/dev/test.txt: the standard library's module names (MOD) and the
+built-in type names (TYPE) where the sentences use them), a sentence-pair task in GLUE MRPC's
+layout (does the second sentence follow the first in its document?) and a span task in SQuAD
+v1.1's (a sentence of the document with one word blanked out is the question; that word in the
+document is the answer). The corpus tasks split by document: no document gives both training and
+dev rows. All are deterministic for a seed (the tagging task for a seed and a Python version: the
+module names are its standard library's).
 
 `python -m bert_tf.demo_data` is its CLI.
 """
@@ -231,4 +236,129 @@ def write_demo_conll_dir(path, corpus_file, num_train=600, num_dev=200, num_test
     }
     for split, rows in splits.items():
         io_utils.atomic_write_text(os.path.join(path, f"{split}.txt"), conll_text(rows))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks made of a corpus's documents: sentence pairs (GLUE MRPC's layout) and spans (SQuAD v1.1's).
+# ---------------------------------------------------------------------------------------------
+
+MRPC_HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+# The question's stand-in for the word it asks about.
+BLANK = "what"
+
+
+def corpus_documents(corpus_file):
+    """The documents of a corpus file (a sentence a line, a blank line between documents)."""
+    documents, current = [], []
+    with open(corpus_file, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                current.append(line.strip())
+            elif current:
+                documents.append(current)
+                current = []
+    if current:
+        documents.append(current)
+    return documents
+
+
+def split_documents(documents, fractions, rng):
+    """The documents shuffled and cut into len(fractions) + 1 consecutive groups."""
+    order = list(documents)
+    rng.shuffle(order)
+    cuts = np.cumsum([round(f * len(order)) for f in fractions])
+    return [order[a:b] for a, b in zip([0, *cuts], [*cuts, len(order)])]
+
+
+def next_sentence_rows(documents, count, rng):
+    """`count` (label, sentence, next) rows: half the next sentence of the same document (1), half a
+    sentence of another document (0)."""
+    pairs = [(d, i) for d in range(len(documents)) for i in range(len(documents[d]) - 1)]
+    if len(pairs) < count or len(documents) < 2:
+        raise io_utils.UsageError(f"the corpus has {len(pairs)} sentence pairs; {count} are needed")
+    rows = []
+    for turn, (d, i) in enumerate(rng.sample(pairs, count)):
+        if turn % 2 == 0:
+            rows.append((1, documents[d][i], documents[d][i + 1]))
+            continue
+        other = rng.randrange(len(documents) - 1)
+        other += other >= d
+        rows.append((0, documents[d][i], rng.choice(documents[other])))
+    return rows
+
+
+def write_demo_pair_dir(path, corpus_file, num_train=600, num_dev=200, num_test=100, seed=7):
+    """Writes train.tsv, dev.tsv and test.tsv in GLUE MRPC's layout from `corpus_file`'s documents:
+    label 1 where #2 is the sentence after #1, 0 where it comes from another document; returns
+    `path`."""
+    rng = random.Random(seed)
+    groups = split_documents(corpus_documents(corpus_file), (0.6, 0.2), rng)
+    for split, documents, count in zip(
+        ("train", "dev", "test"), groups, (num_train, num_dev, num_test)
+    ):
+        rows = next_sentence_rows(documents, count, rng)
+        lines = [MRPC_HEADER.replace("Quality", "index") if split == "test" else MRPC_HEADER]
+        for i, (label, first, second) in enumerate(rows):
+            first, second = (text.replace("\t", " ") for text in (first, second))
+            lead = str(i) if split == "test" else str(label)
+            lines.append(f"{lead}\t{2 * i}\t{2 * i + 1}\t{first}\t{second}")
+        io_utils.atomic_write_text(os.path.join(path, f"{split}.tsv"), "\n".join(lines) + "\n")
+    return path
+
+
+def cloze_questions(documents, count, rng, max_context_words=120):
+    """SQuAD v1.1 paragraphs: a document's first sentences (at most `max_context_words` words) as the
+    context and, per paragraph, one of them with a word of 4+ letters that occurs once in the context
+    replaced by BLANK as the question, that word's place in the context as the answer."""
+    candidates = []
+    for document in documents:
+        context, words = [], 0
+        for sentence in document:
+            if words + len(sentence.split()) > max_context_words:
+                break
+            context.append(sentence)
+            words += len(sentence.split())
+        if len(context) >= 2:
+            candidates.append(context)
+    rng.shuffle(candidates)
+    paragraphs = []
+    for context_sentences in candidates:
+        context = " ".join(context_sentences)
+        index = rng.randrange(len(context_sentences))
+        sentence = context_sentences[index]
+        words = [
+            w
+            for w in sorted(set(re.findall(r"\b[A-Za-z]{4,}\b", sentence)))
+            if len(re.findall(rf"\b{w}\b", context)) == 1
+        ]
+        if not words:
+            continue
+        word = rng.choice(words)
+        offset = sum(len(s) + 1 for s in context_sentences[:index])
+        start = offset + re.search(rf"\b{word}\b", sentence).start()
+        question = re.sub(rf"\b{word}\b", BLANK, sentence, count=1)
+        qid = f"cloze{len(paragraphs)}"
+        answers = [{"text": word, "answer_start": start}]
+        paragraphs.append(
+            {"context": context, "qas": [{"id": qid, "question": question, "answers": answers}]}
+        )
+        if len(paragraphs) == count:
+            return paragraphs
+    raise io_utils.UsageError(
+        f"the corpus gives {len(paragraphs)} span questions; {count} are needed"
+    )
+
+
+def write_demo_squad_dir(path, corpus_file, num_train=600, num_dev=200, seed=11):
+    """Writes train.json and dev.json in SQuAD v1.1's layout (cloze_questions) from `corpus_file`'s
+    documents; returns `path`."""
+    rng = random.Random(seed)
+    train_docs, dev_docs = split_documents(corpus_documents(corpus_file), (0.75,), rng)
+    for split, documents, count in (("train", train_docs, num_train), ("dev", dev_docs, num_dev)):
+        data = {
+            "version": "1.1",
+            "data": [{"title": "demo", "paragraphs": cloze_questions(documents, count, rng)}],
+        }
+        io_utils.atomic_write_json(os.path.join(path, f"{split}.json"), data)
     return path

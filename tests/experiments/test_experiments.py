@@ -2,6 +2,7 @@
 
 import dataclasses
 import io
+import json
 import math
 import os
 import re
@@ -107,6 +108,83 @@ def test_the_tasks_study_is_table_5s_rows_with_the_real_jobs_flags(tmp_path):
     assert all("--eval_every_epoch" in s.flags for s in steps if s.kind == "finetuning")
     # At the tiny scale's learning rate (1e-3) the runs fine-tune with standard AdamW.
     assert all("--adam_bias_correction=true" in s.flags for s in steps if s.kind == "finetuning")
+
+
+def test_the_nsp_study_fine_tunes_both_models_on_every_task_kind_with_three_seeds(tmp_path):
+    args = ExperimentArgs(study="nsp", output_dir=str(tmp_path), scale="tiny")
+    steps = plan.plan(args)
+    pretraining = {s.row: s for s in steps if s.kind == "pretraining"}
+    assert list(pretraining) == ["BERT (MLM + NSP)", "No NSP"]
+    assert "--nsp=false" in pretraining["No NSP"].flags
+    assert f"--input_file={tmp_path}/data/records_random_next_0/*.tfrecord" in (
+        pretraining["No NSP"].flags
+    )
+    (demo,) = [s for s in steps if s.module == "demo_data"]
+    tasks_dir = f"{tmp_path}/data/tasks"
+    for flag in ("glue_dir", "pair_dir", "swag_dir", "conll_dir", "squad_dir"):
+        assert any(f.startswith(f"--{flag}={tasks_dir}/") for f in demo.flags), flag
+    assert f"--corpus_file={tmp_path}/data/corpus.txt" in demo.flags
+    runs = [s for s in steps if s.kind == "finetuning"]
+    # Classification, sentence pairs, multiple choice, tagging and spans, each by its own job.
+    jobs = {s.task.name: s.module for s in runs}
+    assert jobs == {
+        "sst2": "run_classifier",
+        "mrpc": "run_classifier",
+        "swag": "run_multiple_choice",
+        "conll": "run_ner",
+        "squad": "run_squad",
+    }
+    assert len(runs) == 2 * 5 * 3 and {s.seed for s in runs} == {12345, 12346, 12347}
+    squad = next(s for s in runs if s.task.name == "squad")
+    assert f"--train_file={tasks_dir}/squad/train.json" in squad.flags
+    assert f"--predict_file={tasks_dir}/squad/dev.json" in squad.flags
+    assert "--max_seq_length=64" in squad.flags and "--doc_stride=32" in squad.flags
+    assert not any(f.startswith("--data_dir") for f in squad.flags)
+    assert squad.task.score_key == "f1"
+
+
+def test_the_corpus_pair_and_span_tasks_train_with_the_real_jobs(corpus, tmp_path):
+    from bert_tf import run_classifier, run_squad
+
+    pair_dir = demo_datasets.write_demo_pair_dir(
+        str(tmp_path / "pair"), corpus["corpus_file"], num_train=64, num_dev=32, num_test=8
+    )
+    squad_dir = demo_datasets.write_demo_squad_dir(
+        str(tmp_path / "squad"), corpus["corpus_file"], num_train=32, num_dev=16
+    )
+    model_dir = write_tiny_model_dir(tmp_path / "model", corpus["vocab_file"])
+    common = dict(init_checkpoint=model_dir, do_train=True, do_eval=True, max_seq_length=64)
+    pair = run_classifier.run(
+        run_classifier.ClassifierArgs(
+            task_name="mrpc", data_dir=pair_dir, output_dir=str(tmp_path / "p"), **common
+        )
+    )
+    assert pair.eval_results["eval_examples"] == 32
+    labels = [line.split("\t")[0] for line in open(f"{pair_dir}/dev.tsv").read().split("\n")[1:-1]]
+    assert labels.count("1") == labels.count("0") == 16  # balanced: guessing scores 0.5
+    spans = run_squad.run(
+        run_squad.SquadArgs(
+            train_file=f"{squad_dir}/train.json",
+            predict_file=f"{squad_dir}/dev.json",
+            output_dir=str(tmp_path / "s"),
+            max_query_length=21,
+            doc_stride=32,
+            **common,
+        )
+    )
+    assert 0.0 <= spans.eval_results["f1"] <= 100.0 and spans.step > 0
+    # Every answer is its word, where the question blanks it out of its sentence.
+    for paragraph in json.load(open(f"{squad_dir}/dev.json"))["data"][0]["paragraphs"]:
+        (qa,) = paragraph["qas"]
+        (answer,) = qa["answers"]
+        start = answer["answer_start"]
+        assert paragraph["context"][start : start + len(answer["text"])] == answer["text"]
+        question, blank = qa["question"], rf"\b{demo_datasets.BLANK}\b"
+        filled = [
+            question[: m.start()] + answer["text"] + question[m.end() :]
+            for m in re.finditer(blank, question)
+        ]
+        assert any(sentence in paragraph["context"] for sentence in filled), question
 
 
 def test_the_masking_study_pretrains_one_model_per_masking_with_three_seeds_a_cell(tmp_path):
