@@ -42,15 +42,24 @@ def run_directory(output_dir, seed):
 
 
 class RestartRecord:
-    """OUTPUT_DIR/restarts.json: {"selection_key": key, "runs": [{"seed", "score", "eval_results"}]}."""
+    """OUTPUT_DIR/restarts.json: {"seeds": [...], "selection_key": key, "runs": [{"seed", "score",
+    "eval_results"}]}. A record of other seeds (another --seed or --num_restarts) is a usage error:
+    its kept model may already have replaced the others."""
 
-    def __init__(self, output_dir):
+    def __init__(self, output_dir, seeds):
         self.path = os.path.join(output_dir, RESTARTS_FILE)
+        self.seeds = list(seeds)
         self.selection_key = None
         self.runs = []
         if tf.io.gfile.exists(self.path):
             with tf.io.gfile.GFile(self.path) as f:
                 data = json.load(f)
+            if data["seeds"] != self.seeds:
+                raise io_utils.UsageError(
+                    f"--output_dir={output_dir} holds restarts of seeds {data['seeds']}, not "
+                    f"{self.seeds}: rerun with the --seed and --num_restarts it was made with, or "
+                    "use a new --output_dir"
+                )
             self.selection_key = data["selection_key"]
             self.runs = data["runs"]
 
@@ -67,7 +76,8 @@ class RestartRecord:
             }
         )
         io_utils.atomic_write_json(
-            self.path, {"selection_key": self.selection_key, "runs": self.runs}
+            self.path,
+            {"seeds": self.seeds, "selection_key": self.selection_key, "runs": self.runs},
         )
 
     def best(self):
@@ -116,8 +126,8 @@ def run(config, run_once, selection_key, log_fn=print):
     """
     output_dir = config.output_dir
     check_output_dir(output_dir)
-    record = RestartRecord(output_dir)
     seeds = restart_seeds(config.seed, config.num_restarts)
+    record = RestartRecord(output_dir, seeds)
     kept, kept_seed = None, None
     for index, seed in enumerate(seeds, 1):
         directory = run_directory(output_dir, seed)

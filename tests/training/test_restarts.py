@@ -112,6 +112,11 @@ def test_a_killed_job_resumes_without_training_a_finished_run_again(demo, tmp_pa
     }
     assert ModelDir(str(output_dir)).latest_step() == 50
     assert result.eval_results["kept_restart"] in (1, 2)
+    # Other restarts on the same directory would mix with runs whose model may already be gone.
+    with pytest.raises(
+        io_utils.UsageError, match=r"holds restarts of seeds \[7, 8\], not \[7, 8, 9\]"
+    ):
+        run_classifier.run(dataclasses.replace(args, num_restarts=3))
 
 
 def test_a_move_cut_short_is_finished_and_the_checkpoint_state_goes_last(tmp_path):
