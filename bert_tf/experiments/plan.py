@@ -213,6 +213,14 @@ class TaskData:
         split = self._glue.eval_splits[0] if self._glue else "dev"
         return f"{classification.eval_prefix(split)}_{self.metric}"
 
+    def score(self, results):
+        """The dev score in `results` (eval results), or None; on one scale, 0 to 1, with the
+        other tasks' (the official SQuAD script reports percent)."""
+        value = results.get(self.score_key)
+        if value is None or self.name != "squad":
+            return value
+        return value / 100
+
     @property
     def dev_file(self):
         """The dev split's file in the task's layout."""

@@ -128,10 +128,13 @@ def finetuning_results(steps):
         if step.kind != "finetuning":
             continue
         run_dir = os.path.dirname(step.done_file)
-        key = step.task.score_key
-        score = read_key_values(step.done_file).get(key)
+        score = step.task.score(read_key_values(step.done_file))
         runs.setdefault(step.row, {}).setdefault(step.column, []).append(score)
-        history = [(e["epoch"], e[key]) for e in finetuning.read_eval_history(run_dir) if key in e]
+        history = [
+            (e["epoch"], step.task.score(e))
+            for e in finetuning.read_eval_history(run_dir)
+            if step.task.score(e) is not None
+        ]
         curves[step.name] = (step.column, history)
     table = {
         row: {c: cell(scores) for c, scores in columns.items()} for row, columns in runs.items()
