@@ -65,12 +65,16 @@ class OnnxExportResult:
 
 
 def _onnx():
-    """The onnx package, or a usage error saying how to install it (it is in requirements.txt)."""
+    """The onnx and onnxruntime packages (imported when an export needs them: they are slow to
+    import), or a usage error saying how to install them (requirements.txt pins both)."""
     try:
         import onnx
+        import onnxruntime
     except ImportError as e:
-        raise io_utils.UsageError("--to=onnx needs the onnx package: pip install onnx") from e
-    return onnx
+        raise io_utils.UsageError(
+            "--to=onnx needs the onnx and onnxruntime packages: pip install onnx onnxruntime"
+        ) from e
+    return onnx, onnxruntime
 
 
 class _Graph:
@@ -225,7 +229,7 @@ def _mlm_logits(graph, weights, config, sequence_output, word_embeddings):
 
 def build_model(weights, config, spec, heads):
     """The ONNX ModelProto of a model directory's weights ({original name: array}, name_map's)."""
-    onnx = _onnx()
+    onnx, _ = _onnx()
     graph = _Graph(onnx)
     helper = onnx.helper
     choices = spec is not None and spec.kind == "multiple_choice"
@@ -377,8 +381,7 @@ def keras_outputs(model, spec, heads, inputs):
 
 def largest_difference(path, expected, inputs):
     """The largest |difference| between ONNX Runtime's outputs of `path` and `expected`."""
-    import onnxruntime
-
+    _, onnxruntime = _onnx()
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     got = dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
     worst = 0.0
@@ -402,7 +405,7 @@ def export(model_dir, output_dir, overwrite=False, record=None):
     check_activation(config, model_dir)
     hf_export.check_apart(model_dir, output_dir)
     vocab = hf_export.read_vocab(directory.vocab_file)
-    onnx = _onnx()
+    onnx, _ = _onnx()
     with io_utils.atomic_directory(output_dir, hf_export.OUTPUT_JOB, overwrite, record) as tmp:
         config, spec, heads, model = hf_export.load_model(directory)
         weights = name_map.original_weights(
