@@ -57,10 +57,7 @@ class HeldoutScores:
 
 def read_documents(path):
     """The documents of a pretraining-format text file, as lists of sentences (str)."""
-    return [
-        [line.decode("utf-8", "replace").strip() for line in document]
-        for document in document_files.iter_file_documents(path)
-    ]
+    return document_files.read_document_sentences(path)
 
 
 def masked_word_questions(sentences, tokenizer, mask_id, max_length, rng):

@@ -208,6 +208,15 @@ def iter_file_documents(
         yield document
 
 
+def read_document_sentences(path):
+    """Every document of the pretraining-format file `path` as a list of its lines (str, stripped;
+    invalid UTF-8 replaced)."""
+    return [
+        [line.decode("utf-8", "replace").strip() for line in document]
+        for document in iter_file_documents(path)
+    ]
+
+
 def iter_text_pieces(texts, split_sentences, max_document_bytes=BLOCK_BYTES):
     """Turns whole-document strings (a tfds text feature) into (original, document of sentence
     bytes) pairs, as iter_file_pieces does for files."""

@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+from bert_tf.pretraining_data import documents as document_files
 from bert_tf.runtime import io_utils
 from bert_tf.tasks.multiple_choice import data as multiple_choice
 
@@ -249,18 +250,11 @@ BLANK = "what"
 
 
 def corpus_documents(corpus_file):
-    """The documents of a corpus file (a sentence a line, a blank line between documents)."""
-    documents, current = [], []
-    with open(corpus_file, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                current.append(line.strip())
-            elif current:
-                documents.append(current)
-                current = []
-    if current:
-        documents.append(current)
-    return documents
+    """The documents of a corpus file, read as the pretraining data job reads them: lists of
+    sentences (str)."""
+    return [
+        document for document in document_files.read_document_sentences(corpus_file) if document
+    ]
 
 
 def split_documents(documents, fractions, rng):
