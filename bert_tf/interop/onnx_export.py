@@ -10,7 +10,7 @@ every export kind against ONNX Runtime and HF", says when each is faster). OUT h
                       FastGelu: com.microsoft operators, so it runs in ONNX Runtime only)
     tokenizer.json    the original's tokenizer (hf_export.wordpiece_tokenizer), with vocab.txt,
                       tokenizer_config.json, special_tokens_map.json and config.json beside it, as
-                      the Hugging Face export writes them (optimum's ORTModel classes read these)
+                      the Hugging Face export writes them
 
 The graph is written from the weights directly, not traced: the same arithmetic as our encoder and
 heads, in ONNX Runtime's fused operators. Its inputs are what tokenizer.json gives, int64
