@@ -200,6 +200,17 @@ def load_model(directory):
     return config, None, heads, model
 
 
+def write_config_and_tokenizer(output_dir, config, spec, arch, vocab, vocab_file):
+    """config.json (for `arch`), the tokenizer files and vocab.txt into `output_dir`: what
+    transformers' AutoConfig and AutoTokenizer read beside the weights."""
+    io_utils.atomic_write_json(
+        os.path.join(output_dir, "config.json"), huggingface_config(config, spec, arch, vocab)
+    )
+    for name, values in tokenizer_files(config, vocab).items():
+        io_utils.atomic_write_json(os.path.join(output_dir, name), values)
+    tf.io.gfile.copy(vocab_file, os.path.join(output_dir, "vocab.txt"))
+
+
 def huggingface_config(config, spec, arch, vocab):
     """config.json for transformers' `arch` holding a model of `config` (and task.json `spec`)."""
     values = {"architectures": [arch], "model_type": "bert"}
@@ -371,12 +382,7 @@ def export(model_dir, output_dir, overwrite=False, record=None):
             metadata={"format": "pt"},
         )
         _check_written(tmp, weights)
-        io_utils.atomic_write_json(
-            os.path.join(tmp, "config.json"), huggingface_config(config, spec, arch, vocab)
-        )
-        for name, values in tokenizer_files(config, vocab).items():
-            io_utils.atomic_write_json(os.path.join(tmp, name), values)
-        tf.io.gfile.copy(directory.vocab_file, os.path.join(tmp, "vocab.txt"))
+        write_config_and_tokenizer(tmp, config, spec, arch, vocab, directory.vocab_file)
         description = (
             f"a fine-tuned {spec.kind}" if spec else f"the encoder and {describe_heads(heads)}"
         )

@@ -422,13 +422,7 @@ def export(model_dir, output_dir, overwrite=False, record=None):
                 f"(more than {CHECK_TOLERANCE})"
             )
         arch = hf_export.architecture(spec, heads)
-        io_utils.atomic_write_json(
-            os.path.join(tmp, "config.json"),
-            hf_export.huggingface_config(config, spec, arch, vocab),
-        )
-        for name, values in hf_export.tokenizer_files(config, vocab).items():
-            io_utils.atomic_write_json(os.path.join(tmp, name), values)
-        tf.io.gfile.copy(directory.vocab_file, os.path.join(tmp, "vocab.txt"))
+        hf_export.write_config_and_tokenizer(tmp, config, spec, arch, vocab, directory.vocab_file)
     description = (
         f"a fine-tuned {spec.kind}" if spec else f"the encoder and {describe_heads(heads)}"
     )
