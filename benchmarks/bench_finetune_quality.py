@@ -50,6 +50,7 @@ is only logged (results.json's "seconds", one figure per run) to tell how long t
 
 import argparse
 import csv
+import fcntl
 import functools
 import glob
 import gzip
@@ -361,32 +362,46 @@ DOCSTRING_TASKS = ("mc", "pair", "ner")
 
 class Results:
     """results.json in the work dir: run key -> score, written after every run; besides, "seconds"
-    (run key -> wall seconds) and "summary" (the table's statistics), which no run key can be."""
+    (run key -> wall seconds) and "summary" (the table's statistics), which no run key can be.
+    Two benchmarks may share a work dir (one running the peer, one a variant): each save merges
+    into what is on disk under a lock, so neither loses the other's runs."""
 
     def __init__(self, work):
         self.path = os.path.join(work, "results.json")
-        self.scores = json.load(open(self.path)) if os.path.exists(self.path) else {}
-        self.scores.setdefault("seconds", {})
+        self.scores = self._read()
+
+    def _read(self):
+        scores = json.load(open(self.path)) if os.path.exists(self.path) else {}
+        scores.setdefault("seconds", {})
+        return scores
 
     def get(self, key, run):
         if key not in self.scores:
+            self.scores = self._read()  # another benchmark on this work dir may have run it
+        if key not in self.scores:
             start = time.monotonic()
-            self.scores[key] = run()
-            self.scores["seconds"][key] = round(time.monotonic() - start, 1)
-            self.save()
+            score = run()
+            self.save(runs={key: (score, round(time.monotonic() - start, 1))})
             print(
-                f"# {key}: {self.scores[key]:.4f} ({self.scores['seconds'][key]:.0f} s)",
+                f"# {key}: {score:.4f} ({self.scores['seconds'][key]:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )
         return self.scores[key]
 
-    def save(self, summary=None):
-        if summary is not None:  # merged: the peers' tasks and the gain study's sizes share it
-            self.scores.setdefault("summary", {}).update(summary)
-        with open(self.path + ".tmp", "w") as f:
-            json.dump(self.scores, f, indent=1)
-        os.replace(self.path + ".tmp", self.path)
+    def save(self, summary=None, runs=None):
+        """Merges `runs` ({key: (score, seconds)}) and `summary` into results.json on disk."""
+        with open(self.path + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.scores = self._read()
+            for key, (score, seconds) in (runs or {}).items():
+                self.scores[key] = score
+                self.scores["seconds"][key] = seconds
+            if summary is not None:  # merged: the peers' tasks and the gain study's sizes share it
+                self.scores.setdefault("summary", {}).update(summary)
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(self.scores, f, indent=1)
+            os.replace(self.path + ".tmp", self.path)
 
 
 def run_logged(command, env, log_path):
