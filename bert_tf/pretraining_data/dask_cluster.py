@@ -49,8 +49,8 @@ def local_cluster(directory, workers=2, env=None):
     scheduler_file = os.path.join(directory, "scheduler.json")
     with contextlib.suppress(FileNotFoundError):
         os.remove(scheduler_file)  # an earlier cluster's address
-    # What Dask's nanny sets for the workers it starts: without it glibc keeps what a worker thread
-    # freed, and a worker's memory grew with the corpus (benchmarks/RESULTS.md, "Pretraining data").
+    # What Dask's nanny sets for the workers it starts (these run without one): glibc gives freed
+    # memory back sooner. The job's own units trim too (worker.release_freed_memory).
     env = dict(env or os.environ, MALLOC_TRIM_THRESHOLD_="65536")
     launch = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=directory)
     scheduler = subprocess.Popen(

@@ -20,6 +20,7 @@ open corpus files from one unit to the next.
 
 import collections
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -133,6 +134,7 @@ def tokenize_unit(config, unit, pieces=None):
         for block in iter_unit_blocks(unit, tokenize, stats, pieces):
             writer.add_block(block, block.originals)
     stats["originals"] = writer.num_originals
+    release_freed_memory()
     return dict(stats)
 
 
@@ -163,7 +165,30 @@ def build_part(config, unit, corpus):
             writer.write(blob, lengths)
             stats.update(block_stats)
     stats["part_bytes"] = os.path.getsize(unit.output_path)
+    release_freed_memory()
     return dict(stats)
+
+
+def release_freed_memory():
+    """Hands the memory this process has freed back to the system, where the C library can (glibc's
+    malloc_trim; elsewhere nothing happens).
+
+    A unit's buffers are freed when it is done, but glibc keeps freed memory in the arena of the
+    thread that used it, and a Dask worker runs its tasks on a thread of its own: without this, a
+    worker's memory grew with every unit it built (benchmarks/RESULTS.md, "Pretraining data").
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def write_corpus_index(path, units):

@@ -3,7 +3,6 @@ their own: the workers (and Dask's scheduler) unpickle them, so importing this m
 TensorFlow, no test helpers), or every worker's memory would hold TensorFlow too."""
 
 import os
-import resource
 import signal
 import time
 
@@ -16,20 +15,32 @@ class RecordWorker:
         self.directory = str(directory)
 
     def __call__(self, phase, key):
-        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_kib = peak_rss_kib()
         name = f"{phase}-{key}-{os.getpid()}-{time.monotonic_ns()}"
         with open(os.path.join(self.directory, name), "w") as f:
             f.write(str(peak_kib))
 
 
+def peak_rss_kib():
+    """This process's peak resident memory in KiB: Linux's VmHWM, which starts again at exec.
+    (getrusage's ru_maxrss keeps the parent's peak across fork and exec: a worker started from a
+    test process would report the test's TensorFlow-sized peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def recorded(directory):
-    """[(phase, key, pid, peak KiB)] of RecordWorker's files."""
+    """[(phase, key, pid, peak KiB)] of RecordWorker's files, in the order the steps ended (the
+    monotonic clock is the machine's, whichever process read it)."""
     rows = []
     for name in os.listdir(directory):
-        phase, key, pid, _ = name.split("-")
+        phase, key, pid, at = name.split("-")
         with open(os.path.join(directory, name)) as f:
-            rows.append((phase, int(key), int(pid), int(f.read())))
-    return rows
+            rows.append((int(at), phase, int(key), int(pid), int(f.read())))
+    return [row[1:] for row in sorted(rows)]
 
 
 class InjectedFailure(RuntimeError):
