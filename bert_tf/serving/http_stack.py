@@ -12,6 +12,7 @@ A server is a subclass of HttpServer that says what a request gets (`answer`).
 
 import asyncio
 import concurrent.futures
+import contextlib
 import email.utils
 import fcntl
 import http
@@ -79,6 +80,10 @@ class Connection:
         timeout = self.server.idle_timeout_s
         while not self.close:
             self.seen_bytes, self.command = False, ""
+            if not self.read_ahead:
+                self.read_ahead = await self._first_byte(timeout)
+                if not self.read_ahead:
+                    return  # closed by the client, or idle past the timeout: closed quietly
             try:
                 # One deadline for the whole request, not per read: a client that sends a byte
                 # now and then must not hold its connection (and its memory) forever.
@@ -112,6 +117,29 @@ class Connection:
             if self.hung_up:
                 return
             await self.reply(status, reply, content_type)
+
+    async def _first_byte(self, timeout):
+        """The next request's first byte; b"" when the client closed, or None when nothing came
+        within `timeout` seconds.
+
+        The read is waited for, not cancelled at a deadline: when a busy server turns to this
+        connection only after the timeout, a byte that came in time reaches the loop in the same
+        turn as the timer, and a cancelled read would drop it, closing without a reply the
+        connection of a client that had sent its request."""
+        read = asyncio.ensure_future(self.reader.read(1))
+        await asyncio.wait({read}, timeout=timeout)
+        if not read.done():
+            await asyncio.sleep(0)  # one more turn: a read woken in the timer's turn completes
+        if not read.done():
+            read.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await read
+            return None
+        try:
+            return read.result()
+        except OSError:
+            logging.debug("%s went away between requests", self.peer)
+            return b""
 
     @property
     def peer(self):
