@@ -12,7 +12,6 @@ A server is a subclass of HttpServer that says what a request gets (`answer`).
 
 import asyncio
 import concurrent.futures
-import contextlib
 import email.utils
 import fcntl
 import http
@@ -127,13 +126,14 @@ class Connection:
         turn as the timer, and a cancelled read would drop it, closing without a reply the
         connection of a client that had sent its request."""
         read = asyncio.ensure_future(self.reader.read(1))
-        await asyncio.wait({read}, timeout=timeout)
-        if not read.done():
-            await asyncio.sleep(0)  # one more turn: a read woken in the timer's turn completes
-        if not read.done():
-            read.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await read
+        try:
+            await asyncio.wait({read}, timeout=timeout)
+            if not read.done():
+                await asyncio.sleep(0)  # one more turn: a read woken in the timer's turn completes
+        finally:  # also when the server stops meanwhile
+            if not read.done():
+                read.cancel()
+        if not read.done():  # its cancellation is pending: nothing came
             return None
         try:
             return read.result()

@@ -2,6 +2,8 @@
 loop falls behind: over real sockets on 127.0.0.1, with a server whose one view blocks its loop
 as a loop starved of CPU is blocked."""
 
+import gc
+import logging
 import socket
 import time
 
@@ -36,12 +38,16 @@ def read_all(sock):
 
 
 @pytest.fixture
-def server():
+def server(caplog):
+    caplog.set_level(logging.ERROR)
     httpd = StallingServer(
         ("127.0.0.1", 0), max_request_bytes=1 << 20, idle_timeout_s=IDLE_TIMEOUT_S
     )
     yield httpd
     httpd.stop()
+    gc.collect()  # asyncio logs a task's unretrieved exception when the task is collected
+    records = caplog.get_records("call") + caplog.get_records("teardown")
+    assert not [r.getMessage() for r in records if r.levelno >= logging.ERROR]
 
 
 def test_a_request_sent_in_time_is_answered_when_the_server_reads_it_late(server):
