@@ -1,5 +1,6 @@
 """The custom loop: its update equals a plain Keras step, 2 mirrored replicas equal 1, NaN/overflow handling."""
 
+import collections
 import os
 import re
 import subprocess
@@ -158,16 +159,42 @@ def test_two_steps_equal_a_plain_keras_update_with_global_norm_clipping(records,
 
     iterator = iterate(batches)
     trainer.restore_or_initialize(iterator)
-    trainer.train(iterator, log_fn=lambda line: None)
+    lines = []
+    trainer.train(iterator, log_fn=lines.append)
 
     task = PretrainingObjective(reference_model)
+    variables = reference_model.trainable_variables
+    # The norms logged per part: the embeddings, each layer, the pooler and both heads.
+    parts = {
+        "embeddings": ("token_embedding/", "position_embedding/", "segment_embedding/",
+                       "embeddings_layer_norm/"),
+        "transformer_layer_0": ("transformer_layer_0/",),
+        "transformer_layer_1": ("transformer_layer_1/",),
+        "head": ("pooled_dense/", "mlm_head/", "nsp_head/"),
+    }  # fmt: skip
+    assert sorted(v.path for v in variables) == sorted(
+        v.path for v in variables if v.path.startswith(sum(parts.values(), ()))
+    )
+    norms = collections.defaultdict(list)
     for batch in batches:
         with tf.GradientTape() as tape:
             loss, _ = task.loss_and_stats(batch, task.denominators(batch), training=True)
-        grads = tape.gradient(loss, reference_model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm([tf.convert_to_tensor(g) for g in grads], 0.5)
-        reference_optimizer.apply(grads, reference_model.trainable_variables)
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+        norms["gradient_norm"].append(float(tf.linalg.global_norm(grads)))
+        for part, prefixes in parts.items():
+            in_part = [g for g, v in zip(grads, variables) if v.path.startswith(prefixes)]
+            norms[f"gradient_norm/{part}"].append(float(tf.linalg.global_norm(in_part)))
+        grads, _ = tf.clip_by_global_norm(grads, 0.5)
+        reference_optimizer.apply(grads, variables)
     assert int(trainer.step.numpy()) == 2
+    # Before clipping, the mean of the loop's two steps; on the progress line too.
+    assert trainer.norm_groups == list(parts)
+    got = trainer.mean_gradient_norms()
+    assert list(got) == list(norms)
+    for name, values in norms.items():
+        assert got[name] == pytest.approx(np.mean(values), rel=1e-5), name
+    assert norms["gradient_norm"][0] > 0.5  # clipped: the logged norm is the one before
+    assert f"grad_norm {got['gradient_norm']:.3g}  " in lines[-1]
     for got, want in zip(model.trainable_variables, reference_model.trainable_variables):
         np.testing.assert_allclose(
             got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6, err_msg=got.path
