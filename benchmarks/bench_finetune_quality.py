@@ -755,8 +755,8 @@ def curves_study(args, work, results):
     print("|---|---|---:|---:|---|---|---|---|---|---|")
     seeds = [int(s) for s in args.seeds.split(",")]
     for task in args.tasks.split(","):
-        peer = [results.scores.get(f"{task}/hf/{seed}") for seed in seeds]
-        peer_mean = summary([p for p in peer if p is not None])[0] if any(peer) else None
+        peer = [results.scores[k] for k in (f"{task}/hf/{s}" for s in seeds) if k in results.scores]
+        peer_mean = summary(peer)[0] if peer else None
         for variant in [v for v in args.variants.split(",") if v]:
             for seed in seeds:
                 score = results.scores.get(f"{task}/{variant}/{seed}")
@@ -766,22 +766,26 @@ def curves_study(args, work, results):
                 layers = sorted(
                     (t for t in curves if t.startswith("gradient_norm/transformer_layer_")),
                     key=lambda t: int(t.rpartition("_")[2]),
-                )
-
-                def ends(tag, last=True):
-                    points = [v for _, v in curves.get(tag, [])]
-                    if not points:
-                        return "-"
-                    return f"{points[0]:.3g}, {(points[-1] if last else max(points)):.3g}"
-
+                ) or [None]
                 failed = peer_mean is not None and 100 * score < peer_mean - FAIL_POINTS
+                cells = [
+                    curve_ends(curves, "loss"),
+                    curve_ends(curves, "gradient_norm", then=max),
+                    curve_ends(curves, "gradient_norm/embeddings"),
+                    curve_ends(curves, layers[0]),
+                    curve_ends(curves, layers[-1]),
+                    curve_ends(curves, "gradient_norm/head"),
+                ]
                 print(
                     f"| {task} | {variant} | {seed} | {100 * score:.1f}{' (failed)' * failed} "
-                    f"| {ends('loss')} | {ends('gradient_norm', last=False)} "
-                    f"| {ends('gradient_norm/embeddings')} "
-                    f"| {ends(layers[0]) if layers else '-'} | {ends(layers[-1]) if layers else '-'} "
-                    f"| {ends('gradient_norm/head')} |"
+                    f"| {' | '.join(cells)} |"
                 )
+
+
+def curve_ends(curves, tag, then=lambda points: points[-1]):
+    """ "first, last" of a curve (or first and then(points)); "-" for a curve the run has not."""
+    points = [value for _, value in curves.get(tag, [])]
+    return f"{points[0]:.3g}, {then(points):.3g}" if points else "-"
 
 
 TASKS["attribution"] = (
