@@ -783,7 +783,7 @@ def curves_study(args, work, results):
 
 
 def curve_ends(curves, tag, then=lambda points: points[-1]):
-    """ "first, last" of a curve (or first and then(points)); "-" for a curve the run has not."""
+    """A curve's first value and its last (or then(points)), as "A, B"; "-" if the run has none."""
     points = [value for _, value in curves.get(tag, [])]
     return f"{points[0]:.3g}, {then(points):.3g}" if points else "-"
 
