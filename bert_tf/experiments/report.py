@@ -326,6 +326,20 @@ def seeds_text(args):
     )
 
 
+def pretraining_text(args, recipe):
+    """What the study's models are: the --init_checkpoint given, or the scale's pretraining."""
+    if args.init_checkpoint:
+        return (
+            f"the model studied is --init_checkpoint ({args.init_checkpoint}), not pretrained here"
+        )
+    return (
+        f"{recipe['model_size']} models pretrained for "
+        f"{args.pretraining_steps or recipe['pretraining_steps']} steps of "
+        f"{recipe['pretraining_batch']} sequences of {recipe['max_seq_length']} tokens (learning "
+        f"rate {recipe['pretraining_learning_rate']:g})"
+    )
+
+
 def write_report(args, steps, times, command):
     """RESULTS.md and the charts; returns RESULTS.md's path."""
     header, rows = study_table(args.study, steps)
@@ -345,10 +359,7 @@ def write_report(args, steps, times, command):
         "",
         f"![{args.study}]({os.path.basename(chart)})",
         "",
-        f"Scale `{args.scale}`: {recipe['model_size']} models pretrained for "
-        f"{args.pretraining_steps or recipe['pretraining_steps']} steps of "
-        f"{recipe['pretraining_batch']} sequences of {recipe['max_seq_length']} tokens (learning "
-        f"rate {recipe['pretraining_learning_rate']:g}); every fine-tuning run: learning rate "
+        f"Scale `{args.scale}`: {pretraining_text(args, recipe)}; every fine-tuning run: learning rate "
         f"{args.finetune_learning_rate or recipe['finetune_learning_rate']:g}, "
         f"{args.finetune_epochs or recipe['finetune_epochs']:g} epochs"
         + (

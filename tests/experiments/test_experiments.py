@@ -544,6 +544,9 @@ def test_the_features_study_resumes_after_a_kill_and_fills_table_7(corpus, tmp_p
     assert "--finetune_epochs was 1.0, now 3.0" in refused.stderr.splitlines()[-1]
     assert open(flags_file).read() == flags_text
     assert open(f"{output_dir}/RESULTS.md").read() == results_text
+    # The model is the one given, not one the scale's recipe pretrained.
+    assert f"the model studied is --init_checkpoint ({model_dir}), not pretrained" in results_text
+    assert "models pretrained for" not in results_text
     rows = score_rows(os.path.join(output_dir, "RESULTS.md"))
     assert [r[0] for r in rows] == [
         "Fine-tuning approach",
