@@ -5,6 +5,7 @@ as a loop starved of CPU is blocked."""
 import gc
 import logging
 import socket
+import threading
 import time
 
 import pytest
@@ -12,15 +13,21 @@ from helpers import wait_for
 
 from bert_tf.serving import http_stack
 
-IDLE_TIMEOUT_S = 1.0
-STALL_S = 2.0  # longer than the idle timeout
+IDLE_TIMEOUT_S = 1.5
+STALL_S = 2.5  # longer than the idle timeout
 
 
 class StallingServer(http_stack.HttpServer):
-    """Answers /stall after blocking its own event loop for STALL_S, anything else at once."""
+    """Answers /stall after blocking its own event loop for STALL_S (`stalling` is set as it
+    starts), anything else at once."""
+
+    def __init__(self, *args, **kwargs):
+        self.stalling = threading.Event()
+        super().__init__(*args, **kwargs)
 
     async def answer(self, connection, head, body):
         if head.path == "/stall":
+            self.stalling.set()
             time.sleep(STALL_S)  # on the loop, on purpose: nothing else is read meanwhile
         return 200, {"path": head.path}, None
 
@@ -51,18 +58,17 @@ def server(caplog):
 
 
 def test_a_request_sent_in_time_is_answered_when_the_server_reads_it_late(server):
-    # Accepted, and waiting for its first byte, before the loop stalls.
+    # Accepted, and waiting for its first byte, before the loop stalls; its request is sent while
+    # the loop stalls, so the loop reads it only after its idle timer has run out: both in the
+    # same turn of the loop. A deadline that cancelled the read took the byte and closed the
+    # connection with no reply.
     waiting = socket.create_connection(("127.0.0.1", server.port))
     assert wait_for(lambda: server.open_connections == 1)
     staller = socket.create_connection(("127.0.0.1", server.port))
     staller.sendall(request("/stall"))
-    time.sleep(IDLE_TIMEOUT_S / 4)
-    started = time.monotonic()
-    waiting.sendall(request("/"))  # well within the idle timeout; read only after the stall
+    assert server.stalling.wait(IDLE_TIMEOUT_S / 2), "the loop did not stall in time"
+    waiting.sendall(request("/"))
     reply = read_all(waiting)
-    # The loop reached it after its timer had run out: both in the same turn of the loop. A
-    # deadline that cancelled the read took the byte and closed the connection with no reply.
-    assert time.monotonic() - started > IDLE_TIMEOUT_S
     assert reply.startswith(b"HTTP/1.1 200"), reply
     assert reply.endswith(b'{"path": "/"}'), reply
     assert read_all(staller).startswith(b"HTTP/1.1 200")
