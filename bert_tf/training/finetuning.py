@@ -65,6 +65,8 @@ class FinetuneConfig:
     adam_bias_correction: bool = False
     mixed_precision: str = "none"
     seed: int = 12345
+    # The training input's order, apart from the weights' and dropout's seed (None: seed).
+    data_seed: int | None = None
     # Runs from seeds seed, seed + 1, ...; the best on dev is kept (bert_tf.training.restarts).
     num_restarts: int = 1
     # What batch lengths are rounded up to (see `length_bucket`); None: padded to the records' length.
@@ -158,6 +160,7 @@ class Finetuner(TrainingJob):
             adam_bias_correction=config.adam_bias_correction,
             mixed_precision=config.mixed_precision,
             seed=config.seed,
+            data_seed=config.data_seed,
         )
         super().__init__(strategy, job, self._build)
         self._predict_fns = {}

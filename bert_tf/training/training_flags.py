@@ -78,6 +78,14 @@ class FinetuneArgs(LoopArgs):
         "--pad_to_max_seq_length or a TPU); false: plain shuffled batches, each cut to its longest "
         "example.",
     )
+    # None: --seed's.
+    data_seed: int = arg(
+        None,
+        "Seeds the training input's order (the shuffle, and which examples share a batch) apart "
+        "from --seed, which then seeds the new weights and dropout only: runs that differ in one "
+        "of the two tell which one a run's luck came from. Default: --seed. With --num_restarts "
+        "the restarts keep it and vary --seed.",
+    )
     num_restarts: int = arg(
         1,
         "Fine-tune this many times, with seeds --seed, --seed+1, ..., and keep the run best on dev "
@@ -215,6 +223,7 @@ class FinetuneArgs(LoopArgs):
             adam_bias_correction=self.adam_bias_correction_value(),
             mixed_precision=self.mixed_precision,
             seed=self.seed,
+            data_seed=self.data_seed,
             num_restarts=self.num_restarts,
             length_bucket=finetuning.length_bucket(
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile

@@ -32,6 +32,8 @@ class JobConfig:
     adam_bias_correction: bool = False  # standard AdamW; the original omits the correction
     mixed_precision: str = "none"  # a key of training_loop.MIXED_PRECISION_POLICIES
     seed: int = 12345
+    # The training input's order, when it is to differ from `seed`'s (None: seed).
+    data_seed: int | None = None
     # A second schedule taking over mid-run (pretraining's phase 2 under the restart recipe).
     schedule_restart: optimization.ScheduleRestart | None = None
     # The decay's power after warm-up: 1, linear (the original's); NVIDIA's LAMB recipes use 0.5.
@@ -79,12 +81,17 @@ class TrainingJob:
         """The global step (the checkpoint's after a resume)."""
         return int(self.trainer.step.numpy())
 
+    def input_seed(self):
+        """The seed of the training input's order: data_seed, else seed."""
+        config = self.job_config
+        return config.seed if config.data_seed is None else config.data_seed
+
     def _train_iterator(self, make_train_iterator):
         """The training input, reshuffled with a seed shifted by the step when its position cannot be resumed.
 
         Without a checkpointed iterator a resumed run would replay the first batches.
         """
-        seed = self.job_config.seed
+        seed = self.input_seed()
         start_step = ModelDir(self.job_config.output_dir).latest_step()
         if start_step and not self.job_config.loop.checkpoint_iterator:
             return make_train_iterator(seed + start_step)
@@ -118,7 +125,7 @@ class TrainingJob:
     def switch_input(self, make_train_iterator, iterator_name, num_accumulation_steps):
         """Trains on from here on another input (`make_train_iterator(seed)`), checkpointed under
         `iterator_name`, in `num_accumulation_steps` micro-batches: pretraining's second phase."""
-        self.train_iterator = make_train_iterator(self.job_config.seed)
+        self.train_iterator = make_train_iterator(self.input_seed())
         self.trainer.replace_train_iterator(
             self.train_iterator, iterator_name, num_accumulation_steps
         )

@@ -14,7 +14,7 @@ from bert_tf import extract_features, run_classifier, run_ner, run_squad
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.runtime import io_utils
-from bert_tf.tasks import heads, models, registry
+from bert_tf.tasks import heads, models, packing, registry
 from bert_tf.tasks.ner import data as ner
 from bert_tf.training import finetuning, training_flags
 
@@ -220,6 +220,41 @@ def test_fine_tuning_a_tiny_model_reaches_95_percent_dev_accuracy(demo, tmp_path
     out = capsys.readouterr().out
     assert f"{output_dir} is already trained to step 125 of 125: nothing to train" in out
     assert rerun.eval_results == pytest.approx(result.eval_results)
+
+
+def test_data_seed_orders_the_input_and_seed_alone_the_weights(demo, tmp_path, monkeypatch):
+    seeds_seen = []
+    records_dataset = packing.records_dataset
+
+    def recording(*args, **kwargs):  # the real input pipeline, noting the seed it was given
+        seeds_seen.append(kwargs["seed"])
+        return records_dataset(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "records_dataset", recording)
+    training = dict(DEMO_TRAINING, num_train_epochs=0.25, steps_per_loop=1)  # 3 steps
+
+    def fine_tune(name, **seeds):
+        args = run_classifier.ClassifierArgs(
+            task_name="sst2",
+            data_dir=demo["glue_dir"],
+            init_checkpoint=demo["model_dir"],
+            output_dir=str(tmp_path / name),
+            do_train=True,
+            do_eval=True,
+            **seeds,
+            **training,
+        )
+        seeds_seen.clear()
+        run = run_classifier.run(args)
+        return list(seeds_seen), run.finetuner.model.get_layer("classifier_head").kernel.numpy()
+
+    plain_seeds, plain = fine_tune("plain", seed=1)
+    assert plain_seeds == [1]  # without --data_seed, --seed orders the input, as before
+    ordered_seeds, ordered = fine_tune("data_seed", seed=1, data_seed=5)
+    assert ordered_seeds == [5]
+    assert not np.array_equal(plain, ordered)  # the same first weights, trained on another order
+    restarts_seeds, _ = fine_tune("restarts", seed=1, data_seed=5, num_restarts=2)
+    assert restarts_seeds == [5, 5]  # the restarts vary the weights' seed, not the order
 
 
 def test_eval_every_epoch_writes_the_learning_curve_and_trains_the_same_model(demo, tmp_path):
