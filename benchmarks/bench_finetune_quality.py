@@ -108,6 +108,10 @@ VARIANTS = {
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
+    # Which of a seed's two parts a run's luck comes from (--data_seed): the input's order held
+    # at seed 1 while the seed varies the new weights and dropout, then the other way round.
+    "order_fixed": {"data_seed": "1"},
+    "init_fixed": {"seed": "1", "data_seed": "{seed}"},
     "torch_recipe": {
         "adam_bias_correction": "true",
         "adam_epsilon": "1e-8",
@@ -450,7 +454,7 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         # A point of the run's curves (TensorBoard: the loss, the gradient norms of each part of
         # the model) every CURVE_STEPS steps; --study=curves reads them.
         f"--steps_per_loop={CURVE_STEPS}",
-        *(f"--{name}={value}" for name, value in flags.items()),
+        *(f"--{name}={value.format(seed=seed)}" for name, value in flags.items()),
     ]
     run_logged(command, thread_env(args.threads), output_dir + ".log")
     return eval_score(output_dir, key)
