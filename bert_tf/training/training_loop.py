@@ -198,7 +198,7 @@ def norm_group(path):
     """The part of the model a variable belongs to, for the gradient norms logged per part:
     "embeddings", "transformer_layer_<i>", or "head" (the pooler and every head)."""
     top = path.split("/", 1)[0]
-    if top.startswith("transformer_layer_"):
+    if re.fullmatch(r"transformer_layer_\d+", top):
         return top
     return "embeddings" if "embedding" in top else "head"
 
