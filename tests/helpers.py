@@ -8,11 +8,15 @@ tests' SavedModels), and fixtures come from conftest.py; never from each other.
 
 import dataclasses
 import fcntl
+import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import textwrap
 import time
 
@@ -67,16 +71,66 @@ def built_once(tmp_path_factory, name, build):
     return root
 
 
+class CliZygote:
+    """A child interpreter (tests/cli_zygote.py) that has imported TensorFlow and forks one process
+    per `python -m` call: the job's own process, started in milliseconds instead of seconds."""
+
+    def __init__(self, env):
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "cli_zygote.py")],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered: select() sees every reply not yet read
+        )
+        self.reply()  # {"ready": true} once imported
+
+    def reply(self, timeout=None):
+        """The zygote's next reply; raises TimeoutError when none comes within `timeout` s."""
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else None
+        if ready and not line:
+            raise RuntimeError("the CLI zygote died")
+        if line is None:
+            raise TimeoutError
+        return json.loads(line)
+
+    def run(self, module, flags, timeout):
+        """`python -m module flags...`, forked: a CompletedProcess with its text output."""
+        with tempfile.TemporaryDirectory() as tmp:
+            stdout, stderr = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            request = dict(module=module, argv=list(flags), cwd=ROOT, stdout=stdout, stderr=stderr)
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            pid = self.reply()["pid"]
+            try:
+                returncode = self.reply(timeout)["returncode"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self.reply()
+                raise subprocess.TimeoutExpired([module, *flags], timeout) from None
+            with open(stdout) as out, open(stderr) as err:
+                return subprocess.CompletedProcess(
+                    [sys.executable, "-m", module, *flags], returncode, out.read(), err.read()
+                )
+
+
+_zygotes = {}
+
+
 def run_module_cli(module, *flags):
-    """Runs `python -m module flags...` in a subprocess; returns the CompletedProcess (text output)."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *flags],
-        cwd=ROOT,
-        env=CLI_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """`python -m module flags...` in a process of its own; returns the CompletedProcess (text
+    output). The process is forked from a zygote that has imported TensorFlow (as a job would
+    with the same environment: training jobs turn oneDNN on before TensorFlow loads)."""
+    from bert_tf.runtime import job_process
+
+    env = dict(CLI_ENV)
+    if module in job_process.TRAINING_JOBS:
+        env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+    key = env.get("TF_ENABLE_ONEDNN_OPTS")
+    if key not in _zygotes or _zygotes[key].process.poll() is not None:
+        _zygotes[key] = CliZygote(env)
+    return _zygotes[key].run(module, flags, timeout=300)
 
 
 def run_python_script(script, timeout=120):

@@ -433,15 +433,7 @@ def test_every_input_files_lengths_are_checked_and_empty_files_skipped(data, tmp
         match=r"z-seq16.tfrecord: feature 'input_ids' has length 16 but --max_seq_length=32",
     ):
         pretraining_job.run(args_for(data, tmp_path / "mixed", **mixed))
-    cli = subprocess.run(
-        [sys.executable, "-m", "bert_tf.run_pretraining"]
-        + cli_flags(data, tmp_path / "cli", **mixed),
-        env=ENV,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = run_module_cli("bert_tf.run_pretraining", *cli_flags(data, tmp_path / "cli", **mixed))
     assert (
         cli.returncode == 2 and "z-seq16.tfrecord: feature 'input_ids' has length 16" in cli.stderr
     )
@@ -515,10 +507,8 @@ def test_an_original_init_checkpoint_must_match_the_casing_its_name_says(tmp_pat
         num_train_steps=1,
         num_warmup_steps=0,
     )
-    command = [sys.executable, "-m", "bert_tf.run_pretraining", "--do_train"]
-    command += [f"--{name}={value}" for name, value in values.items()]
-    refused = subprocess.run(
-        command, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300
+    refused = run_module_cli(
+        "bert_tf.run_pretraining", "--do_train", *(f"--{k}={v}" for k, v in values.items())
     )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert (
@@ -535,14 +525,9 @@ def test_an_original_init_checkpoint_must_match_the_casing_its_name_says(tmp_pat
 
 
 def test_cli_usage_errors_exit_2_naming_the_problem(data, tmp_path):
-    command = [sys.executable, "-m", "bert_tf.run_pretraining"]
-    missing = subprocess.run(
-        command + cli_flags(data, tmp_path, input_file=str(tmp_path / "nothing-*.tfrecord")),
-        env=ENV,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    missing = run_module_cli(
+        "bert_tf.run_pretraining",
+        *cli_flags(data, tmp_path, input_file=str(tmp_path / "nothing-*.tfrecord")),
     )
     assert missing.returncode == 2
     assert "nothing-*.tfrecord" in missing.stderr
@@ -906,13 +891,8 @@ def test_ltr_usage_errors_name_the_flags(data, no_nsp_run, tmp_path):
         with pytest.raises(io_utils.UsageError, match=message):
             pretraining_job.run(args_for(data, tmp_path / "out", **overrides))
     assert not ModelDir(str(tmp_path / "out")).exists()
-    result = subprocess.run(
-        [sys.executable, "-m", "bert_tf.run_pretraining"]
-        + cli_flags(data, tmp_path / "cli", objective="ltr", do_train=True),
-        env=ENV,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_module_cli(
+        "bert_tf.run_pretraining",
+        *cli_flags(data, tmp_path / "cli", objective="ltr", do_train=True),
     )
     assert result.returncode == 2 and "--objective=ltr needs --nsp=false" in result.stderr

@@ -24,6 +24,7 @@ import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 from helpers import ROOT as REPO
+from helpers import run_module_cli
 
 from bert_tf import create_pretraining_data as cpd
 from bert_tf.pretraining_data import corpus, job, plan, schema, worker
@@ -48,20 +49,19 @@ def corpus_file(tmp_path_factory):
     return path
 
 
-def run_cli(*args, **popen_kwargs):
-    """Runs the real CLI in a subprocess."""
+def run_cli(*args, background=False):
+    """Runs the real CLI in a process of its own: to its end (a CompletedProcess), or started in
+    the background (a Popen whose output, stdout and stderr together, is piped)."""
+    if not background:
+        return run_module_cli("bert_tf.create_pretraining_data", *args)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
-    command = [sys.executable, "-m", "bert_tf.create_pretraining_data", *args]
-    if popen_kwargs.pop("background", False):
-        return subprocess.Popen(
-            command,
-            env=env,
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            **popen_kwargs,
-        )
-    return subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bert_tf.create_pretraining_data", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def run_main(**flag_values):

@@ -20,7 +20,7 @@ from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from beam_steps import FailOnce
 from helpers import ROOT as REPO
-from helpers import wait_for
+from helpers import run_module_cli, wait_for
 from helpers_beam import (
     SMALL_UNIT,
     VOCAB_FILE,
@@ -42,10 +42,7 @@ def cli_command(*args):
 
 
 def run_cli(*args):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
-    return subprocess.run(
-        cli_command(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=600
-    )
+    return run_module_cli("bert_tf.create_pretraining_data", *args)
 
 
 @pytest.mark.slow
