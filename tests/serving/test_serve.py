@@ -26,6 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import tensorflow as tf
+from helpers import run_module_cli
 from helpers_serve import LABELS, V2_LABELS, make_base, model_server, split_raw_reply
 from tensorflow.core.framework import types_pb2
 
@@ -1254,13 +1255,7 @@ def test_thread_flags_size_tensorflows_pools_in_a_fresh_process():
     ],
 )
 def test_bad_thread_flags_exit_2(tmp_path, arguments, message):
-    result = subprocess.run(
-        [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}", *arguments],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
+    result = run_module_cli("bert_tf.serve", f"--model_base_path={tmp_path}", *arguments)
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr
 
@@ -1268,13 +1263,7 @@ def test_bad_thread_flags_exit_2(tmp_path, arguments, message):
 def test_cli_usage_error_exits_2(tmp_path):
     config = tmp_path / "models.config"
     config.write_text('model_config_list {\n  config { name: "clf" base_path: /no/quotes }\n}\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "bert_tf.serve", f"--model_config_file={config}"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
+    result = run_module_cli("bert_tf.serve", f"--model_config_file={config}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"{config}:2:" in result.stderr
 
@@ -1283,12 +1272,6 @@ def test_a_model_directory_is_refused_naming_the_export_step(tmp_path):
     # A training job's output, given where an export belongs, would otherwise be polled forever.
     (tmp_path / "bert_config.json").write_text("{}")
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
-    result = subprocess.run(
-        [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
+    result = run_module_cli("bert_tf.serve", f"--model_base_path={tmp_path}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "is a model directory, not an export: run python -m bert_tf.export" in result.stderr

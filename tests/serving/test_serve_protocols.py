@@ -9,13 +9,10 @@ is INVALID_ARGUMENT over REST, which looks it up first, and FAILED_PRECONDITION 
 import dataclasses
 import http.client
 import json
-import os
 import random
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
-from helpers import ROOT
+from helpers import run_module_cli
 from helpers_serve import make_base, model_server, serve_cli
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -671,14 +668,7 @@ def test_cli_serves_grpc_and_the_client_cli_asks_it(exports, tmp_path):
             rest_address = match.group(1) if match else rest_address
 
         def ask(*flags):
-            return subprocess.run(
-                [sys.executable, "-m", "bert_tf.serving.client", *flags],
-                capture_output=True,
-                text=True,
-                timeout=300,
-                env=dict(os.environ, PYTHONPATH=ROOT),
-                cwd=ROOT,
-            )
+            return run_module_cli("bert_tf.serving.client", *flags)
 
         asked = ask(f"--server={address}", "--model_name=clf", TEXTS[0], TEXTS[1])
         assert asked.returncode == 0, asked.stderr[-2000:]
@@ -752,13 +742,6 @@ def test_waiting_for_a_server_that_never_comes_ends_naming_model_and_address():
 
 def test_cli_bad_grpc_flags_exit_2(tmp_path):
     for flag in ("--grpc_channel_arguments=novalue", "--port=70000"):
-        result = subprocess.run(
-            [sys.executable, "-m", "bert_tf.serve", f"--model_base_path={tmp_path}", flag],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=dict(os.environ, PYTHONPATH=ROOT),
-            cwd=ROOT,
-        )
+        result = run_module_cli("bert_tf.serve", f"--model_base_path={tmp_path}", flag)
         assert result.returncode == 2, (flag, result.stderr[-1000:])
         assert result.stderr.strip().splitlines()[-1].startswith("error: "), result.stderr
