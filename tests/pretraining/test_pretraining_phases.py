@@ -4,15 +4,13 @@ import filecmp
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import NO_DROPOUT, tiny_config
+from helpers import NO_DROPOUT, run_module_cli, tiny_config
 from helpers_records import write_real_text_records
-from test_run_pretraining import ENV, ROOT, args_for, cli_flags, read_scalars
+from test_run_pretraining import args_for, cli_flags, read_scalars
 
 from bert_tf.model.model_dir import ModelDir
 from bert_tf.pretraining import job as pretraining_job
@@ -232,14 +230,9 @@ def test_phase_flag_usage_errors_exit_2_naming_the_flag(data, tmp_path):
     ):
         with pytest.raises(io_utils.UsageError, match=message):
             pretraining_job.run(two_phase_args(data, tmp_path / "out", **overrides))
-    cli = subprocess.run(
-        [sys.executable, "-m", "bert_tf.run_pretraining"]
-        + cli_flags(data, tmp_path / "cli", train_batch_size=12, num_accumulation_steps=5),
-        env=ENV,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    cli = run_module_cli(
+        "bert_tf.run_pretraining",
+        *cli_flags(data, tmp_path / "cli", train_batch_size=12, num_accumulation_steps=5),
     )
     assert cli.returncode == 2, cli.stderr[-2000:]
     assert (

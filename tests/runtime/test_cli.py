@@ -1,13 +1,10 @@
 """The CLI contract: flags made from a job's arguments dataclass, and the same exits for every job."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 from absl import flags
-from helpers import ROOT, run_module_cli
+from helpers import run_module_cli
 
 from bert_tf import (
     build_vocab,
@@ -101,24 +98,9 @@ def test_job_main_refuses_stray_arguments_and_returns_nothing():
 def test_a_failed_run_exits_1_and_a_usage_error_2_in_every_job():
     # run_pretraining's --help lists its flags (they belong to the job's module), and a missing
     # required flag is a usage error with one line.
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    helped = subprocess.run(
-        [sys.executable, "-m", "bert_tf.run_pretraining", "--help"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    helped = run_module_cli("bert_tf.run_pretraining", "--help")
     assert "--max_loss_ratio" in helped.stdout and "--input_file" in helped.stdout
-    missing = subprocess.run(
-        [sys.executable, "-m", "bert_tf.run_pretraining", "--output_dir=/tmp/unused_cli_test"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = run_module_cli("bert_tf.run_pretraining", "--output_dir=/tmp/unused_cli_test")
     assert missing.returncode == 2 and "error: --input_file is required" in missing.stderr
     assert "Traceback" not in missing.stderr
 
