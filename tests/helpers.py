@@ -18,6 +18,7 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -84,6 +85,7 @@ class CliZygote:
             stdout=subprocess.PIPE,
             bufsize=0,  # unbuffered: select() sees every reply not yet read
         )
+        self.lock = threading.Lock()  # one request at a time on the pipe
         self.reply()  # {"ready": true} once imported
 
     def reply(self, timeout=None):
@@ -98,7 +100,7 @@ class CliZygote:
 
     def run(self, module, flags, timeout):
         """`python -m module flags...`, forked: a CompletedProcess with its text output."""
-        with tempfile.TemporaryDirectory() as tmp:
+        with self.lock, tempfile.TemporaryDirectory() as tmp:
             stdout, stderr = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             request = dict(module=module, argv=list(flags), cwd=ROOT, stdout=stdout, stderr=stderr)
             self.process.stdin.write(json.dumps(request).encode() + b"\n")

@@ -9,7 +9,10 @@ import pathlib
 import subprocess
 import sys
 
-from helpers import CLI_ENV, ROOT
+import pytest
+from helpers import CLI_ENV, ROOT, CliZygote, run_module_cli
+
+from bert_tf.runtime import quiet
 
 PACKAGE = pathlib.Path(ROOT) / "bert_tf"
 NOT_JOBS = {"bert_tf.runtime.child_reaper"}  # a helper process that the jobs start, not a command
@@ -59,3 +62,39 @@ def test_every_entry_point_runs_as_the_program_and_refuses_an_unknown_flag_with_
         assert process.returncode == 2, (module, stderr[-2000:])
         assert stdout == "", module
         assert stderr.splitlines() == REFUSALS.get(module, UNKNOWN_FLAG), (module, stderr[-2000:])
+
+
+def messages(stderr):
+    """stderr's lines less TensorFlow's start-up notices."""
+    return [line for line in stderr.splitlines() if not quiet.NOISE.search(line.encode())]
+
+
+def test_a_forked_cli_answers_as_a_fresh_interpreter_does(tmp_path):
+    flags = [f"--input_file={tmp_path / 'missing.txt'}", f"--output_file={tmp_path / 'v.txt'}"]
+    forked = run_module_cli("bert_tf.build_vocab", *flags)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "bert_tf.build_vocab", *flags],
+        cwd=ROOT,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert forked.returncode == fresh.returncode == 2
+    assert "missing.txt" in forked.stderr
+    # The same but for what TensorFlow's C++ code writes while it loads (in the zygote, once).
+    assert forked.stdout == fresh.stdout
+    assert messages(forked.stderr) == messages(fresh.stderr) == [forked.stderr.splitlines()[-1]]
+
+
+def test_a_forked_cli_past_its_timeout_is_killed_and_the_zygote_goes_on(tmp_path):
+    zygote = CliZygote(CLI_ENV)
+    try:
+        # An empty base path is polled until an export appears, as TF Serving does.
+        with pytest.raises(subprocess.TimeoutExpired):
+            zygote.run("bert_tf.serve", [f"--model_base_path={tmp_path}"], timeout=3)
+        refused = zygote.run("bert_tf.serve", ["--no_such_flag"], timeout=60)
+        assert refused.returncode == 2 and refused.stderr.splitlines() == UNKNOWN_FLAG
+    finally:
+        zygote.process.stdin.close()
+        assert zygote.process.wait(timeout=60) == 0
