@@ -1,95 +1,93 @@
 """A process that has imported TensorFlow and forks a child per `python -m bert_tf.<job>` call.
 
 Starting a fresh interpreter that imports TensorFlow, Keras and keras-hub takes 3 to 8 s on two
-cores, and the suite runs a CLI well over a hundred times. A child forked from here starts in
-milliseconds and is otherwise what `python -m` gives: its own process, a pristine absl FLAGS (no
-job module is imported before the fork), the job's `__main__`, its exit code, and its stdout and
-stderr. What it cannot show is what the interpreter prints while TensorFlow loads; the tests of
-quiet output (tests/runtime/test_quiet.py) and one smoke test per CLI start real interpreters.
+cores, and the suite runs a CLI well over a hundred times. A child forked from here starts in a
+fraction of a second and is otherwise what `python -m` gives: its own process, its argv, cwd and
+sys.path, the job module run as `__main__` by the function `-m` itself calls, and the
+interpreter's own shutdown (atexit, threads, exit code, a crash's signal). What differs:
+- what the interpreter prints while TensorFlow loads (here, once, before any child);
+- TensorFlow's, Keras', keras-hub's and tensorflow_text's modules, ops and absl flags are loaded
+  whether or not the job imports them, so `helpers.run_module_cli` starts the jobs that do not
+  load TensorFlow (`FRESH_JOBS`) in fresh interpreters instead;
+- the children share the zygote's string-hash seed (numpy's global generator is reseeded here):
+  a test of run-to-run determinism needs fresh interpreters.
+tests/runtime/test_entry_points.py starts every job once in a fresh interpreter and compares.
 
-Protocol, one JSON object a line: the zygote writes {"ready": true} once imported; a request
-{"module", "argv", "cwd", "stdout", "stderr"} (the last two: files the child writes) gets
-{"pid"} at once and {"returncode"} when the child ends (negative: killed by that signal).
-The zygote ends when its stdin closes.
+Protocol, one JSON object a line: the zygote writes {"ready": true, "onednn": <bool>} once
+imported; a request {"module", "argv", "cwd", "stdout", "stderr"} (the last two: files the child
+writes) gets {"pid"} at once and {"returncode"} when the child ends (negative: killed by that
+signal). The zygote ends when its stdin closes, killing a child still running.
 """
 
 import json
 import os
+import runpy
+import select
+import signal
 import sys
+import types
 
-# What the jobs import; bert_tf's library packages define no flags (only the job modules do).
+# What the jobs import. No TensorFlow op runs and no bert_tf module loads before a fork: the
+# children must find no thread pool started and no job's flags defined.
 import keras  # noqa: F401
 import keras_hub  # noqa: F401
-import numpy  # noqa: F401
+import numpy
 import tensorflow  # noqa: F401
 import tensorflow_text  # noqa: F401
+from tensorflow.python.util import _pywrap_util_port
 
-# Set up again in each child for its own job (quiet output, oneDNN for training jobs).
-PER_JOB_MODULES = ("bert_tf.runtime.job_process",)
-
-
-def exit_code(code):
-    """The process exit status of `sys.exit(code)`, as the interpreter computes it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
+assert not [name for name in sys.modules if name.split(".")[0] == "bert_tf"]
 
 
 def run_child(request):
-    """In the forked child: runs the module as `__main__` and never returns."""
-    import atexit
-    import runpy
-    import threading
-    import traceback
+    """In the forked child: runs the module as `python -m` would; leaves through SystemExit or the
+    job's own exception, which end the interpreter as they would end `python -m`."""
+    os.chdir(request["cwd"])
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    sys.stdout = sys.__stdout__  # the zygote's own print()s went to stderr
+    sys.path[0] = request["cwd"]  # -m puts the current directory first
+    sys.argv = [request["module"], *request["argv"]]
+    numpy.random.seed()
+    sys.modules["__main__"] = types.ModuleType("__main__")  # the job's globals, not the zygote's
+    runpy._run_module_as_main(request["module"])
+    raise SystemExit(0)
 
-    code = 1
+
+def wait_for_child(pid):
+    """The child's exit status; kills it and exits when the parent goes (stdin at its end)."""
+    pidfd = os.pidfd_open(pid)
     try:
-        os.chdir(request["cwd"])
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(stdin, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(out, fd)
-            os.close(out)
-        sys.stdout = sys.__stdout__  # the zygote's own print()s went to stderr
-        for name in PER_JOB_MODULES:
-            sys.modules.pop(name, None)
-        sys.argv = [request["module"], *request["argv"]]
-        try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as e:
-            code = exit_code(e.code)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        threading._shutdown()  # as the interpreter does at exit: non-daemon threads, then atexit
-        atexit._run_exitfuncs()
+        while True:
+            ready, _, _ = select.select([pidfd, sys.stdin], [], [])
+            if pidfd in ready:
+                return os.waitpid(pid, 0)[1]
+            if sys.stdin in ready and not sys.stdin.readline():
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                sys.exit(0)
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        os.close(pidfd)
 
 
 def main():
     reply = sys.stdout
     sys.stdout = sys.stderr  # nothing but replies on the protocol's pipe
-    print(json.dumps({"ready": True}), file=reply, flush=True)
-    for line in sys.stdin:
+    ready = {"ready": True, "onednn": bool(_pywrap_util_port.IsMklEnabled())}
+    print(json.dumps(ready), file=reply, flush=True)
+    while line := sys.stdin.readline():
         request = json.loads(line)
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            os.close(reply.fileno())
             run_child(request)
         print(json.dumps({"pid": pid}), file=reply, flush=True)
-        _, status = os.waitpid(pid, 0)
+        status = wait_for_child(pid)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=reply, flush=True)
 
 

@@ -6,6 +6,7 @@ checkpoint layout and a NumPy BERT; helpers_records: pretraining records; helper
 tests' SavedModels), and fixtures come from conftest.py; never from each other.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -26,6 +27,7 @@ import tensorflow as tf
 
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import ModelDir
+from bert_tf.runtime import job_process
 from bert_tf.tasks import models
 from bert_tf.tokenization import python_tokenizer
 
@@ -74,65 +76,118 @@ def built_once(tmp_path_factory, name, build):
 
 class CliZygote:
     """A child interpreter (tests/cli_zygote.py) that has imported TensorFlow and forks one process
-    per `python -m` call: the job's own process, started in milliseconds instead of seconds."""
+    per `python -m` call: the job's own process, started in a fraction of a second instead of 3 to 8.
+
+    `env` must set TF_CPP_MIN_LOG_LEVEL: TensorFlow reads it once, in the zygote, where a job's
+    quiet set-up (bert_tf.runtime.quiet) would come too late to set it.
+    """
 
     def __init__(self, env):
+        assert "TF_CPP_MIN_LOG_LEVEL" in env
+        self.log = tempfile.NamedTemporaryFile(prefix="cli_zygote_", suffix=".log")
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "cli_zygote.py")],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self.log,
             bufsize=0,  # unbuffered: select() sees every reply not yet read
         )
         self.lock = threading.Lock()  # one request at a time on the pipe
-        self.reply()  # {"ready": true} once imported
+        self.onednn = self.reply(timeout=300)["onednn"]
 
     def reply(self, timeout=None):
-        """The zygote's next reply; raises TimeoutError when none comes within `timeout` s."""
+        """The zygote's next reply; TimeoutError when none comes within `timeout` s."""
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        line = self.process.stdout.readline() if ready else None
-        if ready and not line:
-            raise RuntimeError("the CLI zygote died")
-        if line is None:
+        if not ready:
             raise TimeoutError
+        line = self.process.stdout.readline()
+        if not line:
+            with open(self.log.name) as log:
+                raise RuntimeError(f"the CLI zygote died; its log ends:\n{log.read()[-3000:]}")
         return json.loads(line)
 
-    def run(self, module, flags, timeout):
-        """`python -m module flags...`, forked: a CompletedProcess with its text output."""
+    def run(self, module, flags, timeout=300):
+        """`python -m module flags...`, forked: a CompletedProcess with its text output. A timeout
+        or any other interruption kills the child and closes the zygote (its pipe could hold a
+        reply that no one reads)."""
+        flags = [os.fspath(flag) for flag in flags]
         with self.lock, tempfile.TemporaryDirectory() as tmp:
-            stdout, stderr = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = dict(module=module, argv=list(flags), cwd=ROOT, stdout=stdout, stderr=stderr)
+            paths = {name: os.path.join(tmp, name) for name in ("stdout", "stderr")}
+            request = dict(module=module, argv=flags, cwd=ROOT, **paths)
+
+            def output():
+                return [open(paths[name]).read() for name in ("stdout", "stderr")]
+
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = self.reply()["pid"]
+            pid = self.reply(timeout=60)["pid"]
             try:
                 returncode = self.reply(timeout)["returncode"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                self.reply()
-                raise subprocess.TimeoutExpired([module, *flags], timeout) from None
-            with open(stdout) as out, open(stderr) as err:
-                return subprocess.CompletedProcess(
-                    [sys.executable, "-m", module, *flags], returncode, out.read(), err.read()
-                )
+            except BaseException as e:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self.close()
+                if isinstance(e, TimeoutError):
+                    out, err = output()
+                    raise subprocess.TimeoutExpired([module, *flags], timeout, out, err) from None
+                raise
+            command = [sys.executable, "-m", module, *flags]
+            return subprocess.CompletedProcess(command, returncode, *output())
+
+    def close(self):
+        """Ends the zygote (and a child still running): its stdin closes."""
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
-_zygotes = {}
+# Jobs that load no TensorFlow: forked from a zygote, they would accept its absl flags (which
+# tests/runtime/test_entry_points.py checks, both ways), and they start fast anyway.
+FRESH_JOBS = ("bert_tf.corpus", "bert_tf.create_pretraining_data", "bert_tf.inspect_records")
+_zygotes = {}  # by their environment's TF_ENABLE_ONEDNN_OPTS
 
 
-def run_module_cli(module, *flags):
-    """`python -m module flags...` in a process of its own; returns the CompletedProcess (text
-    output). The process is forked from a zygote that has imported TensorFlow (as a job would
-    with the same environment: training jobs turn oneDNN on before TensorFlow loads)."""
-    from bert_tf.runtime import job_process
-
-    env = dict(CLI_ENV)
-    if module in job_process.TRAINING_JOBS:
-        env.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+def pooled_zygote(env):
     key = env.get("TF_ENABLE_ONEDNN_OPTS")
     if key not in _zygotes or _zygotes[key].process.poll() is not None:
         _zygotes[key] = CliZygote(env)
-    return _zygotes[key].run(module, flags, timeout=300)
+    return _zygotes[key]
+
+
+def zygote_for(module):
+    """The zygote that starts `module` as a fresh interpreter would: a training job turns oneDNN
+    on before TensorFlow loads, which the default zygote serves where TensorFlow does so itself."""
+    env = dict(CLI_ENV)
+    job_process.turn_onednn_on(module, env)
+    default = pooled_zygote(CLI_ENV)
+    return default if env == CLI_ENV or default.onednn else pooled_zygote(env)
+
+
+def run_module_cli(module, *flags, timeout=300):
+    """`python -m module flags...` in a process of its own; returns the CompletedProcess (text
+    output), or raises subprocess.TimeoutExpired. The process is forked from a zygote that has
+    imported TensorFlow (tests/cli_zygote.py), except for the FRESH_JOBS."""
+    if module in FRESH_JOBS:
+        return subprocess.run(
+            [sys.executable, "-m", module, *flags],
+            cwd=ROOT,
+            env=CLI_ENV,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    return zygote_for(module).run(module, flags, timeout)
 
 
 def run_python_script(script, timeout=120):

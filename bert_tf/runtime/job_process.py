@@ -39,9 +39,14 @@ def set_up(job, environ=os.environ):
     if not (job or "").startswith("bert_tf."):
         return False
     quiet.install()
+    turn_onednn_on(job, environ)
+    return True
+
+
+def turn_onednn_on(job, environ):
+    """A training job turns TensorFlow's oneDNN on, unless the user chose (set before TensorFlow loads)."""
     if job in TRAINING_JOBS:
         environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-    return True
 
 
 set_up(main_module_name())

@@ -53,7 +53,7 @@ def run_cli(*args, background=False):
     """Runs the real CLI in a process of its own: to its end (a CompletedProcess), or started in
     the background (a Popen whose output, stdout and stderr together, is piped)."""
     if not background:
-        return run_module_cli("bert_tf.create_pretraining_data", *args)
+        return run_module_cli("bert_tf.create_pretraining_data", *args, timeout=600)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}
     return subprocess.Popen(
         [sys.executable, "-m", "bert_tf.create_pretraining_data", *args],

@@ -42,7 +42,7 @@ def cli_command(*args):
 
 
 def run_cli(*args):
-    return run_module_cli("bert_tf.create_pretraining_data", *args)
+    return run_module_cli("bert_tf.create_pretraining_data", *args, timeout=600)
 
 
 @pytest.mark.slow

@@ -1,16 +1,18 @@
 """Every `python -m bert_tf.<job>` started as a user starts it: a fresh interpreter.
 
-The other tests run the CLIs through `helpers.run_module_cli`, which forks them from a process
-that has already imported TensorFlow; this is the one check per CLI that the module runs as the
-program on its own, with its imports, flags, exit codes and quiet start-up.
+The other tests run the CLIs through `helpers.run_module_cli`, which forks most of them from a
+process that has already imported TensorFlow (tests/cli_zygote.py); this is the one check per CLI
+that the module runs as the program on its own, quietly, and that a fork lists the same flags.
 """
 
+import concurrent.futures
+import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
-from helpers import CLI_ENV, ROOT, CliZygote, run_module_cli
+from helpers import CLI_ENV, FRESH_JOBS, ROOT, CliZygote, pooled_zygote, run_module_cli
 
 from bert_tf.runtime import quiet
 
@@ -42,26 +44,41 @@ def test_the_list_finds_the_jobs():
     assert len(found) >= 19
 
 
-def test_every_entry_point_runs_as_the_program_and_refuses_an_unknown_flag_with_exit_2():
-    # Without TF_CPP_MIN_LOG_LEVEL, as a user runs them: TensorFlow's start-up notices are dropped.
+def fresh(module, *flags, env=CLI_ENV):
+    """`python -m module flags...` in a fresh interpreter: a CompletedProcess (text output)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_every_entry_point_runs_as_the_program_and_lists_its_flags_as_when_forked():
+    # Without TF_CPP_MIN_LOG_LEVEL, as a user runs them: quiet, TensorFlow's notices dropped.
     env = {k: v for k, v in CLI_ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    processes = {
-        module: subprocess.Popen(
-            [sys.executable, "-m", module, "--no_such_flag"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for module in entry_points()
-    }
-    results = {module: process.communicate(timeout=300) for module, process in processes.items()}
-    for module, process in processes.items():
-        stdout, stderr = results[module]
-        assert process.returncode == 2, (module, stderr[-2000:])
-        assert stdout == "", module
-        assert stderr.splitlines() == REFUSALS.get(module, UNKNOWN_FLAG), (module, stderr[-2000:])
+    modules = entry_points()
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+        helped = dict(zip(modules, pool.map(lambda m: fresh(m, "--helpfull", env=env), modules)))
+    zygote = pooled_zygote(CLI_ENV)
+    for module in modules:
+        assert helped[module].returncode == 1, (module, helped[module].stderr[-2000:])  # absl's
+        assert helped[module].stderr == "", module
+        forked = zygote.run(module, ["--helpfull"])
+        assert forked.returncode == 1, (module, forked.stderr[-2000:])
+        # A job that loads no TensorFlow would list absl flags that TensorFlow's imports define.
+        same = forked.stdout == helped[module].stdout
+        assert same == (module not in FRESH_JOBS), module
+
+
+def test_every_entry_point_refuses_an_unknown_flag_with_exit_2():
+    for module in entry_points():
+        result = run_module_cli(module, "--no_such_flag")
+        assert result.returncode == 2, (module, result.stderr[-2000:])
+        assert result.stdout == "", module
+        assert messages(result.stderr) == REFUSALS.get(module, UNKNOWN_FLAG), module
 
 
 def messages(stderr):
@@ -72,29 +89,18 @@ def messages(stderr):
 def test_a_forked_cli_answers_as_a_fresh_interpreter_does(tmp_path):
     flags = [f"--input_file={tmp_path / 'missing.txt'}", f"--output_file={tmp_path / 'v.txt'}"]
     forked = run_module_cli("bert_tf.build_vocab", *flags)
-    fresh = subprocess.run(
-        [sys.executable, "-m", "bert_tf.build_vocab", *flags],
-        cwd=ROOT,
-        env=CLI_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert forked.returncode == fresh.returncode == 2
+    started = fresh("bert_tf.build_vocab", *flags)
+    assert forked.returncode == started.returncode == 2
     assert "missing.txt" in forked.stderr
     # The same but for what TensorFlow's C++ code writes while it loads (in the zygote, once).
-    assert forked.stdout == fresh.stdout
-    assert messages(forked.stderr) == messages(fresh.stderr) == [forked.stderr.splitlines()[-1]]
+    assert forked.stdout == started.stdout
+    assert messages(forked.stderr) == messages(started.stderr) == [forked.stderr.splitlines()[-1]]
 
 
-def test_a_forked_cli_past_its_timeout_is_killed_and_the_zygote_goes_on(tmp_path):
+def test_a_forked_cli_past_its_timeout_is_killed_with_its_zygote(tmp_path):
     zygote = CliZygote(CLI_ENV)
-    try:
-        # An empty base path is polled until an export appears, as TF Serving does.
-        with pytest.raises(subprocess.TimeoutExpired):
-            zygote.run("bert_tf.serve", [f"--model_base_path={tmp_path}"], timeout=3)
-        refused = zygote.run("bert_tf.serve", ["--no_such_flag"], timeout=60)
-        assert refused.returncode == 2 and refused.stderr.splitlines() == UNKNOWN_FLAG
-    finally:
-        zygote.process.stdin.close()
-        assert zygote.process.wait(timeout=60) == 0
+    # An empty base path is polled until an export appears, as TF Serving does.
+    flags = [f"--model_base_path={tmp_path}", "--port=0", "--rest_api_port=0"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run("bert_tf.serve", flags, timeout=5)
+    assert zygote.process.poll() == 0  # closed: no reply is left unread on its pipe
