@@ -24,6 +24,7 @@ LONGEST_FILES = (
     "test_serve_versions.py",
     "test_pretraining_phases.py",
     "test_signature_fuzz.py",
+    "test_entry_points.py",
 )
 
 

@@ -56,6 +56,7 @@ def fresh(module, *flags, env=CLI_ENV):
     )
 
 
+@pytest.mark.slow  # 19 fresh interpreters: left to `make test`
 def test_every_entry_point_runs_as_the_program_and_lists_its_flags_as_when_forked():
     # Without TF_CPP_MIN_LOG_LEVEL, as a user runs them: quiet, TensorFlow's notices dropped.
     env = {k: v for k, v in CLI_ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
