@@ -114,26 +114,24 @@ class CliZygote:
         reply that no one reads)."""
         flags = [os.fspath(flag) for flag in flags]
         with self.lock, tempfile.TemporaryDirectory() as tmp:
-            paths = {name: os.path.join(tmp, name) for name in ("stdout", "stderr")}
-            request = dict(module=module, argv=flags, cwd=ROOT, **paths)
-
-            def output():
-                return [open(paths[name]).read() for name in ("stdout", "stderr")]
-
-            self.process.stdin.write(json.dumps(request).encode() + b"\n")
-            pid = self.reply(timeout=60)["pid"]
+            paths = [os.path.join(tmp, name) for name in ("stdout", "stderr")]
+            request = dict(module=module, argv=flags, cwd=ROOT, stdout=paths[0], stderr=paths[1])
+            pid = None
             try:
+                self.process.stdin.write(json.dumps(request).encode() + b"\n")
+                pid = self.reply(timeout=60)["pid"]
                 returncode = self.reply(timeout)["returncode"]
             except BaseException as e:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 self.close()
-                if isinstance(e, TimeoutError):
-                    out, err = output()
+                if isinstance(e, TimeoutError) and pid is not None:
+                    out, err = read_texts(paths)
                     raise subprocess.TimeoutExpired([module, *flags], timeout, out, err) from None
                 raise
             command = [sys.executable, "-m", module, *flags]
-            return subprocess.CompletedProcess(command, returncode, *output())
+            return subprocess.CompletedProcess(command, returncode, *read_texts(paths))
 
     def close(self):
         """Ends the zygote (and a child still running): its stdin closes."""
@@ -152,6 +150,15 @@ class CliZygote:
         self.close()
 
 
+def read_texts(paths):
+    """The text of each file in `paths` (what a child wrote)."""
+    texts = []
+    for path in paths:
+        with open(path) as f:
+            texts.append(f.read())
+    return texts
+
+
 # Jobs that load no TensorFlow: forked from a zygote, they would accept its absl flags (which
 # tests/runtime/test_entry_points.py checks, both ways), and they start fast anyway.
 FRESH_JOBS = ("bert_tf.corpus", "bert_tf.create_pretraining_data", "bert_tf.inspect_records")
@@ -159,6 +166,7 @@ _zygotes = {}  # by their environment's TF_ENABLE_ONEDNN_OPTS
 
 
 def pooled_zygote(env):
+    """This test process's zygote for `env`'s oneDNN setting, started (again) when it has none."""
     key = env.get("TF_ENABLE_ONEDNN_OPTS")
     if key not in _zygotes or _zygotes[key].process.poll() is not None:
         _zygotes[key] = CliZygote(env)
@@ -179,15 +187,20 @@ def run_module_cli(module, *flags, timeout=300):
     output), or raises subprocess.TimeoutExpired. The process is forked from a zygote that has
     imported TensorFlow (tests/cli_zygote.py), except for the FRESH_JOBS."""
     if module in FRESH_JOBS:
-        return subprocess.run(
-            [sys.executable, "-m", module, *flags],
-            cwd=ROOT,
-            env=CLI_ENV,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return run_fresh_cli(module, *flags, timeout=timeout)
     return zygote_for(module).run(module, flags, timeout)
+
+
+def run_fresh_cli(module, *flags, env=CLI_ENV, timeout=300):
+    """`python -m module flags...` in a fresh interpreter; returns the CompletedProcess (text output)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_python_script(script, timeout=120):

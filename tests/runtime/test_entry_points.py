@@ -9,10 +9,17 @@ import concurrent.futures
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
-from helpers import CLI_ENV, FRESH_JOBS, ROOT, CliZygote, pooled_zygote, run_module_cli
+from helpers import (
+    CLI_ENV,
+    FRESH_JOBS,
+    ROOT,
+    CliZygote,
+    pooled_zygote,
+    run_fresh_cli,
+    run_module_cli,
+)
 
 from bert_tf.runtime import quiet
 
@@ -44,25 +51,15 @@ def test_the_list_finds_the_jobs():
     assert len(found) >= 19
 
 
-def fresh(module, *flags, env=CLI_ENV):
-    """`python -m module flags...` in a fresh interpreter: a CompletedProcess (text output)."""
-    return subprocess.run(
-        [sys.executable, "-m", module, *flags],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.mark.slow  # 19 fresh interpreters: left to `make test`
 def test_every_entry_point_runs_as_the_program_and_lists_its_flags_as_when_forked():
     # Without TF_CPP_MIN_LOG_LEVEL, as a user runs them: quiet, TensorFlow's notices dropped.
     env = {k: v for k, v in CLI_ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     modules = entry_points()
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        helped = dict(zip(modules, pool.map(lambda m: fresh(m, "--helpfull", env=env), modules)))
+        helped = dict(
+            zip(modules, pool.map(lambda m: run_fresh_cli(m, "--helpfull", env=env), modules))
+        )
     zygote = pooled_zygote(CLI_ENV)
     for module in modules:
         assert helped[module].returncode == 1, (module, helped[module].stderr[-2000:])  # absl's
@@ -90,7 +87,7 @@ def messages(stderr):
 def test_a_forked_cli_answers_as_a_fresh_interpreter_does(tmp_path):
     flags = [f"--input_file={tmp_path / 'missing.txt'}", f"--output_file={tmp_path / 'v.txt'}"]
     forked = run_module_cli("bert_tf.build_vocab", *flags)
-    started = fresh("bert_tf.build_vocab", *flags)
+    started = run_fresh_cli("bert_tf.build_vocab", *flags)
     assert forked.returncode == started.returncode == 2
     assert "missing.txt" in forked.stderr
     # The same but for what TensorFlow's C++ code writes while it loads (in the zygote, once).
