@@ -41,12 +41,12 @@ rdata: pip install -r benchmarks/requirements-peers.txt):
 bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner, run_squad) once per variant
 and seed; each variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
 benchmarks/hf_finetune_peer.py: torch AdamW with bias correction and epsilon 1e-8, no clipping,
-shuffled batches. Every run is 10% warm-up then linear decay, weight decay 0.01, the same batch,
-learning rate, epochs and max_seq_length (TASKS, per task: novel is 96, batch 16, 2 epochs). The
-score is dev accuracy (mc, pair, cls, novel), entity F1 (ner) or SQuAD F1 (novel_qa). Per task
-and recipe the table gives each seed's score, mean ± std dev, the worst seed and the failed runs:
-those more than FAIL_POINTS under the peer's (HF's) mean on that task; results.json keeps the
-same under "summary".
+shuffled batches, 10% warm-up. Every run warms up then decays linearly, weight decay 0.01, the
+same batch, learning rate, epochs and max_seq_length (TASKS, per task: novel is 96, batch 16, 2
+epochs). The score is dev accuracy (mc, pair, cls, novel), entity F1 (ner) or SQuAD F1
+(novel_qa). Per task and recipe the table gives each seed's score, mean ± std dev, the worst seed
+and the failed runs: those more than FAIL_POINTS under the peer's (HF's) mean on that task;
+results.json keeps the same under "summary".
 
 --study=gain measures what pretraining earns: it pretrains small BERTs (--sizes) with this
 project's own jobs (create_pretraining_data, then run_pretraining, MLM + NSP) on the embedded
@@ -107,6 +107,7 @@ ORIGINAL = {
     "adam_epsilon": "1e-6",
     "clip_norm": "1.0",
     "group_by_length": "true",
+    "warmup_proportion": "0.1",
 }
 VARIANTS = {
     "default": {},  # whatever this build's defaults are
@@ -124,6 +125,7 @@ VARIANTS = {
     "order_fixed": {**ORIGINAL, "data_seed": "1"},
     "init_fixed": {**ORIGINAL, "seed": "1", "data_seed": "{seed}"},
     "torch_recipe": {
+        "warmup_proportion": "0.1",
         "adam_bias_correction": "true",
         "adam_epsilon": "1e-8",
         "clip_norm": "0",
@@ -564,7 +566,6 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         "--eval_batch_size=32",
         f"--learning_rate={args.learning_rate}",
         f"--num_train_epochs={job.epochs}",
-        "--warmup_proportion=0.1",
         "--weight_decay=0.01",
         f"--seed={seed}",
         "--save_checkpoints_steps=100000",

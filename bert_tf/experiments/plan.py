@@ -43,7 +43,8 @@ from bert_tf.tasks.classification import data as classification
 # train for more epochs (bilstm_epochs) than fine-tuning takes. Their fine-tuning learning rates are
 # 4x to 20x the paper's, where the original's Adam without bias correction (steps up to 3x larger at
 # first) left a tiny BERT stuck at chance on the demo's sentiment task: they fine-tune with standard
-# AdamW (finetune_bias_correction); base keeps the paper's optimizer.
+# AdamW (finetune_bias_correction), and with no early boost to soften they warm up over the
+# original's 10% of the steps; base keeps the paper's optimizer and the jobs' 20% warm-up.
 SCALES = {
     "tiny": dict(
         model_size="tiny",
@@ -54,6 +55,7 @@ SCALES = {
         max_predictions_per_seq=20,
         finetune_learning_rate=1e-3,
         finetune_bias_correction=True,
+        finetune_warmup_proportion=0.1,
         finetune_epochs=4.0,
         bilstm_epochs=15.0,
         finetune_batch=32,
@@ -69,6 +71,7 @@ SCALES = {
         max_predictions_per_seq=20,
         finetune_learning_rate=2e-4,
         finetune_bias_correction=True,
+        finetune_warmup_proportion=0.1,
         finetune_epochs=3.0,
         bilstm_epochs=10.0,
         finetune_batch=32,
@@ -84,6 +87,7 @@ SCALES = {
         max_predictions_per_seq=20,
         finetune_learning_rate=5e-5,
         finetune_bias_correction=False,
+        finetune_warmup_proportion=None,  # the jobs' default
         finetune_epochs=3.0,
         bilstm_epochs=3.0,
         finetune_batch=32,
@@ -91,6 +95,13 @@ SCALES = {
         lstm_units=768,
     ),
 }
+
+
+def warmup_flags(proportion):
+    """--warmup_proportion, or nothing for the jobs' default (None)."""
+    return [] if proportion is None else [f"--warmup_proportion={proportion:g}"]
+
+
 STUDIES = ("tasks", "sizes", "features", "masking", "layers", "steps", "nsp")
 # Fine-tuning runs per cell when --finetune_seeds is 0: the newer studies compare rows closer than
 # one seed can tell apart.
@@ -460,6 +471,7 @@ class Planner:
             f"--learning_rate={args.finetune_learning_rate or scale['finetune_learning_rate']}",
             f"--num_train_epochs={epochs:g}",
             f"--adam_bias_correction={str(scale['finetune_bias_correction']).lower()}",
+            *warmup_flags(scale["finetune_warmup_proportion"]),
             f"--seed={seed}",
             *extra_flags,
         ]

@@ -61,9 +61,10 @@ class FinetuneArgs(LoopArgs):
     learning_rate: float = arg(5e-5, "The initial learning rate for Adam.")
     num_train_epochs: float = arg(3.0, "Total number of training epochs to perform.")
     warmup_proportion: float = arg(
-        0.1,
-        "Proportion of training to perform linear learning rate warmup for. E.g., "
-        "0.1 = 10% of training.",
+        finetuning.WARMUP_PROPORTION,
+        "Proportion of training to perform linear learning rate warmup for. E.g., 0.1 = 10% of "
+        "training, the original's; the default is twice that: with the original's optimizer a "
+        "short run at 0.1 can collapse (every input alike to the head; benchmarks/RESULTS.md).",
     )
     pad_to_max_seq_length: bool = arg(
         False,

@@ -620,6 +620,8 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
     # The defaults are the original's: no bias correction, epsilon 1e-6; LAMB has none to add.
     default = training_flags.FinetuneArgs(output_dir="x", do_train=True).finetune_config()
     assert (default.adam_epsilon, default.adam_bias_correction) == (1e-6, False)
+    # ...and twice its warm-up, the flag's default and the library's alike.
+    assert default.warmup_proportion == finetuning.FinetuneConfig("x").warmup_proportion == 0.2
     assert training_flags.LoopArgs().adam_bias_correction_value() is False
     assert training_flags.FinetuneArgs(optimizer="lamb").adam_bias_correction_value() is False
     for flags, message in (
