@@ -491,8 +491,6 @@ TASKS = {
     ),
     "novel_qa": Task("run_squad", (), "f1", 192, 16, 2, ("train.json", "dev.json"), scale=100.0),
 }
-DOCSTRING_TASKS = ("mc", "pair", "ner", "cls")
-NOVEL_TASKS = ("novel", "novel_qa")
 
 
 class Results:

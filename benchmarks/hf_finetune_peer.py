@@ -177,7 +177,7 @@ class Task:
             for i in range(0, len(dev), 32):
                 batch = dev[i : i + 32]
                 tensors = self.collate(batch)
-                tensors.pop("start_positions"), tensors.pop("end_positions")
+                del tensors["start_positions"], tensors["end_positions"]
                 output = model(**tensors)
                 for ex, starts, ends in zip(batch, output.start_logits, output.end_logits):
                     n = len(ex["offsets"])

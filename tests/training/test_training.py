@@ -617,10 +617,10 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
     spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
     tuner = finetuning.Finetuner(config, tf.distribute.get_strategy(), args.model_source(), spec, 4)
     assert tuner.optimizer.bias_correction and tuner.optimizer.epsilon == 1e-8
-    # The defaults are the original's: no bias correction, epsilon 1e-6; LAMB has none to add.
+    # The optimizer's defaults are the original's: no bias correction, epsilon 1e-6; LAMB has none
+    # to add. The warm-up is twice the original's, the flag's default and the library's alike.
     default = training_flags.FinetuneArgs(output_dir="x", do_train=True).finetune_config()
     assert (default.adam_epsilon, default.adam_bias_correction) == (1e-6, False)
-    # ...and twice its warm-up, the flag's default and the library's alike.
     assert default.warmup_proportion == finetuning.FinetuneConfig("x").warmup_proportion == 0.2
     assert training_flags.LoopArgs().adam_bias_correction_value() is False
     assert training_flags.FinetuneArgs(optimizer="lamb").adam_bias_correction_value() is False
