@@ -904,13 +904,13 @@ def cls_spread(model_dir, texts, length):
     import numpy as np
 
     from bert_tf.model.model_dir import load_encoder
+    from bert_tf.tasks import packing
 
     tokenizer = FullTokenizer(os.path.join(model_dir, "vocab.txt"), do_lower_case=True)
-    ids = np.zeros((len(texts), length), np.int32)
-    for row, text in enumerate(texts):
-        pieces = ["[CLS]", *tokenizer.tokenize(text)[: length - 2], "[SEP]"]
-        ids[row, : len(pieces)] = tokenizer.convert_tokens_to_ids(pieces)
-    inputs = {"input_word_ids": ids, "input_mask": np.sign(ids), "input_type_ids": 0 * ids}
+    cls_id, sep_id = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    rows = [packing.pack_segments([tokenizer.encode(t)], length, cls_id, sep_id) for t in texts]
+    ids, mask, types = (np.stack(column) for column in zip(*rows))
+    inputs = {"input_word_ids": ids, "input_mask": mask, "input_type_ids": types}
     return float(load_encoder(model_dir)(inputs)["sequence_output"][:, 0].numpy().std(0).mean())
 
 
