@@ -120,6 +120,10 @@ VARIANTS = {
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
+    # The output layer's start: at zero the first steps train it alone (the encoder's gradient
+    # passes through its weights); 5x the original's stddev sends the encoder larger early gradients.
+    "head_zeros": {**ORIGINAL, "head_initializer_range": "0"},
+    "head_0.1": {**ORIGINAL, "head_initializer_range": "0.1"},
     # Which of a seed's two parts a run's luck comes from (--data_seed): the input's order held
     # at seed 1 while the seed varies the new weights and dropout, then the other way round.
     "order_fixed": {**ORIGINAL, "data_seed": "1"},

@@ -175,8 +175,10 @@ class TaskSpec:
         io_utils.atomic_write_json(path, self.to_dict())
 
 
-def build_task_model(config, spec, encoder=None):
+def build_task_model(config, spec, encoder=None, head_initializer_range=None):
     """The task model for `spec` on `encoder` (built from `config` if None); returns (model, encoder).
+
+    The head's new weights are drawn with stddev `head_initializer_range` (None: the config's).
 
     The model's inputs are the encoder's (input_word_ids, input_mask, input_type_ids, int32
     [b, s], or [b, choices, s] for multiple choice); its outputs a dict: classifier {"logits"},
@@ -185,6 +187,8 @@ def build_task_model(config, spec, encoder=None):
     """
     if encoder is None:
         encoder = modeling.build_encoder(config)
+    if head_initializer_range is not None:
+        config = dataclasses.replace(config, initializer_range=head_initializer_range)
     return registry.get(spec.kind).build_model(config, spec, encoder), encoder
 
 

@@ -104,6 +104,13 @@ class FinetuneArgs(LoopArgs):
         "Recorded in task.json. Default: dense.",
         choices=representations.HEADS,
     )
+    # None: the config's initializer_range (0.02 in every released config), the original's.
+    head_initializer_range: float = arg(
+        None,
+        "The standard deviation of the task's output layer's initial weights (a truncated normal, "
+        "as the original's); 0 starts them at zero, so the first steps train the output layer "
+        "before any gradient reaches the encoder. Default: the config's initializer_range.",
+    )
     # None: the paper's 768, where a BiLSTM is built (set without one, it is a usage error).
     lstm_units: int = arg(
         None,
@@ -141,6 +148,10 @@ class FinetuneArgs(LoopArgs):
         if not 0.0 <= self.warmup_proportion < 1.0:
             raise io_utils.UsageError(
                 f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}"
+            )
+        if self.head_initializer_range is not None and not self.head_initializer_range >= 0:
+            raise io_utils.UsageError(
+                f"--head_initializer_range must be at least 0, got {self.head_initializer_range}"
             )
         if self.max_seq_length < 3:
             raise io_utils.UsageError(
@@ -225,6 +236,7 @@ class FinetuneArgs(LoopArgs):
             mixed_precision=self.mixed_precision,
             seed=self.seed,
             data_seed=self.data_seed,
+            head_initializer_range=self.head_initializer_range,
             num_restarts=self.num_restarts,
             length_bucket=finetuning.length_bucket(
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile

@@ -79,6 +79,18 @@ def test_head_initializer_is_truncated_normal_with_initializer_range():
     assert 0.6 * 0.05 < kernel.std() < 0.05  # a truncated normal's std is 0.88 sigma
 
 
+def test_head_initializer_range_sets_the_heads_weights_and_leaves_the_encoders():
+    config = tiny_config(hidden_size=64, initializer_range=0.05)
+    spec = models.TaskSpec("ner", labels=[f"L{i}" for i in range(300)])
+    wide, wide_encoder = models.build_task_model(config, spec, head_initializer_range=0.2)
+    kernel, _ = dense_weights(wide, "ner_head")
+    assert 0.6 * 0.2 < kernel.std() < 0.2
+    pooler = wide_encoder.get_layer("pooled_dense").get_weights()[0]
+    assert pooler.std() < 0.05  # the encoder's new weights keep the config's stddev
+    zero, _ = models.build_task_model(config, spec, head_initializer_range=0.0)
+    assert not any(np.any(w) for w in dense_weights(zero, "ner_head"))
+
+
 def test_dropout_only_in_training():
     spec = SPECS["classifier"]
     config = tiny_config(hidden_dropout_prob=0.5)  # heavy dropout, so training visibly differs

@@ -605,6 +605,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         do_train=True,
         adam_bias_correction=True,
         adam_epsilon=1e-8,
+        head_initializer_range=0.0,
         max_seq_length=8,
     )
     args.validate()
@@ -617,6 +618,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
     spec = models.TaskSpec("classifier", labels=["a", "b"], max_seq_length=8)
     tuner = finetuning.Finetuner(config, tf.distribute.get_strategy(), args.model_source(), spec, 4)
     assert tuner.optimizer.bias_correction and tuner.optimizer.epsilon == 1e-8
+    assert not np.any(tuner.model.get_layer("classifier_head").get_weights()[0])
     # The optimizer's defaults are the original's: no bias correction, epsilon 1e-6; LAMB has none
     # to add. The warm-up is twice the original's, the flag's default and the library's alike.
     default = training_flags.FinetuneArgs(output_dir="x", do_train=True).finetune_config()
@@ -628,6 +630,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         (dict(optimizer="lamb", adam_bias_correction=False), "applies to --optimizer=adamw"),
         (dict(adam_epsilon=0.0), "--adam_epsilon must be positive"),
         (dict(optimizer="sgd"), "--optimizer=sgd is not one of"),
+        (dict(head_initializer_range=-0.02), "--head_initializer_range must be at least 0"),
     ):
         with pytest.raises(io_utils.UsageError, match=message):
             training_flags.FinetuneArgs(output_dir="x", do_train=True, **flags).validate()
