@@ -38,6 +38,14 @@ rdata: pip install -r benchmarks/requirements-peers.txt):
     blanked to "what", the answer where the passage first has that word (4 letters or more, not a
     common function word). The same fifth of the chapters gives the dev questions. Score: the
     official F1 (the peer's answers scored by the same code).
+and one made of Jane Austen's six novels (Debian's r-cran-janeaustenr, installed alike):
+  - austen_ner: CoNLL tagging of people's names, the feature-based approach (the encoder frozen, a
+    BiLSTM trained on its last four layers), as a user compares it with a PyTorch BiLSTM of their
+    own (hf_finetune_peer.py's frozen_ner). A name is a word met after a title ("Miss Elizabeth
+    Bennet") or after a verb of speech closing a quotation ('..." said Emma') and capitalised in
+    98% of its uses inside a sentence; each run of names is one PER. Training sentences come from
+    five novels, dev sentences from Emma, whose characters the tagger has never seen; half of each
+    side's sentences hold a name.
 bert_tf runs its CLI (run_multiple_choice, run_classifier, run_ner, run_squad) once per variant
 and seed; each variant changes one thing of the original's recipe (VARIANTS). Hugging Face runs
 benchmarks/hf_finetune_peer.py: torch AdamW with bias correction and epsilon 1e-8, no clipping,
@@ -65,6 +73,7 @@ is only logged (results.json's "seconds", one figure per run) to tell how long t
 """
 
 import argparse
+import calendar
 import collections
 import csv
 import dataclasses
@@ -96,8 +105,8 @@ MAX_WORDS = 30
 FAIL_POINTS = 5.0  # a run this far under the peer's mean on its task counts as failed
 CURVE_STEPS = 10
 
-# The novel task: Moby-Dick, as Debian's r-cran-tokenizers ships it.
-TOKENIZERS_DATA = "/usr/lib/R/site-library/tokenizers/data"
+# The novels: Moby-Dick as Debian's r-cran-tokenizers ships it, Austen's as r-cran-janeaustenr does.
+R_LIBRARY = "/usr/lib/R/site-library"
 NOVEL_PREFIX = 4  # sent2's words: they start the sentence and leave most of it to guess
 NOVEL_WORDS = (8, 40)  # 8 leaves at least 4 words to an ending; past 40 two sentences overflow 96
 
@@ -225,47 +234,55 @@ def write_peer_tasks(data_dir, num_train, num_dev, seed):
     )
 
 
-def moby_dick():
-    """The Gutenberg text of Moby-Dick from r-cran-tokenizers' R data, installed when missing."""
-    if not os.path.isdir(TOKENIZERS_DATA):
-        command = "apt-get update && apt-get install -y r-cran-tokenizers"
+def r_data(package, task):
+    """{name: object} of the R data Debian's r-cran-PACKAGE ships (installed when missing)."""
+    data_dir = os.path.join(R_LIBRARY, package, "data")
+    debian = f"r-cran-{package}"
+    if not os.path.isdir(data_dir):
+        command = f"apt-get update && apt-get install -y {debian}"
         if os.geteuid() != 0:
-            raise SystemExit(
-                f"--tasks=novel needs Debian's r-cran-tokenizers: sudo sh -c '{command}'"
-            )
+            raise SystemExit(f"--tasks={task} needs Debian's {debian}: sudo sh -c '{command}'")
         print(f"# {command}", file=sys.stderr, flush=True)
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for step in (["apt-get", "update"], ["apt-get", "install", "-y", "r-cran-tokenizers"]):
+        for step in (["apt-get", "update"], ["apt-get", "install", "-y", debian]):
             subprocess.run(step, env=env, check=True, stdout=subprocess.DEVNULL)
     try:
         import rdata
     except ImportError:
         raise SystemExit(
-            "--tasks=novel reads R data with rdata: pip install -r benchmarks/requirements-peers.txt"
+            f"--tasks={task} reads R data with rdata: pip install -r benchmarks/requirements-peers.txt"
         ) from None
 
     def parse(data):
         return rdata.conversion.convert(rdata.parser.parse_data(data))
 
-    files = glob.glob(os.path.join(TOKENIZERS_DATA, "*.rda")) + glob.glob(
-        os.path.join(TOKENIZERS_DATA, "*.RData")
+    files = glob.glob(os.path.join(data_dir, "*.rda")) + glob.glob(
+        os.path.join(data_dir, "*.RData")
     )
     if files:
-        objects = {k: v for f in files for k, v in rdata.read_rda(f).items()}
-    else:
-        # R's lazy-load database (Debian 12's layout): a gzipped index of (offset, length) per
-        # object in Rdata.rdb, where each is a 4-byte length and then a zlib-compressed object.
-        with open(os.path.join(TOKENIZERS_DATA, "Rdata.rdx"), "rb") as f:
-            index = parse(gzip.decompress(f.read()))
-        with open(os.path.join(TOKENIZERS_DATA, "Rdata.rdb"), "rb") as f:
-            database = f.read()
-        objects = {
-            str(name): parse(zlib.decompress(database[int(start) + 4 : int(start) + int(size)]))
-            for name, (start, size) in index["variables"].items()
-        }
-    if "mobydick" not in objects:
-        raise SystemExit(f"no mobydick object in {TOKENIZERS_DATA}: {sorted(objects)}")
-    return "".join(str(part) for part in objects["mobydick"])
+        return {k: v for f in files for k, v in rdata.read_rda(f).items()}
+    # R's lazy-load database (Debian 12's layout): a gzipped index of (offset, length) per
+    # object in Rdata.rdb, where each is a 4-byte length and then a zlib-compressed object.
+    with open(os.path.join(data_dir, "Rdata.rdx"), "rb") as f:
+        index = parse(gzip.decompress(f.read()))
+    with open(os.path.join(data_dir, "Rdata.rdb"), "rb") as f:
+        database = f.read()
+    return {
+        str(name): parse(zlib.decompress(database[int(start) + 4 : int(start) + int(size)]))
+        for name, (start, size) in index["variables"].items()
+    }
+
+
+def r_object(package, name, task):
+    objects = r_data(package, task)
+    if name not in objects:
+        raise SystemExit(f"no {name} object in {package}'s R data: {sorted(objects)}")
+    return objects[name]
+
+
+def moby_dick():
+    """The Gutenberg text of Moby-Dick from r-cran-tokenizers' R data."""
+    return "".join(str(part) for part in r_object("tokenizers", "mobydick", "novel"))
 
 
 ABBREVIATIONS = {"mr", "mrs", "messrs", "dr", "st", "capt", "mt", "esq", "jr", "sr", "no", "viz"}
@@ -446,11 +463,111 @@ def write_novel_qa_task(data_dir, num_train, num_dev, seed, max_seq_length):
             json.dump({"version": "1.1", "data": data}, f)
 
 
+# austen_ner: people's names in Austen's novels. Training sentences come from five of them, dev
+# sentences from the sixth, whose characters the tagger has never seen named.
+AUSTEN_BOOKS = (
+    "prideprejudice",
+    "sensesensibility",
+    "mansfieldpark",
+    "persuasion",
+    "northangerabbey",
+)
+AUSTEN_DEV_BOOK = "emma"
+AUSTEN_WORDS = (6, 40)
+AUSTEN_TAGS = ("O", "B-PER", "I-PER")
+TITLES = "Mr|Mrs|Miss|Misses|Lady|Sir|Lord|Colonel|Captain|Admiral|Dr"
+# A name: the capitalised words after a title ("Miss Elizabeth Bennet"), or the one word that
+# follows a verb of speech after a quotation ('..." said Emma').
+AFTER_TITLE = re.compile(rf"\b(?:{TITLES})\.? ([A-Z][a-z]+)(?: ([A-Z][a-z]+))?")
+AFTER_SPEECH = re.compile(
+    r"[\"',!?] (?:said|cried|replied|added|continued|returned) ([A-Z][a-z]+)\b"
+)
+WORD = re.compile(r"\w+|[^\w\s]")
+
+
+def austen_sentences(lines):
+    """A book's sentences in order: lines joined into paragraphs, italics' underscores dropped."""
+    text = "\n".join(str(line) for line in lines).replace("_", "")
+    return [
+        sentence
+        for paragraph in re.split(r"\n\s*\n", text)
+        for sentence in split_sentences(clean(paragraph.replace("--", " -- ")))
+    ]
+
+
+def austen_names(books):
+    """The words that name people in `books` ({name: sentences}): found after a title or a verb of
+    speech, and capitalised in at least 98% of their uses inside a sentence (so not "Well" or "Dear")."""
+    found, capitalised, lowercase = set(), collections.Counter(), collections.Counter()
+    for sentences in books.values():
+        for sentence in sentences:
+            for match in (*AFTER_TITLE.finditer(sentence), *AFTER_SPEECH.finditer(sentence)):
+                found.update(word for word in match.groups() if word)
+            for word in WORD.findall(sentence)[1:]:
+                (capitalised if word[0].isupper() else lowercase)[word.lower()] += 1
+    not_names = set(TITLES.split("|")) | set(calendar.day_name) | set(calendar.month_name)
+    return {
+        word
+        for word in found - not_names
+        if capitalised[word.lower()] >= 0.98 * (capitalised[word.lower()] + lowercase[word.lower()])
+    }
+
+
+def austen_rows(sentences, names, count, rng, fits):
+    """`count` (words, tags) rows, half with a name in them: each run of name words is one PER."""
+    tagged, untagged = [], []
+    for sentence in sentences:
+        words = WORD.findall(sentence)
+        if not AUSTEN_WORDS[0] <= len(words) <= AUSTEN_WORDS[1] or not fits(sentence):
+            continue
+        tags = []
+        for i, word in enumerate(words):
+            inside = word in names
+            tags.append(("I-PER" if i and tags[-1] != "O" else "B-PER") if inside else "O")
+        (tagged if "B-PER" in tags else untagged).append((words, tags))
+    rng.shuffle(tagged)
+    rng.shuffle(untagged)
+    half = count // 2
+    if len(tagged) < half or len(untagged) < count - half:
+        raise SystemExit(
+            f"only {len(tagged)} sentences with a name and {len(untagged)} without, {count} wanted"
+        )
+    rows = tagged[:half] + untagged[: count - half]
+    rng.shuffle(rows)
+    return rows
+
+
+def write_austen_ner_task(data_dir, num_train, num_dev, seed, max_seq_length):
+    """data_dir/train.txt and dev.txt (CoNLL): people's names tagged in AUSTEN_BOOKS' sentences
+    (train) and in AUSTEN_DEV_BOOK's (dev)."""
+    rng = random.Random(seed)
+    books = {
+        name: austen_sentences(r_object("janeaustenr", name, "austen_ner"))
+        for name in (*AUSTEN_BOOKS, AUSTEN_DEV_BOOK)
+    }
+    names = austen_names(books)
+    pieces = wordpiece_count()
+
+    def fits(sentence):  # [CLS] sentence [SEP]
+        return pieces(sentence) + 2 <= max_seq_length
+
+    os.makedirs(data_dir, exist_ok=True)
+    train = [s for book in AUSTEN_BOOKS for s in books[book]]
+    for name, sentences, count in (
+        ("train.txt", train, num_train),
+        ("dev.txt", books[AUSTEN_DEV_BOOK], num_dev),
+    ):
+        rows = austen_rows(sentences, names, count, rng, fits)
+        with open(os.path.join(data_dir, name), "w") as f:
+            f.write("".join("".join(f"{w} {t}\n" for w, t in zip(*row)) + "\n" for row in rows))
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     """A task's bert_tf job and recipe: its module, task flags, the eval_results key, the recipe's
-    max_seq_length, batch and epochs, its files in the task's data dir (train, dev), and the
-    key's scale (run_squad reports percents)."""
+    max_seq_length, batch and epochs, its files in the task's data dir (train, dev), the key's
+    scale (run_squad reports percents), its own learning rate (None: --learning_rate) and, for
+    tagging, the peer's labels."""
 
     module: str
     flags: tuple
@@ -460,6 +577,11 @@ class Task:
     epochs: int
     files: tuple
     scale: float = 1.0
+    learning_rate: float | None = None
+    labels: tuple = demo_datasets.CONLL_TAGS
+
+    def rate(self, args):
+        return self.learning_rate or args.learning_rate
 
     def data_flags(self, data_dir):
         if self.module == "run_squad":
@@ -494,6 +616,19 @@ TASKS = {
         "run_multiple_choice", ("--task_name=swag",), "eval_accuracy", 96, 16, 2, SWAG_FILES
     ),
     "novel_qa": Task("run_squad", (), "f1", 192, 16, 2, ("train.json", "dev.json"), scale=100.0),
+    # The feature-based approach as a user calibrates it against HF: frozen MiniLM, its last four
+    # layers into a 2-layer BiLSTM of 256, Adam at 1e-3.
+    "austen_ner": Task(
+        "run_ner",
+        ("--feature_based", "--features=concat_last_four", "--lstm_units=256"),
+        "eval_f1",
+        96,
+        32,
+        3,
+        ("train.txt", "dev.txt"),
+        learning_rate=1e-3,
+        labels=AUSTEN_TAGS,
+    ),
 }
 
 
@@ -566,7 +701,7 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         f"--max_seq_length={job.length}",
         f"--train_batch_size={job.batch}",
         "--eval_batch_size=32",
-        f"--learning_rate={args.learning_rate}",
+        f"--learning_rate={job.rate(args)}",
         f"--num_train_epochs={job.epochs}",
         "--weight_decay=0.01",
         f"--seed={seed}",
@@ -581,7 +716,7 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
 
 
 # The peer's model per task: hf_finetune_peer.py knows these kinds.
-PEER_KINDS = {"novel": "mc", "cls": "pair", "novel_qa": "qa"}
+PEER_KINDS = {"novel": "mc", "cls": "pair", "novel_qa": "qa", "austen_ner": "frozen_ner"}
 
 
 def run_hf(args, task, data_dir, output_dir, seed):
@@ -598,11 +733,11 @@ def run_hf(args, task, data_dir, output_dir, seed):
         dev=dev,
         max_seq_length=job.length,
         batch_size=job.batch,
-        learning_rate=args.learning_rate,
+        learning_rate=job.rate(args),
         epochs=job.epochs,
         threads=args.threads,
         seed=seed,
-        labels=list(demo_datasets.CONLL_TAGS),
+        labels=list(job.labels),
     )
     script = os.path.join(ROOT, "benchmarks", "hf_finetune_peer.py")
     log = output_dir + ".log"
@@ -637,6 +772,7 @@ def write_task_data(task, data_dir, num_train, num_dev):
         writer, default_train = {
             "novel": (write_novel_task, 2000),
             "novel_qa": (write_novel_qa_task, 1000),
+            "austen_ner": (write_austen_ner_task, 2000),
         }[task]
         writer(
             task_dir, num_train or default_train, num_dev, seed=1, max_seq_length=TASKS[task].length

@@ -12,11 +12,17 @@ jobs: SWAG's CSV (multiple choice), a TSV of sentences or sentence pairs (classi
 (NER), SQuAD v1.1 JSON (extractive QA: a span of at most MAX_ANSWER_PIECES pieces, the best sum of
 start and end logits). The last line printed is a JSON object with the dev score, or for QA the
 answers by question id, which the benchmark scores with bert_tf's port of the official script.
+
+frozen_ner is the feature-based approach as a user writes it in PyTorch: the encoder frozen (no
+dropout, no gradient), its last four hidden states concatenated into a 2-layer bidirectional LSTM
+(PyTorch's initialisation, padding packed away) and a linear tagger, trained with plain Adam at a
+constant rate: no warm-up or decay, no weight decay, no clipping, no dropout in the head.
 """
 
 import csv
 import json
 import sys
+import types
 
 import torch
 import transformers
@@ -94,6 +100,43 @@ def entities(tags):
     return chunks
 
 
+class FrozenTagger(torch.nn.Module):
+    """A frozen BERT's last four hidden states, concatenated, into a 2-layer BiLSTM and a tagger."""
+
+    def __init__(self, model_dir, num_labels, units=256):
+        super().__init__()
+        self.bert = transformers.BertModel.from_pretrained(model_dir, add_pooling_layer=False)
+        self.bert.requires_grad_(False)
+        size = 4 * self.bert.config.hidden_size
+        self.lstm = torch.nn.LSTM(size, units, num_layers=2, bidirectional=True, batch_first=True)
+        self.tagger = torch.nn.Linear(2 * units, num_labels)
+
+    def forward(self, input_ids, token_type_ids, attention_mask, labels=None):
+        self.bert.eval()
+        with torch.no_grad():
+            states = self.bert(
+                input_ids=input_ids,
+                token_type_ids=token_type_ids,
+                attention_mask=attention_mask,
+                output_hidden_states=True,
+            ).hidden_states
+        features = torch.cat(states[-4:], dim=-1)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            features, attention_mask.sum(1), batch_first=True, enforce_sorted=False
+        )
+        outputs, _ = self.lstm(packed)
+        outputs, _ = torch.nn.utils.rnn.pad_packed_sequence(
+            outputs, batch_first=True, total_length=features.shape[1]
+        )
+        logits = self.tagger(outputs)
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels.flatten(), ignore_index=-100
+            )
+        return types.SimpleNamespace(loss=loss, logits=logits)
+
+
 class Task:
     """Reads one task's split into model inputs and scores predictions."""
 
@@ -101,6 +144,7 @@ class Task:
         self.p, self.tokenizer = p, tokenizer
         self.labels = p.get("labels")
         self.num_labels = 2
+        self.tags = p["task"] in ("ner", "frozen_ner")
 
     def model(self, model_dir):
         kind = self.p["task"]
@@ -112,6 +156,8 @@ class Task:
             )
         if kind == "qa":
             return transformers.BertForQuestionAnswering.from_pretrained(model_dir)
+        if kind == "frozen_ner":
+            return FrozenTagger(model_dir, len(self.labels))
         return transformers.BertForTokenClassification.from_pretrained(
             model_dir, num_labels=len(self.labels)
         )
@@ -222,7 +268,7 @@ class Task:
         return tensors
 
     def score(self, model, dev):
-        """Dev accuracy (mc, pair) or entity F1 (ner)."""
+        """Dev accuracy (mc, pair) or entity F1 (ner, frozen_ner)."""
         correct = gold_count = predicted_count = 0
         with torch.inference_mode():
             for i in range(0, len(dev), 32):
@@ -230,7 +276,7 @@ class Task:
                 tensors = self.collate(batch)
                 labels = tensors.pop("labels")
                 predicted = model(**tensors).logits.argmax(-1)
-                if self.p["task"] != "ner":
+                if not self.tags:
                     correct += int((predicted == labels).sum())
                     continue
                 for ex, row, gold_row in zip(batch, predicted.tolist(), labels.tolist()):
@@ -240,7 +286,7 @@ class Task:
                     correct += len(gold & guess)
                     gold_count += len(gold)
                     predicted_count += len(guess)
-        if self.p["task"] != "ner":
+        if not self.tags:
             return correct / len(dev)
         precision = correct / predicted_count if predicted_count else 0.0
         recall = correct / gold_count if gold_count else 0.0
@@ -264,8 +310,13 @@ def main(p):
         },
         {"params": [w for n, w in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=p["learning_rate"], eps=1e-8)
-    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(steps * 0.1), steps)
+    if p["task"] == "frozen_ner":
+        trainable = [w for w in model.parameters() if w.requires_grad]
+        optimizer = torch.optim.Adam(trainable, lr=p["learning_rate"])
+        schedule = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=p["learning_rate"], eps=1e-8)
+        schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(steps * 0.1), steps)
     generator = torch.Generator().manual_seed(p["seed"])
     loader = torch.utils.data.DataLoader(
         train,
