@@ -126,6 +126,7 @@ VARIANTS = {
     "no_clipping": {**ORIGINAL, "clip_norm": "0"},
     "no_grouping": {**ORIGINAL, "group_by_length": "false"},
     "warmup_0.2": {**ORIGINAL, "warmup_proportion": "0.2"},
+    "no_weight_decay": {**ORIGINAL, "weight_decay": "0"},
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
