@@ -127,6 +127,8 @@ VARIANTS = {
     "no_grouping": {**ORIGINAL, "group_by_length": "false"},
     "warmup_0.2": {**ORIGINAL, "warmup_proportion": "0.2"},
     "no_weight_decay": {**ORIGINAL, "weight_decay": "0"},
+    # PyTorch's Adam with no scheduler: the peak rate from the first step to the last.
+    "constant_rate": {**ORIGINAL, "warmup_proportion": "0", "lr_decay_power": "0"},
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},

@@ -65,6 +65,8 @@ class FinetuneConfig:
     learning_rate: float = 5e-5
     num_train_epochs: float = 3.0
     warmup_proportion: float = WARMUP_PROPORTION
+    # The decay's power after warm-up (optimization.warmup_linear_decay): 1 linear, 0 constant.
+    lr_decay_power: float = 1.0
     weight_decay: float = 0.01
     optimizer: str = "adamw"
     adam_epsilon: float = optimization.DEFAULT_EPSILON
@@ -161,6 +163,7 @@ class Finetuner(TrainingJob):
             train_batch_size=config.train_batch_size,
             learning_rate=config.learning_rate,
             num_warmup_steps=int(self.num_train_steps * config.warmup_proportion),
+            decay_power=config.lr_decay_power,
             loop=loop,
             optimizer=config.optimizer,
             weight_decay=config.weight_decay,

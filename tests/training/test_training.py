@@ -606,6 +606,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         adam_bias_correction=True,
         adam_epsilon=1e-8,
         head_initializer_range=0.0,
+        lr_decay_power=0.0,
         max_seq_length=8,
     )
     args.validate()
@@ -619,6 +620,12 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
     tuner = finetuning.Finetuner(config, tf.distribute.get_strategy(), args.model_source(), spec, 4)
     assert tuner.optimizer.bias_correction and tuner.optimizer.epsilon == 1e-8
     assert not np.any(tuner.model.get_layer("classifier_head").get_weights()[0])
+    # Power 0: after the warm-up (20% of 4 steps: none) the rate stays at its peak to the end.
+    rates = []
+    for step in (0, 2, 4):
+        tuner.optimizer.iterations.assign(step)
+        rates.append(float(tuner.optimizer.learning_rate))
+    assert rates == pytest.approx([5e-5] * 3)
     # The optimizer's defaults are the original's: no bias correction, epsilon 1e-6; LAMB has none
     # to add. The warm-up is twice the original's, the flag's default and the library's alike.
     default = training_flags.FinetuneArgs(output_dir="x", do_train=True).finetune_config()
@@ -631,6 +638,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         (dict(adam_epsilon=0.0), "--adam_epsilon must be positive"),
         (dict(optimizer="sgd"), "--optimizer=sgd is not one of"),
         (dict(head_initializer_range=-0.02), "--head_initializer_range must be at least 0"),
+        (dict(lr_decay_power=-1.0), "--lr_decay_power must be at least 0"),
     ):
         with pytest.raises(io_utils.UsageError, match=message):
             training_flags.FinetuneArgs(output_dir="x", do_train=True, **flags).validate()
