@@ -129,6 +129,7 @@ VARIANTS = {
     "no_weight_decay": {**ORIGINAL, "weight_decay": "0"},
     # PyTorch's Adam with no scheduler: the peak rate from the first step to the last.
     "constant_rate": {**ORIGINAL, "warmup_proportion": "0", "lr_decay_power": "0"},
+    "held_after_warmup": {"lr_decay_power": "0"},  # the defaults' warm-up, then no decay
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
