@@ -130,6 +130,17 @@ VARIANTS = {
     # PyTorch's Adam with no scheduler: the peak rate from the first step to the last.
     "constant_rate": {**ORIGINAL, "warmup_proportion": "0", "lr_decay_power": "0"},
     "held_after_warmup": {"lr_decay_power": "0"},  # the defaults' warm-up, then no decay
+    # hf_finetune_peer's frozen_ner recipe as far as flags go: Adam with bias correction at a
+    # constant rate, no weight decay or clipping, shuffled batches.
+    "torch_adam_constant": {
+        "warmup_proportion": "0",
+        "lr_decay_power": "0",
+        "adam_bias_correction": "true",
+        "adam_epsilon": "1e-8",
+        "clip_norm": "0",
+        "group_by_length": "false",
+        "weight_decay": "0",
+    },
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
