@@ -98,6 +98,7 @@ sys.path.insert(0, ROOT)
 from bench_finetuning import converted_minilm, minilm_dir, thread_env  # noqa: E402
 
 from bert_tf.pretraining_data import corpus  # noqa: E402
+from bert_tf.runtime import io_utils  # noqa: E402
 from bert_tf.tasks import demo_datasets  # noqa: E402
 from bert_tf.tokenization.python_tokenizer import FullTokenizer  # noqa: E402
 
@@ -118,6 +119,14 @@ ORIGINAL = {
     "group_by_length": "true",
     "warmup_proportion": "0.1",
 }
+# Hugging Face's recipe in our flags: bias correction, epsilon 1e-8, no clipping, shuffled batches.
+TORCH_RECIPE = {
+    "warmup_proportion": "0.1",
+    "adam_bias_correction": "true",
+    "adam_epsilon": "1e-8",
+    "clip_norm": "0",
+    "group_by_length": "false",
+}
 VARIANTS = {
     "default": {},  # whatever this build's defaults are
     "original": ORIGINAL,
@@ -130,15 +139,12 @@ VARIANTS = {
     # PyTorch's Adam with no scheduler: the peak rate from the first step to the last.
     "constant_rate": {**ORIGINAL, "warmup_proportion": "0", "lr_decay_power": "0"},
     "held_after_warmup": {"lr_decay_power": "0"},  # the defaults' warm-up, then no decay
-    # hf_finetune_peer's frozen_ner recipe as far as flags go: Adam with bias correction at a
-    # constant rate, no weight decay or clipping, shuffled batches.
+    # hf_finetune_peer's frozen_ner recipe as far as flags go: HF's, at a constant rate and with
+    # no weight decay.
     "torch_adam_constant": {
+        **TORCH_RECIPE,
         "warmup_proportion": "0",
         "lr_decay_power": "0",
-        "adam_bias_correction": "true",
-        "adam_epsilon": "1e-8",
-        "clip_norm": "0",
-        "group_by_length": "false",
         "weight_decay": "0",
     },
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
@@ -152,13 +158,7 @@ VARIANTS = {
     # at seed 1 while the seed varies the new weights and dropout, then the other way round.
     "order_fixed": {**ORIGINAL, "data_seed": "1"},
     "init_fixed": {**ORIGINAL, "seed": "1", "data_seed": "{seed}"},
-    "torch_recipe": {
-        "warmup_proportion": "0.1",
-        "adam_bias_correction": "true",
-        "adam_epsilon": "1e-8",
-        "clip_norm": "0",
-        "group_by_length": "false",
-    },
+    "torch_recipe": TORCH_RECIPE,
 }
 SOURCES = corpus.DEFAULT_PACKAGES  # the embedded corpus's packages, besides the standard library
 
@@ -288,16 +288,18 @@ def r_data(package, task):
     }
 
 
-def r_object(package, name, task):
+def r_objects(package, names, task):
+    """{name: object} of `names` in r-cran-PACKAGE's R data; a missing one exits naming it."""
     objects = r_data(package, task)
-    if name not in objects:
-        raise SystemExit(f"no {name} object in {package}'s R data: {sorted(objects)}")
-    return objects[name]
+    missing = [name for name in names if name not in objects]
+    if missing:
+        raise SystemExit(f"no {', '.join(missing)} in {package}'s R data: {sorted(objects)}")
+    return {name: objects[name] for name in names}
 
 
 def moby_dick():
     """The Gutenberg text of Moby-Dick from r-cran-tokenizers' R data."""
-    return "".join(str(part) for part in r_object("tokenizers", "mobydick", "novel"))
+    return "".join(str(part) for part in r_objects("tokenizers", ["mobydick"], "novel")["mobydick"])
 
 
 ABBREVIATIONS = {"mr", "mrs", "messrs", "dr", "st", "capt", "mt", "esq", "jr", "sr", "no", "viz"}
@@ -474,8 +476,7 @@ def write_novel_qa_task(data_dir, num_train, num_dev, seed, max_seq_length):
     os.makedirs(data_dir, exist_ok=True)
     for name, part, count in (("train.json", parts[0], num_train), ("dev.json", parts[1], num_dev)):
         data = [{"title": "Moby-Dick", "paragraphs": novel_cloze(part, count, rng, fits)}]
-        with open(os.path.join(data_dir, name), "w") as f:
-            json.dump({"version": "1.1", "data": data}, f)
+        io_utils.atomic_write_json(os.path.join(data_dir, name), {"version": "1.1", "data": data})
 
 
 # austen_ner: people's names in Austen's novels. Training sentences come from five of them, dev
@@ -556,10 +557,8 @@ def write_austen_ner_task(data_dir, num_train, num_dev, seed, max_seq_length):
     """data_dir/train.txt and dev.txt (CoNLL): people's names tagged in AUSTEN_BOOKS' sentences
     (train) and in AUSTEN_DEV_BOOK's (dev)."""
     rng = random.Random(seed)
-    books = {
-        name: austen_sentences(r_object("janeaustenr", name, "austen_ner"))
-        for name in (*AUSTEN_BOOKS, AUSTEN_DEV_BOOK)
-    }
+    texts = r_objects("janeaustenr", [*AUSTEN_BOOKS, AUSTEN_DEV_BOOK], "austen_ner")
+    books = {name: austen_sentences(lines) for name, lines in texts.items()}
     names = austen_names(books)
     pieces = wordpiece_count()
 
@@ -573,8 +572,11 @@ def write_austen_ner_task(data_dir, num_train, num_dev, seed, max_seq_length):
         ("dev.txt", books[AUSTEN_DEV_BOOK], num_dev),
     ):
         rows = austen_rows(sentences, names, count, rng, fits)
-        with open(os.path.join(data_dir, name), "w") as f:
-            f.write("".join("".join(f"{w} {t}\n" for w, t in zip(*row)) + "\n" for row in rows))
+        # Atomic: write_task_data takes an existing dev file for a finished task.
+        io_utils.atomic_write_text(
+            os.path.join(data_dir, name),
+            "".join("".join(f"{w} {t}\n" for w, t in zip(*row)) + "\n" for row in rows),
+        )
 
 
 @dataclasses.dataclass(frozen=True)

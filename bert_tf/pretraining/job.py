@@ -119,11 +119,6 @@ class PretrainingArgs(LoopArgs):
         "--phase2_warmup_steps, the moments kept and bias correction started over.",
         choices=pretraining_phases.RECIPES,
     )
-    lr_decay_power: float = arg(
-        1.0,
-        "The power of the learning rate's decay after warm-up, lr * (1 - step / steps) ** power: "
-        "1 is the original's linear decay, 0.5 NVIDIA's with LAMB (DeepLearningExamples).",
-    )
     phase2_learning_rate: float = arg(
         None,
         "Phase 2's peak learning rate under --phase2_recipe=restart. Default: --learning_rate.",
@@ -177,8 +172,6 @@ def validate(args):
     args.validate()
     if args.bert_config_file and args.model_size:
         raise io_utils.UsageError("give --bert_config_file or --model_size, not both")
-    if not args.lr_decay_power > 0:
-        raise io_utils.UsageError(f"--lr_decay_power must be above 0, got {args.lr_decay_power}")
     for name in (
         "train_batch_size",
         "eval_batch_size",

@@ -31,6 +31,12 @@ class LoopArgs:
         None, f"Adam's epsilon. Default: {optimization.DEFAULT_EPSILON:g}, the original's."
     )
     weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
+    lr_decay_power: float = arg(
+        1.0,
+        "The power of the learning rate's decay after warm-up, lr * (1 - step / steps) ** power: "
+        "1 is the original's linear decay, 0.5 NVIDIA's with LAMB (DeepLearningExamples), 0 holds "
+        "the rate at its peak after the warm-up (PyTorch's Adam with no scheduler).",
+    )
     clip_norm: float = arg(1.0, "Clip the summed gradients to this global norm (0: off).")
     num_accumulation_steps: int = arg(
         1,
@@ -105,6 +111,10 @@ class LoopArgs:
             )
         if self.adam_epsilon is not None and not self.adam_epsilon > 0:
             raise io_utils.UsageError(f"--adam_epsilon must be positive, got {self.adam_epsilon}")
+        if not self.lr_decay_power >= 0:
+            raise io_utils.UsageError(
+                f"--lr_decay_power must be at least 0, got {self.lr_decay_power}"
+            )
         if self.mixed_precision not in training_loop.MIXED_PRECISION_POLICIES:
             raise io_utils.UsageError(
                 f"--mixed_precision={self.mixed_precision} is not one of "

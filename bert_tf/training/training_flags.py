@@ -66,12 +66,6 @@ class FinetuneArgs(LoopArgs):
         "training, the original's; the default is twice that: with the original's optimizer a "
         "short run at 0.1 can collapse (every input alike to the head; benchmarks/RESULTS.md).",
     )
-    lr_decay_power: float = arg(
-        1.0,
-        "The power of the learning rate's decay after warm-up, lr * (1 - step / steps) ** power: "
-        "1 is the original's linear decay; 0 keeps the rate constant after the warm-up (as "
-        "PyTorch's Adam does when no scheduler is given).",
-    )
     pad_to_max_seq_length: bool = arg(
         False,
         "Pad every batch to --max_seq_length (static shapes, as the original; always so with "
@@ -158,10 +152,6 @@ class FinetuneArgs(LoopArgs):
         if self.head_initializer_range is not None and not self.head_initializer_range >= 0:
             raise io_utils.UsageError(
                 f"--head_initializer_range must be at least 0, got {self.head_initializer_range}"
-            )
-        if not self.lr_decay_power >= 0:
-            raise io_utils.UsageError(
-                f"--lr_decay_power must be at least 0, got {self.lr_decay_power}"
             )
         if self.max_seq_length < 3:
             raise io_utils.UsageError(
