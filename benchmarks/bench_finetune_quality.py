@@ -118,10 +118,14 @@ ORIGINAL = {
     "clip_norm": "1.0",
     "group_by_length": "true",
     "warmup_proportion": "0.1",
+    "lr_decay_power": "1",
+    "head_dropout": "0.1",
 }
 # Hugging Face's recipe in our flags: bias correction, epsilon 1e-8, no clipping, shuffled batches.
 TORCH_RECIPE = {
     "warmup_proportion": "0.1",
+    "lr_decay_power": "1",
+    "head_dropout": "0.1",
     "adam_bias_correction": "true",
     "adam_epsilon": "1e-8",
     "clip_norm": "0",
@@ -138,7 +142,8 @@ VARIANTS = {
     "no_weight_decay": {**ORIGINAL, "weight_decay": "0"},
     # PyTorch's Adam with no scheduler: the peak rate from the first step to the last.
     "constant_rate": {**ORIGINAL, "warmup_proportion": "0", "lr_decay_power": "0"},
-    "held_after_warmup": {"lr_decay_power": "0"},  # the defaults' warm-up, then no decay
+    # The defaults' warm-up, then no decay (the head's dropout as fine-tuning has it).
+    "held_after_warmup": {"lr_decay_power": "0", "head_dropout": "0.1"},
     # hf_finetune_peer's frozen_ner recipe as far as flags go: HF's, at a constant rate and with
     # no weight decay.
     "torch_adam_constant": {
@@ -146,6 +151,35 @@ VARIANTS = {
         "warmup_proportion": "0",
         "lr_decay_power": "0",
         "weight_decay": "0",
+    },
+    "torch_adam_constant_no_head_dropout": {
+        **TORCH_RECIPE,
+        "warmup_proportion": "0",
+        "lr_decay_power": "0",
+        "weight_decay": "0",
+        "head_dropout": "0",
+    },
+    # The feature-based gap's suspects on top of the rate held after warm-up, one at a time.
+    "held_no_head_dropout": {"lr_decay_power": "0", "head_dropout": "0"},
+    "held_no_head_dropout_bias_correction": {
+        "lr_decay_power": "0",
+        "head_dropout": "0",
+        "adam_bias_correction": "true",
+    },
+    "held_no_head_dropout_warmup_0.1": {
+        "lr_decay_power": "0",
+        "head_dropout": "0",
+        "warmup_proportion": "0.1",
+    },
+    "held_no_head_dropout_no_clipping": {
+        "lr_decay_power": "0",
+        "head_dropout": "0",
+        "clip_norm": "0",
+    },
+    "held_no_head_dropout_no_grouping": {
+        "lr_decay_power": "0",
+        "head_dropout": "0",
+        "group_by_length": "false",
     },
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).

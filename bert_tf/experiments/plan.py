@@ -45,6 +45,9 @@ from bert_tf.tasks.classification import data as classification
 # first) left a tiny BERT stuck at chance on the demo's sentiment task: they fine-tune with standard
 # AdamW (finetune_bias_correction), and with no early boost to soften they warm up over the
 # original's 10% of the steps; base keeps the paper's optimizer and the jobs' 20% warm-up.
+# The small scales' feature-based runs keep the schedule and head dropout that their figures in
+# benchmarks/RESULTS.md were measured with, from before --feature_based had defaults of its own.
+FEATURE_BASED_AS_MEASURED = ("--lr_decay_power=1", "--head_dropout=0.1")
 SCALES = {
     "tiny": dict(
         model_size="tiny",
@@ -61,6 +64,7 @@ SCALES = {
         finetune_batch=32,
         finetune_seq_length=64,
         lstm_units=128,
+        feature_based_flags=FEATURE_BASED_AS_MEASURED,
     ),
     "mini": dict(
         model_size="mini",
@@ -77,6 +81,7 @@ SCALES = {
         finetune_batch=32,
         finetune_seq_length=128,
         lstm_units=256,
+        feature_based_flags=FEATURE_BASED_AS_MEASURED,
     ),
     "base": dict(
         model_size="base",
@@ -93,6 +98,7 @@ SCALES = {
         finetune_batch=32,
         finetune_seq_length=128,
         lstm_units=768,
+        feature_based_flags=(),  # the jobs' defaults
     ),
 }
 
@@ -492,6 +498,15 @@ class Planner:
     def lstm_flags(self):
         return [f"--lstm_units={self.args.lstm_units or self.scale['lstm_units']}"]
 
+    def feature_based_flags(self, features):
+        """A feature-based run's flags: its frozen `features` into this scale's BiLSTM."""
+        return [
+            "--feature_based",
+            f"--features={features}",
+            *self.lstm_flags(),
+            *self.scale["feature_based_flags"],
+        ]
+
     def bilstm_epochs(self):
         return self.args.bilstm_epochs or self.scale["bilstm_epochs"]
 
@@ -619,7 +634,7 @@ def layers_study(planner):
                 model_dir,
                 task,
                 str(layer),
-                ["--feature_based", f"--features={features}", *planner.lstm_flags()],
+                planner.feature_based_flags(features),
                 epochs=planner.bilstm_epochs(),
                 column=f"{task.name} frozen-feature probe ({task.metric})",
             )
@@ -660,7 +675,7 @@ def features_study(planner):
             model_dir,
             task,
             row,
-            ["--feature_based", f"--features={choice}", *planner.lstm_flags()],
+            planner.feature_based_flags(choice),
             epochs=planner.bilstm_epochs(),
         )
     return planner.steps
@@ -687,7 +702,7 @@ def masking_study(planner):
                 model_dir,
                 task,
                 masking.row,
-                ["--feature_based", f"--features={features}", *planner.lstm_flags()],
+                planner.feature_based_flags(features),
                 epochs=planner.bilstm_epochs(),
                 column=f"{task.name} feature-based, {features} ({task.metric})",
             )

@@ -306,7 +306,7 @@ def job_config(args, phase=None):
         mixed_precision=args.mixed_precision,
         seed=args.seed,
         schedule_restart=phases.schedule_restart(args.learning_rate),
-        decay_power=args.lr_decay_power,
+        decay_power=args.lr_decay_power_value(),
     )
 
 

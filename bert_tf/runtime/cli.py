@@ -32,12 +32,15 @@ def arg(default=None, help="", choices=None, default_factory=None):  # noqa: A00
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def inherit(base, name, default=dataclasses.MISSING):
-    """A field with `base`'s flag help (the same flag in another job's arguments), and with `base`'s
-    default unless another is given."""
+def inherit(base, name, default=dataclasses.MISSING, more_help=""):
+    """A field with `base`'s flag help (the same flag in another job's arguments) followed by
+    `more_help`, and with `base`'s default unless another is given."""
     field = {f.name: f for f in dataclasses.fields(base)}[name]
     default = field.default if default is dataclasses.MISSING else default
-    return dataclasses.field(default=default, metadata=field.metadata)
+    metadata = dict(field.metadata)
+    if more_help:
+        metadata["help"] = f"{metadata['help']} {more_help}"
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def flag_fields(args_class):

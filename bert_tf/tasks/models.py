@@ -175,10 +175,12 @@ class TaskSpec:
         io_utils.atomic_write_json(path, self.to_dict())
 
 
-def build_task_model(config, spec, encoder=None, head_initializer_range=None):
+def build_task_model(config, spec, encoder=None, head_initializer_range=None, head_dropout=None):
     """The task model for `spec` on `encoder` (built from `config` if None); returns (model, encoder).
 
-    The head's new weights are drawn with stddev `head_initializer_range` (None: the config's).
+    The head's new weights are drawn with stddev `head_initializer_range`, and what its output
+    layer reads is dropped at rate `head_dropout` in training (None: the config's
+    initializer_range and hidden_dropout_prob).
 
     The model's inputs are the encoder's (input_word_ids, input_mask, input_type_ids, int32
     [b, s], or [b, choices, s] for multiple choice); its outputs a dict: classifier {"logits"},
@@ -187,8 +189,11 @@ def build_task_model(config, spec, encoder=None, head_initializer_range=None):
     """
     if encoder is None:
         encoder = modeling.build_encoder(config)
+    # The encoder is built by now: from here on the config sizes the head alone.
     if head_initializer_range is not None:
         config = dataclasses.replace(config, initializer_range=head_initializer_range)
+    if head_dropout is not None:
+        config = dataclasses.replace(config, hidden_dropout_prob=head_dropout)
     return registry.get(spec.kind).build_model(config, spec, encoder), encoder
 
 

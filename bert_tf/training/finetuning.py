@@ -77,6 +77,8 @@ class FinetuneConfig:
     data_seed: int | None = None
     # The output layer's initial stddev (None: the config's initializer_range).
     head_initializer_range: float | None = None
+    # The dropout rate before the output layer (None: the config's hidden_dropout_prob).
+    head_dropout: float | None = None
     # Runs from seeds seed, seed + 1, ...; the best on dev is kept (bert_tf.training.restarts).
     num_restarts: int = 1
     # What batch lengths are rounded up to (see `length_bucket`); None: padded to the records' length.
@@ -179,7 +181,10 @@ class Finetuner(TrainingJob):
     def _build(self):
         """The task model on a fresh encoder, and its objective (under the strategy's scope)."""
         self.model, self.encoder = models.build_task_model(
-            self.source.config, self.spec, head_initializer_range=self.config.head_initializer_range
+            self.source.config,
+            self.spec,
+            head_initializer_range=self.config.head_initializer_range,
+            head_dropout=self.config.head_dropout,
         )
         objective = registry.get(self.spec.kind).objective(self.model)
         return objective, {"encoder": self.encoder, "model": self.model}

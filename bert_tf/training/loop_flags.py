@@ -32,7 +32,7 @@ class LoopArgs:
     )
     weight_decay: float = arg(0.01, "Decoupled weight decay (LayerNorm and biases excluded).")
     lr_decay_power: float = arg(
-        1.0,
+        optimization.DEFAULT_DECAY_POWER,
         "The power of the learning rate's decay after warm-up, lr * (1 - step / steps) ** power: "
         "1 is the original's linear decay, 0.5 NVIDIA's with LAMB (DeepLearningExamples), 0 holds "
         "the rate at its peak after the warm-up (PyTorch's Adam with no scheduler).",
@@ -99,6 +99,10 @@ class LoopArgs:
         """--adam_epsilon, or the original's."""
         return optimization.DEFAULT_EPSILON if self.adam_epsilon is None else self.adam_epsilon
 
+    def lr_decay_power_value(self):
+        """--lr_decay_power (a job whose default depends on other flags resolves its None here)."""
+        return self.lr_decay_power
+
     def validate(self):
         """Usage errors in these flags, each naming its flag."""
         if self.optimizer not in optimization.OPTIMIZERS:
@@ -111,7 +115,7 @@ class LoopArgs:
             )
         if self.adam_epsilon is not None and not self.adam_epsilon > 0:
             raise io_utils.UsageError(f"--adam_epsilon must be positive, got {self.adam_epsilon}")
-        if not self.lr_decay_power >= 0:
+        if not self.lr_decay_power_value() >= 0:
             raise io_utils.UsageError(
                 f"--lr_decay_power must be at least 0, got {self.lr_decay_power}"
             )

@@ -408,6 +408,7 @@ class Lamb(_DecoupledWeightDecayOptimizer):
 
 
 DEFAULT_EPSILON = 1e-6  # the original's
+DEFAULT_DECAY_POWER = 1.0  # the original's linear decay after warm-up
 
 
 def create_optimizer(

@@ -10,9 +10,9 @@ import dataclasses
 
 from bert_tf.checkpoints import initial_weights
 from bert_tf.runtime import distribution, io_utils
-from bert_tf.runtime.cli import arg
+from bert_tf.runtime.cli import arg, inherit
 from bert_tf.tasks import packing, representations
-from bert_tf.training import finetuning, training_loop
+from bert_tf.training import finetuning, optimization, training_loop
 from bert_tf.training.loop_flags import LoopArgs
 
 
@@ -111,6 +111,13 @@ class FinetuneArgs(LoopArgs):
         "as the original's); 0 starts them at zero, so the first steps train the output layer "
         "before any gradient reaches the encoder. Default: the config's initializer_range.",
     )
+    # None: the config's hidden_dropout_prob (0.1 in every released config), the original's.
+    head_dropout: float = arg(
+        None,
+        "The dropout rate on what the task's output layer reads (the encoder's own dropout "
+        "keeps the config's hidden_dropout_prob; run_squad's output layer has no dropout, as the "
+        "original's). Default: the config's hidden_dropout_prob.",
+    )
     # None: the paper's 768, where a BiLSTM is built (set without one, it is a usage error).
     lstm_units: int = arg(
         None,
@@ -153,6 +160,8 @@ class FinetuneArgs(LoopArgs):
             raise io_utils.UsageError(
                 f"--head_initializer_range must be at least 0, got {self.head_initializer_range}"
             )
+        if self.head_dropout is not None and not 0 <= self.head_dropout < 1:
+            raise io_utils.UsageError(f"--head_dropout must be in [0, 1), got {self.head_dropout}")
         if self.max_seq_length < 3:
             raise io_utils.UsageError(
                 f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {self.max_seq_length}"
@@ -168,6 +177,10 @@ class FinetuneArgs(LoopArgs):
                 raise io_utils.UsageError(
                     f"--lstm_units sizes a BiLSTM: it needs {self.LSTM_FLAGS}"
                 )
+
+    def head_dropout_value(self):
+        """--head_dropout (None: the config's hidden_dropout_prob)."""
+        return self.head_dropout
 
     LSTM_FLAGS = "--head=bilstm"  # the flags that build a BiLSTM (builds_lstm), for messages
 
@@ -229,7 +242,7 @@ class FinetuneArgs(LoopArgs):
             learning_rate=self.learning_rate,
             num_train_epochs=self.num_train_epochs,
             warmup_proportion=self.warmup_proportion,
-            lr_decay_power=self.lr_decay_power,
+            lr_decay_power=self.lr_decay_power_value(),
             weight_decay=self.weight_decay,
             optimizer=self.optimizer,
             adam_epsilon=self.adam_epsilon_value(),
@@ -238,6 +251,7 @@ class FinetuneArgs(LoopArgs):
             seed=self.seed,
             data_seed=self.data_seed,
             head_initializer_range=self.head_initializer_range,
+            head_dropout=self.head_dropout_value(),
             num_restarts=self.num_restarts,
             length_bucket=finetuning.length_bucket(
                 self.pad_to_max_seq_length, self.strategy, self.jit_compile
@@ -258,7 +272,19 @@ class FeatureBasedArgs(FinetuneArgs):
         "The feature-based approach (the paper's Table 7): the encoder stays frozen (its weights "
         "are not trained, and it runs without dropout) and a randomly initialised two-layer "
         "BiLSTM (--lstm_units) with the task's output layer is trained on the activations "
-        "--features names. Implies --head=bilstm.",
+        "--features names. Implies --head=bilstm. Two defaults differ from fine-tuning's, as a "
+        "fresh head on frozen features trains better: the rate is held after the warm-up "
+        "(--lr_decay_power=0) and nothing is dropped before the output layer (--head_dropout=0).",
+    )
+    # None: 0 with --feature_based, else the common defaults (FEATURE_BASED_DEFAULTS).
+    lr_decay_power: float = inherit(
+        LoopArgs,
+        "lr_decay_power",
+        None,
+        f"Default: {optimization.DEFAULT_DECAY_POWER:g}; with --feature_based, 0.",
+    )
+    head_dropout: float = inherit(
+        FinetuneArgs, "head_dropout", more_help="With --feature_based the default is 0."
     )
     features: str = arg(
         None,
@@ -290,6 +316,22 @@ class FeatureBasedArgs(FinetuneArgs):
             )
 
     LSTM_FLAGS = "--head=bilstm or --feature_based"
+
+    # A fresh BiLSTM on frozen features trains better with its rate held after the warm-up and no
+    # dropout before its output layer: benchmarks/RESULTS.md, "Feature-based tagging against HF".
+    FEATURE_BASED_DEFAULTS = {"lr_decay_power": 0.0, "head_dropout": 0.0}
+
+    def _feature_based_default(self, name, otherwise):
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        return self.FEATURE_BASED_DEFAULTS[name] if self.feature_based else otherwise
+
+    def lr_decay_power_value(self):
+        return self._feature_based_default("lr_decay_power", optimization.DEFAULT_DECAY_POWER)
+
+    def head_dropout_value(self):
+        return self._feature_based_default("head_dropout", super().head_dropout_value())
 
     def builds_lstm(self):
         return self.feature_based or super().builds_lstm()

@@ -287,6 +287,11 @@ def test_the_layers_study_probes_the_embeddings_and_every_layer_of_the_model(tmp
         features = [f for s in runs for f in s.flags if f.startswith("--features=")]
         assert features == [f"--features={f}" for f in want for _ in range(3)]  # 3 seeds each
     assert all(f"--init_checkpoint={model_dir}" in s.flags for s in steps)
+    # The small scales keep the recipe their figures were measured with; base takes the jobs'.
+    pinned = {"--lr_decay_power=1", "--head_dropout=0.1"}
+    assert all(pinned <= set(s.flags) for s in steps)
+    base = plan.plan(dataclasses.replace(args, scale="base"))
+    assert not any(pinned & set(s.flags) for s in base)
     header, rows = report.study_table("layers", steps)
     assert header == [
         "Layer (0: embeddings)",

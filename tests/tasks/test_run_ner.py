@@ -283,6 +283,19 @@ def test_feature_based_implies_the_bilstm_head():
     assert run_ner.NerArgs().head_fields() == dict(head="dense", lstm_units=768)
 
 
+def test_feature_based_defaults_hold_the_rate_and_drop_out_nothing_before_the_output_layer():
+    frozen = dict(output_dir="out", do_train=True, feature_based=True, features="last")
+    config = run_ner.NerArgs(**frozen).finetune_config()
+    assert (config.lr_decay_power, config.head_dropout) == (0.0, 0.0)
+    given = run_ner.NerArgs(**frozen, lr_decay_power=1.0, head_dropout=0.1).finetune_config()
+    assert (given.lr_decay_power, given.head_dropout) == (1.0, 0.1)
+    # Fine-tuning keeps the original's linear decay and the config's dropout (None).
+    tuned = run_ner.NerArgs(output_dir="out", do_train=True, head="bilstm").finetune_config()
+    assert (tuned.lr_decay_power, tuned.head_dropout) == (1.0, None)
+    with pytest.raises(io_utils.UsageError, match="--lr_decay_power must be at least 0"):
+        run_ner.NerArgs(**frozen, lr_decay_power=-1.0).validate()
+
+
 def test_restarts_rank_tagging_runs_by_entity_f1(conll, tmp_path):
     output_dir = tmp_path / "restarts"
     base = dict(

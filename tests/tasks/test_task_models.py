@@ -101,6 +101,21 @@ def test_dropout_only_in_training():
     assert not np.allclose(model(x, training=True)["logits"], a)
 
 
+def test_head_dropout_sets_the_heads_rate_and_leaves_the_encoders():
+    config = tiny_config(hidden_dropout_prob=0.5)
+    x = tiny_inputs()
+    features = dataclasses.replace(SPECS["ner"], head="bilstm", lstm_units=2, features="last")
+    # On a frozen encoder (run without dropout) the head's dropout is the only one left.
+    for rate, same in ((None, False), (0.0, True)):
+        model, _ = models.build_task_model(config, features, head_dropout=rate)
+        trained = model(x, training=True)["logits"]
+        assert np.allclose(trained, model(x, training=False)["logits"]) == same
+    model, encoder = models.build_task_model(config, SPECS["classifier"], head_dropout=0.0)
+    assert model.get_layer("head_dropout").rate == 0.0
+    sequence = encoder(x, training=True)["sequence_output"]  # the encoder keeps its dropout
+    assert not np.allclose(sequence, encoder(x, training=False)["sequence_output"])
+
+
 @pytest.mark.parametrize("kind", ["classifier", "squad", "bilstm", "features"])
 def test_outputs_are_float32_under_mixed_precision(kind):
     spec = SPECS.get(kind) or SPECS["ner"]

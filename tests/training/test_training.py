@@ -606,6 +606,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         adam_bias_correction=True,
         adam_epsilon=1e-8,
         head_initializer_range=0.0,
+        head_dropout=0.0,
         lr_decay_power=0.0,
         max_seq_length=8,
     )
@@ -620,6 +621,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
     tuner = finetuning.Finetuner(config, tf.distribute.get_strategy(), args.model_source(), spec, 4)
     assert tuner.optimizer.bias_correction and tuner.optimizer.epsilon == 1e-8
     assert not np.any(tuner.model.get_layer("classifier_head").get_weights()[0])
+    assert tuner.model.get_layer("head_dropout").rate == 0.0
     # Power 0: after the warm-up (20% of 4 steps: none) the rate stays at its peak to the end.
     rates = []
     for step in (0, 2, 4):
@@ -639,6 +641,8 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         (dict(optimizer="sgd"), "--optimizer=sgd is not one of"),
         (dict(head_initializer_range=-0.02), "--head_initializer_range must be at least 0"),
         (dict(lr_decay_power=-1.0), "--lr_decay_power must be at least 0"),
+        (dict(head_dropout=1.0), "--head_dropout must be in .0, 1."),
+        (dict(head_dropout=-0.1), "--head_dropout must be in .0, 1."),
     ):
         with pytest.raises(io_utils.UsageError, match=message):
             training_flags.FinetuneArgs(output_dir="x", do_train=True, **flags).validate()
