@@ -68,8 +68,10 @@ clipping (global; the embeddings, the lowest and top layers, the head), first an
 the run's TensorBoard logs, which log every CURVE_STEPS steps. The failed runs are marked.
 
 Every finished run is kept in WORK_DIR/results.json, so a rerun with the same --work_dir skips it
-(a killed benchmark resumes). Accuracy does not depend on the machine's load; wall time does, and
-is only logged (results.json's "seconds", one figure per run) to tell how long the study takes.
+(a killed benchmark resumes). A scored run's checkpoint and records are deleted unless
+--keep_weights: its scores, predictions, flags and curves stay in WORK_DIR/runs. Accuracy does
+not depend on the machine's load; wall time does, and is only logged (results.json's "seconds",
+one figure per run) to tell how long the study takes.
 """
 
 import argparse
@@ -763,7 +765,18 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
         *(f"--{name}={value.format(seed=seed)}" for name, value in flags.items()),
     ]
     run_logged(command, thread_env(args.threads), output_dir + ".log")
-    return eval_score(output_dir, job.key) / job.scale
+    score = eval_score(output_dir, job.key) / job.scale
+    if not args.keep_weights:
+        drop_weights(output_dir)
+    return score
+
+
+def drop_weights(output_dir):
+    """Deletes a scored run's checkpoint and training records (about 100 MB a MiniLM run; a study
+    runs hundreds), keeping its scores, predictions, flags and TensorBoard curves."""
+    for pattern in ("ckpt-*", "checkpoint", "*.tf_record"):
+        for path in glob.glob(os.path.join(output_dir, pattern)):
+            os.remove(path)
 
 
 # The peer's model per task: hf_finetune_peer.py knows these kinds.
@@ -1181,6 +1194,11 @@ def main():
         help="--study=gain: run_pretraining's peak rate (default: PRETRAINING_RATES by size).",
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--keep_weights",
+        action="store_true",
+        help="Keep each bert_tf run's checkpoint and records (default: deleted once it is scored).",
+    )
     parser.add_argument("--work_dir", help="Data, runs and results.json (default: a temp dir).")
     args = parser.parse_args()
     work = args.work_dir or tempfile.mkdtemp(prefix="bench_finetune_quality_")

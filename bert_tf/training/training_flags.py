@@ -318,7 +318,8 @@ class FeatureBasedArgs(FinetuneArgs):
     LSTM_FLAGS = "--head=bilstm or --feature_based"
 
     # A fresh BiLSTM on frozen features trains better with its rate held after the warm-up and no
-    # dropout before its output layer: benchmarks/RESULTS.md, "Feature-based tagging against HF".
+    # dropout before its output layer (benchmarks/RESULTS.md, "Fine-tuning: feature-based tagging
+    # against HF").
     FEATURE_BASED_DEFAULTS = {"lr_decay_power": 0.0, "head_dropout": 0.0}
 
     def _feature_based_default(self, name, otherwise):
