@@ -14,7 +14,7 @@
   layers    the same BiLSTM probe on the frozen embeddings and each layer's output, on tagging
             and the GLUE tasks given (3 seeds);
   steps     fine-tuned accuracy after each fifth of pretraining, masked LM against
-            left-to-right (3 seeds a point).
+            left-to-right (3 seeds a point), by default on the corpus's sentence pairs.
 Without --input_file the corpus is the embedded one (bert_tf.corpus); without --tasks the tasks
 are the demo's (bert_tf.demo_data: sentiment, multiple choice, or code-name tagging).
 The study runs each job as its own process (plan.py lists them) and writes OUTPUT_DIR/RESULTS.md,

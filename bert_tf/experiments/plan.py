@@ -715,7 +715,8 @@ def steps_study(planner):
     corpus = planner.corpus_file()
     vocab = planner.vocab_file(corpus)
     contiguous = planner.records(corpus, vocab, random_next_prob=0.0)
-    tasks = [t for t in planner.task_data(corpus, ("glue",)) if t.job == "run_classifier"]
+    # The corpus's sentence pairs by default: the demo's templated sst2 is solved at every step.
+    tasks = [t for t in planner.task_data(corpus, ("pair",)) if t.job == "run_classifier"]
     if not tasks:
         raise io_utils.UsageError("--study=steps needs a GLUE task in --tasks")
     size = [f"--model_size={planner.scale['model_size']}"]

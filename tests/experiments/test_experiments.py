@@ -247,11 +247,14 @@ def test_the_steps_study_fine_tunes_five_checkpoints_of_a_masked_and_a_left_to_r
         for model in ("mlm", "ltr")
         for step in (200, 400, 600, 800, 1000)
     )
+    # By default the corpus's own sentence pairs, which the demo_data step writes.
+    (demo,) = [s for s in steps if s.module == "demo_data"]
+    assert f"--pair_dir={tmp_path}/data/tasks/pair" in demo.flags
     header, rows = report.study_table("steps", steps)
     assert header == [
         "Pretraining steps",
-        "Masked LM: sst2 (accuracy)",
-        "Left-to-right: sst2 (accuracy)",
+        "Masked LM: mrpc (accuracy)",
+        "Left-to-right: mrpc (accuracy)",
     ]
     assert [r[0] for r in rows] == [200, 400, 600, 800, 1000]
     # The chart: score against steps, a line a model.
