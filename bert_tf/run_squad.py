@@ -67,6 +67,11 @@ class SquadArgs(FinetuneArgs):
     def validate(self):
         """The common checks, and SQuAD's: its data, and positive windowing and answer settings."""
         super().validate()
+        if self.head_dropout is not None:
+            raise io_utils.UsageError(
+                "--head_dropout: run_squad's output layer reads sequence_output with no dropout "
+                "before it, as the original's"
+            )
         if self.tfds:
             if self.tfds not in ("squad/v1.1", "squad/v2.0"):
                 raise io_utils.UsageError(f"--tfds={self.tfds}: expected squad/v1.1 or squad/v2.0")

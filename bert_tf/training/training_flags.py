@@ -115,8 +115,8 @@ class FinetuneArgs(LoopArgs):
     head_dropout: float = arg(
         None,
         "The dropout rate on what the task's output layer reads (the encoder's own dropout "
-        "keeps the config's hidden_dropout_prob; run_squad's output layer has no dropout, as the "
-        "original's). Default: the config's hidden_dropout_prob.",
+        "keeps the config's hidden_dropout_prob; run_squad refuses it: its output layer has no "
+        "dropout, as the original's). Default: the config's hidden_dropout_prob.",
     )
     # None: the paper's 768, where a BiLSTM is built (set without one, it is a usage error).
     lstm_units: int = arg(

@@ -242,6 +242,11 @@ def test_missing_predict_file_is_a_usage_error_naming_it(squad_data, tmp_path):
         )
 
 
+def test_head_dropout_is_refused_where_no_dropout_reads_the_output(squad_data, tmp_path):
+    with pytest.raises(io_utils.UsageError, match="--head_dropout: run_squad's output layer"):
+        squad_args(squad_data, tmp_path / "out", False, head_dropout=0.1).validate()
+
+
 @pytest.mark.slow
 def test_cli_flags_reach_the_run_and_a_missing_file_exits_2(squad_data, tmp_path):
     # The real command line: every flag below must map onto SquadArgs (a typo'd flag name or a flag
