@@ -65,7 +65,9 @@ attribution: which of the four a sentence comes from (dev accuracy).
 --study=curves prints, for every finished bert_tf run of --tasks, --variants and --seeds in the
 work dir, what its training looked like beside its score: the loss and the gradient norms before
 clipping (global; the embeddings, the lowest and top layers, the head), first and last, read from
-the run's TensorBoard logs, which log every CURVE_STEPS steps. The failed runs are marked.
+the run's TensorBoard logs, which log every CURVE_STEPS steps, and the spread of its [CLS]
+vectors before and after fine-tuning (after: only for runs made with --keep_weights). The failed
+runs are marked.
 
 Every finished run is kept in WORK_DIR/results.json, so a rerun with the same --work_dir skips it
 (a killed benchmark resumes). A scored run's checkpoint and records are deleted unless
@@ -1120,6 +1122,13 @@ def cls_spread(model_dir, texts, length):
     return float(load_encoder(model_dir)(inputs)["sequence_output"][:, 0].numpy().std(0).mean())
 
 
+def end_spread(run_dir, texts, length):
+    """cls_spread of a fine-tuned run, or "-" where its weights were deleted (no --keep_weights)."""
+    if not os.path.exists(os.path.join(run_dir, "checkpoint")):
+        return "-"
+    return f"{cls_spread(run_dir, texts, length):.3g}"
+
+
 def curves_study(args, work, results):
     """--study=curves: what each finished bert_tf run's training looked like, from its logs: the
     loss and the gradient norms (before clipping) of the embeddings, the lowest and the top layer
@@ -1158,7 +1167,7 @@ def curves_study(args, work, results):
                     curve_ends(curves, layers[0]),
                     curve_ends(curves, layers[-1]),
                     curve_ends(curves, "gradient_norm/head"),
-                    f"{start_spread:.3g}, {cls_spread(run_dir, texts, TASKS[task].length):.3g}",
+                    f"{start_spread:.3g}, {end_spread(run_dir, texts, TASKS[task].length)}",
                 ]
                 print(
                     f"| {task} | {variant} | {seed} | {100 * score:.1f}{' (failed)' * failed} "
