@@ -135,6 +135,14 @@ TORCH_RECIPE = {
     "clip_norm": "0",
     "group_by_length": "false",
 }
+TORCH_ADAM_CONSTANT = {
+    **TORCH_RECIPE,
+    "warmup_proportion": "0",
+    "lr_decay_power": "0",
+    "weight_decay": "0",
+}
+# --feature_based's defaults spelled out: the rate held after the warm-up, no dropout in the head.
+HELD_NO_HEAD_DROPOUT = {"lr_decay_power": "0", "head_dropout": "0"}
 VARIANTS = {
     "default": {},  # whatever this build's defaults are
     "original": ORIGINAL,
@@ -150,41 +158,17 @@ VARIANTS = {
     "held_after_warmup": {"lr_decay_power": "0", "head_dropout": "0.1"},
     # hf_finetune_peer's frozen_ner recipe as far as flags go: HF's, at a constant rate and with
     # no weight decay.
-    "torch_adam_constant": {
-        **TORCH_RECIPE,
-        "warmup_proportion": "0",
-        "lr_decay_power": "0",
-        "weight_decay": "0",
-    },
-    "torch_adam_constant_no_head_dropout": {
-        **TORCH_RECIPE,
-        "warmup_proportion": "0",
-        "lr_decay_power": "0",
-        "weight_decay": "0",
-        "head_dropout": "0",
-    },
+    "torch_adam_constant": TORCH_ADAM_CONSTANT,
+    "torch_adam_constant_no_head_dropout": {**TORCH_ADAM_CONSTANT, "head_dropout": "0"},
     # The feature-based gap's suspects on top of the rate held after warm-up, one at a time.
-    "held_no_head_dropout": {"lr_decay_power": "0", "head_dropout": "0"},
+    "held_no_head_dropout": HELD_NO_HEAD_DROPOUT,
     "held_no_head_dropout_bias_correction": {
-        "lr_decay_power": "0",
-        "head_dropout": "0",
+        **HELD_NO_HEAD_DROPOUT,
         "adam_bias_correction": "true",
     },
-    "held_no_head_dropout_warmup_0.1": {
-        "lr_decay_power": "0",
-        "head_dropout": "0",
-        "warmup_proportion": "0.1",
-    },
-    "held_no_head_dropout_no_clipping": {
-        "lr_decay_power": "0",
-        "head_dropout": "0",
-        "clip_norm": "0",
-    },
-    "held_no_head_dropout_no_grouping": {
-        "lr_decay_power": "0",
-        "head_dropout": "0",
-        "group_by_length": "false",
-    },
+    "held_no_head_dropout_warmup_0.1": {**HELD_NO_HEAD_DROPOUT, "warmup_proportion": "0.1"},
+    "held_no_head_dropout_no_clipping": {**HELD_NO_HEAD_DROPOUT, "clip_norm": "0"},
+    "held_no_head_dropout_no_grouping": {**HELD_NO_HEAD_DROPOUT, "group_by_length": "false"},
     # Mosbach et al.'s other remedy, more steps at a lower rate: twice novel's and mc's epochs at
     # half the default rate (these flags come after the run's own, and the last one counts).
     "4_epochs_at_2.5e-5": {**ORIGINAL, "num_train_epochs": "4", "learning_rate": "2.5e-5"},
@@ -778,7 +762,8 @@ def run_ours(args, task, data_dir, output_dir, seed, flags, model_args):
 def drop_weights(output_dir):
     """Deletes a scored run's checkpoint and training records (about 100 MB a MiniLM run; a study
     runs hundreds), keeping its scores, predictions, flags and TensorBoard curves."""
-    for pattern in ("ckpt-*", "checkpoint", "*.tf_record"):
+    # The pointer first: a kill half-way must not leave it naming deleted files.
+    for pattern in ("checkpoint", "ckpt-*", "*.tf_record"):
         for path in glob.glob(os.path.join(output_dir, pattern)):
             os.remove(path)
 

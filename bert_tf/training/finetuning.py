@@ -66,7 +66,7 @@ class FinetuneConfig:
     num_train_epochs: float = 3.0
     warmup_proportion: float = WARMUP_PROPORTION
     # The decay's power after warm-up (optimization.warmup_linear_decay): 1 linear, 0 constant.
-    lr_decay_power: float = 1.0
+    lr_decay_power: float = optimization.DEFAULT_DECAY_POWER
     weight_decay: float = 0.01
     optimizer: str = "adamw"
     adam_epsilon: float = optimization.DEFAULT_EPSILON
