@@ -1,8 +1,8 @@
 """python -m bert_tf.fill_mask: ask a pretrained model what it was trained on.
 
-    python -m bert_tf.fill_mask --model_dir=build/demo/pretrained [--top_k=5] "the capital of france is [MASK] ."
-    python -m bert_tf.fill_mask --model_dir=build/demo/pretrained --next_sentence "he went out ." "it was raining ."
-    python -m bert_tf.fill_mask --model_dir=build/demo/pretrained --evaluate_file=build/demo/heldout.txt
+    python -m bert_tf.fill_mask --model_dir=build/demo/minilm_pretrained [--top_k=5] "the capital of france is [MASK] ."
+    python -m bert_tf.fill_mask --model_dir=build/demo/minilm_pretrained --next_sentence "he went out ." "it rained ."
+    python -m bert_tf.fill_mask --model_dir=build/demo/minilm_pretrained --evaluate_file=build/demo/heldout.txt
 
 Fill-mask prints, for every [MASK] of every text, a table of the top-k tokens with their ids and
 probabilities, then the text with the best tokens put in. --next_sentence takes the texts as pairs

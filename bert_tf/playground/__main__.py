@@ -1,6 +1,6 @@
 """python -m bert_tf.playground: see what BERT sees, on a local web page.
 
-    python -m bert_tf.playground --model_dir=build/demo/pretrained
+    python -m bert_tf.playground --model_dir=build/demo/minilm_pretrained
     python -m bert_tf.playground --vocab_file=vocab.txt --do_lower_case=true   # no model
     python -m bert_tf.playground --model_dir=DIR --corpus=corpus.txt --port=8080
     python -m bert_tf.playground --model_dir=DIR --host=0.0.0.0 --allowed_origins=http://myhost:8080

@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 import keras
+from absl import logging
 
 from bert_tf.checkpoints import initial_weights, saves
 from bert_tf.model import model_dir, modeling
@@ -79,6 +80,21 @@ class PretrainingArgs(LoopArgs):
     num_warmup_steps: int = arg(10000, "Number of linear warmup steps.")
     max_eval_steps: int = arg(100, "Maximum number of eval steps.")
     learning_rate: float = arg(5e-5, "The peak learning rate.")
+    heads_learning_rate: float = arg(
+        None,
+        "The peak learning rate of the pretraining heads and the pooler (which only NSP reads), "
+        "on the same warm-up and decay, in every phase the same multiple of the encoder's. For "
+        "heads the --init_checkpoint lacks (a Hugging Face encoder, a sentence-transformers "
+        "model): new heads learn their task on a pretrained encoder faster than it may change. "
+        "Default: --learning_rate.",
+    )
+    mlm_bias_from_records: bool = arg(
+        False,
+        "Start the masked LM's output bias at the log frequency of each token among the training "
+        "records' masked tokens (add-one smoothed), not at zero: new heads then start from how "
+        "often each word is the answer. A checkpoint's own bias replaces it; a resumed run keeps "
+        "its own.",
+    )
     dynamic_masking: bool = arg(
         False,
         "Re-mask every batch on the fly (RoBERTa-style) instead of using the records' fixed masks.",
@@ -185,6 +201,18 @@ def validate(args):
     for name, needed in (("num_train_steps", args.do_train), ("max_eval_steps", args.do_eval)):
         if needed and getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.heads_learning_rate is not None and not (
+        args.heads_learning_rate > 0 and args.learning_rate > 0
+    ):
+        raise io_utils.UsageError(
+            f"--heads_learning_rate must be positive, as --learning_rate, got "
+            f"{args.heads_learning_rate} and {args.learning_rate}"
+        )
+    if args.mlm_bias_from_records and args.objective == LTR:
+        raise io_utils.UsageError(
+            "--mlm_bias_from_records is for --objective=mlm: the left-to-right model has no masked "
+            "LM head"
+        )
     if args.num_warmup_steps < 0:
         raise io_utils.UsageError(
             f"--num_warmup_steps must not be negative, got {args.num_warmup_steps}"
@@ -307,7 +335,21 @@ def job_config(args, phase=None):
         seed=args.seed,
         schedule_restart=phases.schedule_restart(args.learning_rate),
         decay_power=args.lr_decay_power_value(),
+        learning_rate_factors=heads_learning_rate_factors(args),
     )
+
+
+# The variables of the pretraining heads and of the pooler, which only NSP reads in pretraining; the
+# MLM head's tied word embeddings are the encoder's.
+HEAD_VARIABLE_PATTERNS = ("mlm_head/", "nsp_head/", "pooled_dense/")
+
+
+def heads_learning_rate_factors(args):
+    """The optimizer's (pattern, factor) pairs for --heads_learning_rate (none without it)."""
+    if args.heads_learning_rate is None or args.heads_learning_rate == args.learning_rate:
+        return ()
+    factor = args.heads_learning_rate / args.learning_rate
+    return tuple((pattern, factor) for pattern in HEAD_VARIABLE_PATTERNS)
 
 
 def check_phase_lengths(phases, config):
@@ -357,9 +399,22 @@ def run(args):
         strategy, job_config(args, phase), lambda: build_objective(args, source.config, models)
     )
     phase_input = train_input(args, strategy, train_files, source)
+
+    def initialize():
+        if args.mlm_bias_from_records and args.do_train:
+            first = phases[0]
+            counted = masked_lm.set_output_bias_to_token_frequencies(
+                models["pretraining_model"],
+                train_files[first.number],
+                first.max_seq_length,
+                first.max_predictions_per_seq,
+            )
+            logging.info("masked LM output bias: log frequencies of %d masked tokens", counted)
+        source.load_weights(**models)
+
     job.start(
         phase_input(phase) if args.do_train else None,
-        lambda: source.load_weights(**models),
+        initialize,
         iterator_name=phase.iterator_name,
     )
     if job.is_chief:

@@ -33,6 +33,7 @@ import tensorflow as tf
 from bert_tf.model import modeling
 from bert_tf.model.model_dir import MLM_HEAD, NSP_HEAD, ModelDir, ModelDirError, describe_heads
 from bert_tf.model.objective import Objective
+from bert_tf.pretraining import input_pipeline
 from bert_tf.tasks import packing
 from bert_tf.tokenization import python_tokenizer
 
@@ -117,6 +118,24 @@ class PretrainingObjective(Objective):
             metrics["next_sentence_loss"] = ratio("nsp_loss_sum", "examples")
             metrics["next_sentence_accuracy"] = ratio("nsp_correct", "examples")
         return metrics
+
+
+def set_output_bias_to_token_frequencies(
+    pretraining_model, files, max_seq_length, max_predictions_per_seq
+):
+    """Sets the MLM head's output bias to the log frequency of each token among the masked tokens
+    of the records `files` (input_pipeline.masked_token_counts), add-one smoothed so that every
+    token keeps a finite bias: with the rest of a new head near zero, its first guesses are then
+    the answers' frequencies instead of uniform. Returns the number of masked tokens counted."""
+    (bias,) = [
+        v for v in pretraining_model.get_layer("mlm_head").weights if v.path.endswith("output_bias")
+    ]
+    counts = input_pipeline.masked_token_counts(
+        files, max_seq_length, max_predictions_per_seq, bias.shape[0]
+    )
+    smoothed = counts + 1.0
+    bias.assign(np.log(smoothed / smoothed.sum()).astype(bias.dtype))
+    return int(counts.sum())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -149,6 +149,7 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         exclude_from_weight_decay,
         name,
         bias_correction_restart=0,
+        learning_rate_factors=(),
         **kwargs,
     ):
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
@@ -160,6 +161,9 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         self.beta_2 = float(beta_2)
         self.epsilon = float(epsilon)
         self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
+        # (path pattern, factor) pairs: a variable whose path holds a pattern steps at that multiple
+        # of the schedule's rate (the first pattern that matches); others at the rate itself.
+        self.learning_rate_factors = tuple((str(p), float(f)) for p, f in learning_rate_factors)
 
     def build(self, var_list):
         """Creates the m and v slots and decides, once, which variables are excluded from decay."""
@@ -171,6 +175,15 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
         # Decided from the Keras variable path here, because update_step receives the
         # underlying per-device tf.Variable whose name may carry a replica suffix.
         self._excluded = [_matches_any(v.path, self.exclude_from_weight_decay) for v in var_list]
+        self._rate_factors = [self._rate_factor_of(v.path) for v in var_list]
+
+    def _rate_factor_of(self, path):
+        return next((f for p, f in self.learning_rate_factors if p in path), 1.0)
+
+    def variable_learning_rate(self, learning_rate, variable):
+        """The schedule's `learning_rate` for `variable`: times its factor where one applies."""
+        factor = self._rate_factors[self._get_variable_index(variable)]
+        return learning_rate if factor == 1.0 else learning_rate * factor
 
     def is_excluded(self, variable):
         """Whether `variable` (one this optimizer was built with) matches exclude_from_weight_decay."""
@@ -209,6 +222,7 @@ class _DecoupledWeightDecayOptimizer(keras.optimizers.Optimizer):
                 "epsilon": self.epsilon,
                 "exclude_from_weight_decay": list(self.exclude_from_weight_decay),
                 "bias_correction_restart": self.bias_correction_restart,
+                "learning_rate_factors": [list(pair) for pair in self.learning_rate_factors],
             }
         )
         return config
@@ -256,7 +270,9 @@ class AdamWeightDecay(_DecoupledWeightDecayOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         """One AdamW update of `variable`."""
-        learning_rate = tf.cast(learning_rate, variable.dtype)
+        learning_rate = self.variable_learning_rate(
+            tf.cast(learning_rate, variable.dtype), variable
+        )
         if not self.bias_correction:
             self._fused_update_step(gradient, variable, learning_rate)
             return
@@ -386,7 +402,9 @@ class Lamb(_DecoupledWeightDecayOptimizer):
 
     def update_step(self, gradient, variable, learning_rate):
         """One LAMB update of `variable`."""
-        learning_rate = tf.cast(learning_rate, variable.dtype)
+        learning_rate = self.variable_learning_rate(
+            tf.cast(learning_rate, variable.dtype), variable
+        )
         m, v = self._update_moments(gradient, variable)
         t = self.bias_correction_step(variable.dtype)
         m_hat = m / (1.0 - tf.pow(tf.cast(self.beta_1, variable.dtype), t))
@@ -421,11 +439,13 @@ def create_optimizer(
     bias_correction=False,
     restart=None,
     decay_power=1.0,
+    learning_rate_factors=(),
 ):
     """`adamw` (the original's, or with `bias_correction` standard AdamW) or `lamb`, on the warmup +
     decay schedule, linear or of `decay_power` (with a ScheduleRestart `restart`: that schedule to
     restart.start_step, then the restart's, where bias correction starts over as in NVIDIA's phase
-    2; num_train_steps is then unused)."""
+    2; num_train_steps is then unused). `learning_rate_factors`: (path pattern, factor) pairs, the
+    variables whose path holds a pattern stepping at that multiple of the schedule's rate."""
     if restart is None:
         schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps, decay_power)
     else:
@@ -436,6 +456,7 @@ def create_optimizer(
         weight_decay_rate=weight_decay_rate,
         epsilon=epsilon,
         bias_correction_restart=restart_step,
+        learning_rate_factors=learning_rate_factors,
     )
     if name == "adamw":
         return AdamWeightDecay(bias_correction=bias_correction, **common)

@@ -38,6 +38,8 @@ class JobConfig:
     schedule_restart: optimization.ScheduleRestart | None = None
     # The decay's power after warm-up: 1, linear (the original's); NVIDIA's LAMB recipes use 0.5.
     decay_power: float = 1.0
+    # (variable path pattern, factor) pairs: those variables step at that multiple of the rate.
+    learning_rate_factors: tuple = ()
 
 
 class TrainingJob:
@@ -63,6 +65,7 @@ class TrainingJob:
                 config.adam_bias_correction,
                 config.schedule_restart,
                 config.decay_power,
+                config.learning_rate_factors,
             )
         self.trainer = training_loop.Trainer(
             strategy,

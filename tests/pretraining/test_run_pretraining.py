@@ -23,6 +23,7 @@ from helpers import (
     run_module_cli,
     tiny_config,
     tiny_inputs,
+    write_tiny_model_dir,
     write_tiny_vocab,
 )
 from helpers_google import GOOGLE_TINY, random_weights, write_google_dir
@@ -896,3 +897,61 @@ def test_ltr_usage_errors_name_the_flags(data, no_nsp_run, tmp_path):
         *cli_flags(data, tmp_path / "cli", objective="ltr", do_train=True),
     )
     assert result.returncode == 2 and "--objective=ltr needs --nsp=false" in result.stderr
+
+
+def masked_token_frequencies(input_file, vocab_size):
+    """Reference for --mlm_bias_from_records: each record read as a tf.train.Example, the ids at
+    weight-1 masked positions counted, add-one smoothed."""
+    counts = np.ones(vocab_size)
+    for path in sorted(glob.glob(input_file)):
+        for raw in tf.data.TFRecordDataset(path):
+            features = tf.train.Example.FromString(raw.numpy()).features.feature
+            ids = features["masked_lm_ids"].int64_list.value
+            for token, weight in zip(ids, features["masked_lm_weights"].float_list.value):
+                counts[token] += weight > 0
+    return counts / counts.sum()
+
+
+def test_new_heads_on_an_encoder_start_at_the_token_frequencies_and_step_at_their_own_rate(
+    data, tmp_path
+):
+    # How the demo continues all-MiniLM-L6-v2's pretraining: an encoder without heads, new heads.
+    init = write_tiny_model_dir(tmp_path / "encoder", data["vocab_file"])
+    lr, heads_lr = 2e-3, 2e-2
+
+    def one_step(name, warmup, heads_learning_rate):
+        args = args_for(
+            data,
+            tmp_path / name,
+            init_checkpoint=init,
+            bert_config_file="",
+            num_train_steps=1,
+            num_warmup_steps=warmup,
+            steps_per_loop=1,
+            save_checkpoints_steps=1,
+            learning_rate=lr,
+            heads_learning_rate=heads_learning_rate,
+            mlm_bias_from_records=True,
+        )
+        model = pretraining_job.run(args).pretraining_model
+        return {v.path: v.numpy() for v in model.weights}
+
+    # A warm-up step has rate 0: the weights are the initial ones.
+    start = one_step("warmup", 1, heads_lr)
+    frequencies = masked_token_frequencies(data["input_file"], len(start["mlm_head/output_bias"]))
+    np.testing.assert_allclose(start["mlm_head/output_bias"], np.log(frequencies), rtol=1e-6)
+    # One step at the peak rate from the same start, with and without the heads' own rate: the
+    # same gradients, so the heads move 10 times as far and the encoder as far.
+    own_rate, one_rate = one_step("own_rate", 0, heads_lr), one_step("one_rate", 0, None)
+    for path in start:
+        moved, moved_at_one_rate = own_rate[path] - start[path], one_rate[path] - start[path]
+        factor = heads_lr / lr if path.startswith(pretraining_job.HEAD_VARIABLE_PATTERNS) else 1.0
+        assert np.abs(moved_at_one_rate).max() > 0, path
+        np.testing.assert_allclose(
+            moved, factor * moved_at_one_rate, rtol=1e-4, atol=1e-9, err_msg=path
+        )
+    with pytest.raises(io_utils.UsageError, match="--heads_learning_rate must be positive"):
+        pretraining_job.run(args_for(data, tmp_path / "bad", heads_learning_rate=0.0))
+    with pytest.raises(io_utils.UsageError, match="--mlm_bias_from_records is for --objective=mlm"):
+        ltr = dict(objective="ltr", nsp=False, mlm_bias_from_records=True)
+        pretraining_job.run(args_for(data, tmp_path / "bad", **ltr))

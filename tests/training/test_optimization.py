@@ -307,3 +307,30 @@ def test_schedule_round_trips_through_keras_config():
     ]
     with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
         optimization.create_optimizer("sgd", 1e-3, 100, 10)
+
+
+@pytest.mark.parametrize(
+    "name, bias_correction", [("adamw", False), ("adamw", True), ("lamb", False)]
+)
+def test_learning_rate_factors_scale_the_rate_of_the_variables_they_name(name, bias_correction):
+    # run_pretraining --heads_learning_rate: the heads' variables step at a multiple of the rate.
+    factors = {"output_bias": 10.0, "layer_norm": 0.5}
+    optimizer = optimization.create_optimizer(
+        name, 0.1, 10, 2, bias_correction=bias_correction, learning_rate_factors=factors.items()
+    )
+    got = run_keras_optimizer(optimizer, 3)
+    rates = schedule_values(3, **SCHEDULE)
+    for variable in INITIAL:
+        factor = next((f for pattern, f in factors.items() if pattern in variable), 1.0)
+        scaled = [rate * factor for rate in rates]
+        if name == "lamb":
+            want = numpy_lamb(INITIAL, GRADIENTS[:3], scaled)
+        else:
+            want = numpy_original_adamw(
+                INITIAL, GRADIENTS[:3], scaled, bias_correction=bias_correction
+            )
+        np.testing.assert_allclose(
+            got[variable], want[variable], rtol=1e-5, atol=1e-6, err_msg=variable
+        )
+    restored = type(optimizer).from_config(optimizer.get_config())
+    assert restored.learning_rate_factors == tuple(factors.items())
