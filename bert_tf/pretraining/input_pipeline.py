@@ -284,7 +284,12 @@ def masked_token_counts(files, max_seq_length, max_predictions_per_seq, vocab_si
     for serialized in records:
         parsed = tf.io.parse_example(serialized, spec)
         ids = parsed["masked_lm_ids"].numpy()[parsed["masked_lm_weights"].numpy() > 0]
-        counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise RecordFormatError(
+                f"{', '.join(files)}: a masked token id of {ids.min()}..{ids.max()} is outside the "
+                f"model's vocabulary of {vocab_size}: make the records with the model's vocab.txt"
+            )
+        counts += np.bincount(ids, minlength=vocab_size)
     return counts
 
 

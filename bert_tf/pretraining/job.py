@@ -11,6 +11,7 @@ evaluates on the last phase's records. Nothing here reads absl flags: the CLI
 """
 
 import dataclasses
+import math
 import os
 
 import keras
@@ -202,7 +203,7 @@ def validate(args):
         if needed and getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
     if args.heads_learning_rate is not None and not (
-        args.heads_learning_rate > 0 and args.learning_rate > 0
+        0 < args.heads_learning_rate < math.inf and args.learning_rate > 0
     ):
         raise io_utils.UsageError(
             f"--heads_learning_rate must be positive, as --learning_rate, got "
@@ -401,6 +402,7 @@ def run(args):
     phase_input = train_input(args, strategy, train_files, source)
 
     def initialize():
+        counted = None
         if args.mlm_bias_from_records and args.do_train:
             first = phases[0]
             counted = masked_lm.set_output_bias_to_token_frequencies(
@@ -409,8 +411,11 @@ def run(args):
                 first.max_seq_length,
                 first.max_predictions_per_seq,
             )
+        loaded = source.load_weights(**models)
+        if counted is not None and "pretraining_model" in (loaded or ()):
+            logging.info("--mlm_bias_from_records: the init checkpoint's own MLM bias is kept")
+        elif counted is not None:
             logging.info("masked LM output bias: log frequencies of %d masked tokens", counted)
-        source.load_weights(**models)
 
     job.start(
         phase_input(phase) if args.do_train else None,

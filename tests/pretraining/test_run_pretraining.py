@@ -919,11 +919,11 @@ def test_new_heads_on_an_encoder_start_at_the_token_frequencies_and_step_at_thei
     init = write_tiny_model_dir(tmp_path / "encoder", data["vocab_file"])
     lr, heads_lr = 2e-3, 2e-2
 
-    def one_step(name, warmup, heads_learning_rate):
+    def one_step(name, warmup, heads_learning_rate, init_checkpoint=init):
         args = args_for(
             data,
             tmp_path / name,
-            init_checkpoint=init,
+            init_checkpoint=init_checkpoint,
             bert_config_file="",
             num_train_steps=1,
             num_warmup_steps=warmup,
@@ -941,15 +941,32 @@ def test_new_heads_on_an_encoder_start_at_the_token_frequencies_and_step_at_thei
     frequencies = masked_token_frequencies(data["input_file"], len(start["mlm_head/output_bias"]))
     np.testing.assert_allclose(start["mlm_head/output_bias"], np.log(frequencies), rtol=1e-6)
     # One step at the peak rate from the same start, with and without the heads' own rate: the
-    # same gradients, so the heads move 10 times as far and the encoder as far.
+    # same gradients, so the heads and the pooler move 10 times as far and the encoder as far.
+    heads = {
+        "mlm_head/output_bias",
+        "mlm_head/intermediate_dense/kernel",
+        "mlm_head/intermediate_dense/bias",
+        "mlm_head/intermediate_layer_norm/gamma",
+        "mlm_head/intermediate_layer_norm/beta",
+        "nsp_head/kernel",
+        "nsp_head/bias",
+        "pooled_dense/kernel",
+        "pooled_dense/bias",
+    }
+    assert heads < set(start)
     own_rate, one_rate = one_step("own_rate", 0, heads_lr), one_step("one_rate", 0, None)
     for path in start:
         moved, moved_at_one_rate = own_rate[path] - start[path], one_rate[path] - start[path]
-        factor = heads_lr / lr if path.startswith(pretraining_job.HEAD_VARIABLE_PATTERNS) else 1.0
+        factor = heads_lr / lr if path in heads else 1.0
         assert np.abs(moved_at_one_rate).max() > 0, path
         np.testing.assert_allclose(
             moved, factor * moved_at_one_rate, rtol=1e-4, atol=1e-9, err_msg=path
         )
+    # A checkpoint with its own MLM head keeps its bias.
+    from_heads = one_step("from_heads", 1, None, init_checkpoint=str(tmp_path / "own_rate"))
+    np.testing.assert_array_equal(
+        from_heads["mlm_head/output_bias"], own_rate["mlm_head/output_bias"]
+    )
     with pytest.raises(io_utils.UsageError, match="--heads_learning_rate must be positive"):
         pretraining_job.run(args_for(data, tmp_path / "bad", heads_learning_rate=0.0))
     with pytest.raises(io_utils.UsageError, match="--mlm_bias_from_records is for --objective=mlm"):
