@@ -202,13 +202,16 @@ def validate(args):
     for name, needed in (("num_train_steps", args.do_train), ("max_eval_steps", args.do_eval)):
         if needed and getattr(args, name) <= 0:
             raise io_utils.UsageError(f"--{name} must be positive, got {getattr(args, name)}")
-    if args.heads_learning_rate is not None and not (
-        0 < args.heads_learning_rate < math.inf and args.learning_rate > 0
-    ):
-        raise io_utils.UsageError(
-            f"--heads_learning_rate must be positive, as --learning_rate, got "
-            f"{args.heads_learning_rate} and {args.learning_rate}"
-        )
+    if args.heads_learning_rate is not None:
+        if not 0 < args.heads_learning_rate < math.inf:
+            raise io_utils.UsageError(
+                f"--heads_learning_rate must be positive, got {args.heads_learning_rate}"
+            )
+        if not args.learning_rate > 0:
+            raise io_utils.UsageError(
+                f"--heads_learning_rate is a multiple of --learning_rate, which must then be "
+                f"positive, got {args.learning_rate}"
+            )
     if args.mlm_bias_from_records and args.objective == LTR:
         raise io_utils.UsageError(
             "--mlm_bias_from_records is for --objective=mlm: the left-to-right model has no masked "

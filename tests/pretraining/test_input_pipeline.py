@@ -279,3 +279,13 @@ def test_dynamic_masking_iterator_checkpoints_and_resumes_to_the_same_masks(tmp_
     assert not np.array_equal(
         next(resumed)["masked_lm_positions"].numpy(), got["masked_lm_positions"].numpy()
     )
+
+
+def test_masked_token_counts_count_the_weighted_answers_and_refuse_ids_outside_the_vocabulary(
+    numbered_files,
+):
+    # write_numbered_records masks positions 1 and 2 with the answers 8 and 9, weight 1 each.
+    counts = input_pipeline.masked_token_counts(numbered_files, 8, 3, vocab_size=12)
+    np.testing.assert_array_equal(counts, [0] * 8 + [40, 40, 0, 0])
+    with pytest.raises(input_pipeline.RecordFormatError, match=r"part-0.*9\b.*vocabulary of 9"):
+        input_pipeline.masked_token_counts(numbered_files, 8, 3, vocab_size=9)

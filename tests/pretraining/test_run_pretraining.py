@@ -969,6 +969,10 @@ def test_new_heads_on_an_encoder_start_at_the_token_frequencies_and_step_at_thei
     )
     with pytest.raises(io_utils.UsageError, match="--heads_learning_rate must be positive"):
         pretraining_job.run(args_for(data, tmp_path / "bad", heads_learning_rate=0.0))
+    with pytest.raises(io_utils.UsageError, match="--learning_rate, which must then be positive"):
+        pretraining_job.run(
+            args_for(data, tmp_path / "bad", heads_learning_rate=1e-3, learning_rate=0)
+        )
     with pytest.raises(io_utils.UsageError, match="--mlm_bias_from_records is for --objective=mlm"):
         ltr = dict(objective="ltr", nsp=False, mlm_bias_from_records=True)
         pretraining_job.run(args_for(data, tmp_path / "bad", **ltr))
