@@ -96,6 +96,13 @@ class PretrainingArgs(LoopArgs):
         "often each word is the answer. A checkpoint's own bias replaces it; a resumed run keeps "
         "its own.",
     )
+    dropout: float = arg(
+        None,
+        "The dropout rate of this run's model, in place of the config's hidden_dropout_prob and "
+        "attention_probs_dropout_prob (0.1 in every released config). 0 for a short run that "
+        "continues a pretrained encoder: it learns faster without. The model directory's "
+        "bert_config.json keeps the config's rates, which fine-tuning from it reads.",
+    )
     dynamic_masking: bool = arg(
         False,
         "Re-mask every batch on the fly (RoBERTa-style) instead of using the records' fixed masks.",
@@ -212,6 +219,8 @@ def validate(args):
                 f"--heads_learning_rate is a multiple of --learning_rate, which must then be "
                 f"positive, got {args.learning_rate}"
             )
+    if args.dropout is not None and not 0 <= args.dropout < 1:
+        raise io_utils.UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.mlm_bias_from_records and args.objective == LTR:
         raise io_utils.UsageError(
             "--mlm_bias_from_records is for --objective=mlm: the left-to-right model has no masked "
@@ -457,7 +466,7 @@ def build_objective(args, config, models):
     """The pretraining model of `config` (under the strategy's scope) and the --objective's loss on
     it: (objective, checkpoint roots); the models also go into `models` (pretraining_model, encoder)."""
     models["pretraining_model"], models["encoder"] = modeling.build_pretraining_model(
-        config, with_nsp_head=args.nsp
+        training_config(args, config), with_nsp_head=args.nsp
     )
     model = models["pretraining_model"]
     if args.objective == LTR:
@@ -465,6 +474,15 @@ def build_objective(args, config, models):
     else:
         objective = masked_lm.PretrainingObjective(model, nsp=args.nsp)
     return objective, dict(models)
+
+
+def training_config(args, config):
+    """`config` with --dropout in place of its dropout rates (both: the encoder has one rate)."""
+    if args.dropout is None:
+        return config
+    return dataclasses.replace(
+        config, hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout
+    )
 
 
 def train_input(args, strategy, train_files, source):

@@ -976,3 +976,38 @@ def test_new_heads_on_an_encoder_start_at_the_token_frequencies_and_step_at_thei
     with pytest.raises(io_utils.UsageError, match="--mlm_bias_from_records is for --objective=mlm"):
         ltr = dict(objective="ltr", nsp=False, mlm_bias_from_records=True)
         pretraining_job.run(args_for(data, tmp_path / "bad", **ltr))
+
+
+def test_dropout_sets_the_run_s_rate_and_the_model_dir_keeps_the_config_s(data, tmp_path):
+    # The demo continues all-MiniLM-L6-v2 without dropout; fine-tuning from the model directory it
+    # writes must still read the config's rates.
+    def encoder_after_one_step(name, **overrides):
+        args = args_for(
+            data,
+            tmp_path / name,
+            num_train_steps=1,
+            num_warmup_steps=0,
+            steps_per_loop=1,
+            **overrides,
+        )
+        return pretraining_job.run(args).encoder
+
+    def outputs_differ_between_two_training_calls(encoder):
+        inputs = tiny_inputs()
+        first, second = (encoder(inputs, training=True)["sequence_output"] for _ in range(2))
+        return not np.array_equal(first, second)
+
+    assert outputs_differ_between_two_training_calls(encoder_after_one_step("default"))
+    assert not outputs_differ_between_two_training_calls(
+        encoder_after_one_step("without", dropout=0.0)
+    )
+    written = modeling.BertConfig.from_json_file(str(tmp_path / "without" / "bert_config.json"))
+    configured = modeling.BertConfig.from_json_file(data["bert_config_file"])
+    assert configured.hidden_dropout_prob > 0
+    assert written.hidden_dropout_prob == configured.hidden_dropout_prob
+    assert written.attention_probs_dropout_prob == configured.attention_probs_dropout_prob
+    with pytest.raises(io_utils.UsageError, match=r"--dropout must be in \[0, 1\), got -0.1"):
+        pretraining_job.run(args_for(data, tmp_path / "bad", dropout=-0.1))
+    bad = run_module_cli("bert_tf.run_pretraining", *cli_flags(data, tmp_path / "bad", dropout=1.0))
+    assert bad.returncode == 2
+    assert "--dropout must be in [0, 1), got 1.0" in bad.stderr
