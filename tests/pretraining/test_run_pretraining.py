@@ -1006,8 +1006,8 @@ def test_dropout_sets_the_run_s_rate_and_the_model_dir_keeps_the_config_s(data, 
     assert configured.hidden_dropout_prob > 0
     assert written.hidden_dropout_prob == configured.hidden_dropout_prob
     assert written.attention_probs_dropout_prob == configured.attention_probs_dropout_prob
-    with pytest.raises(io_utils.UsageError, match=r"--dropout must be in \[0, 1\), got -0.1"):
-        pretraining_job.run(args_for(data, tmp_path / "bad", dropout=-0.1))
-    bad = run_module_cli("bert_tf.run_pretraining", *cli_flags(data, tmp_path / "bad", dropout=1.0))
-    assert bad.returncode == 2
-    assert "--dropout must be in [0, 1), got 1.0" in bad.stderr
+    for rate in (-0.1, 1.0):
+        with pytest.raises(
+            io_utils.UsageError, match=rf"--dropout must be in \[0, 1\), got {rate}"
+        ):
+            pretraining_job.run(args_for(data, tmp_path / "bad", dropout=rate))
