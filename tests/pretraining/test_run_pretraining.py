@@ -1006,7 +1006,7 @@ def test_dropout_sets_the_run_s_rate_and_the_model_dir_keeps_the_config_s(data, 
     assert configured.hidden_dropout_prob > 0
     assert written.hidden_dropout_prob == configured.hidden_dropout_prob
     assert written.attention_probs_dropout_prob == configured.attention_probs_dropout_prob
-    for rate in (-0.1, 1.0):
+    for rate in (-0.1, 1.0, float("nan")):
         with pytest.raises(
             io_utils.UsageError, match=rf"--dropout must be in \[0, 1\), got {rate}"
         ):

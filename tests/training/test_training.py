@@ -643,6 +643,7 @@ def test_optimizer_flags_reach_the_optimizer_and_contradictions_exit_2(demo, tmp
         (dict(lr_decay_power=-1.0), "--lr_decay_power must be at least 0"),
         (dict(head_dropout=1.0), "--head_dropout must be in .0, 1."),
         (dict(head_dropout=-0.1), "--head_dropout must be in .0, 1."),
+        (dict(warmup_proportion=1.0), "--warmup_proportion must be in .0, 1."),
     ):
         with pytest.raises(io_utils.UsageError, match=message):
             training_flags.FinetuneArgs(output_dir="x", do_train=True, **flags).validate()
